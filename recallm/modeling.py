@@ -1,0 +1,328 @@
+"""Masked model classes ``recallm_<base>`` and the conversion of a base checkpoint.
+
+Rollouts sample from the masked distribution, so training must compute log-probs under the
+same mask (DESIGN.md, "Masked log-probs in training"). ``RecallMaskMixin`` does that in
+``forward``: when the model sees whole sequences (no cached prefix), the logits of every
+position inside a recall span are masked to the allowed set (``recallm.recall.mask``), for
+padded and for packed batches, and the loss is computed from the masked logits. During
+cached decoding the forward cannot see the context; ``generate`` therefore adds a
+``RecallLogitsProcessor`` itself.
+
+One mixin, one config factory; each supported base architecture gets a config class
+``Recall<Base>Config`` (``model_type = "recallm_<base>"``, the base fields plus the RecaLLM
+token ids) and a model class ``Recall<Base>ForCausalLM``, registered with ``AutoConfig`` and
+``AutoModelForCausalLM`` when ``recallm`` is imported. A plain base checkpoint loads into
+them (same parameter names); ``create_recallm_model`` turns one into a RecaLLM directory.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from pathlib import Path
+
+from huggingface_hub.dataclasses import strict
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    LogitsProcessorList,
+    MistralConfig,
+    MistralForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
+)
+
+from recallm.errors import RecallmError
+from recallm.recall.hf import RecallLogitsProcessor
+from recallm.recall.mask import apply_recall_mask
+from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
+
+__all__ = [
+    "RecallMaskMixin",
+    "RECALL_CLASSES",
+    "recall_classes_for",
+    "base_model_type",
+    "vllm_hf_overrides",
+    "create_recallm_model",
+    "check_recallm_model",
+]
+
+log = logging.getLogger(__name__)
+
+# Fields every Recall*Config adds to its base config (name -> (type, default)).
+_RECALL_FIELDS: dict[str, tuple[object, object]] = {
+    "recall_start_token_id": (int | None, None),
+    "recall_end_token_id": (int | None, None),
+    "think_start_token_id": (int | None, None),
+    "think_end_token_id": (int | None, None),
+    "max_recall_tokens": (int, DEFAULT_MAX_RECALL_TOKENS),
+    "recall_constrained": (bool, True),
+}
+
+
+class RecallMaskMixin:
+    """Apply the recall mask in ``forward`` (logits and loss); constrain ``generate``.
+
+    ``config.recall_constrained = False`` turns both off (the paper's "no logit masking"
+    ablation) without changing the checkpoint format.
+    """
+
+    _recall_forward_mask = True
+
+    def _recall_ids(self) -> RecallTokenIds:
+        return RecallTokenIds.from_config(self.config)
+
+    def forward(
+        self,
+        input_ids=None,
+        attention_mask=None,
+        position_ids=None,
+        past_key_values=None,
+        inputs_embeds=None,
+        labels=None,
+        use_cache=None,
+        logits_to_keep=0,
+        **kwargs,
+    ):
+        return_dict = kwargs.pop("return_dict", None)
+        cached = past_key_values is not None and past_key_values.get_seq_length() > 0
+        mask = bool(self.config.recall_constrained) and self._recall_forward_mask and not cached
+        if mask and input_ids is None:
+            raise RecallmError("the recall mask needs input_ids; got only inputs_embeds")
+        if mask and not isinstance(logits_to_keep, int):
+            raise RecallmError("the recall mask supports an integer logits_to_keep only")
+        out = super().forward(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=past_key_values,
+            inputs_embeds=inputs_embeds,
+            labels=None,
+            use_cache=use_cache,
+            logits_to_keep=logits_to_keep,
+            return_dict=True,
+            **kwargs,
+        )
+        fields = dict(out.items())
+        if mask:
+            ids = self._recall_ids()
+            fields["logits"] = apply_recall_mask(
+                out.logits,
+                input_ids,
+                ids.start,
+                ids.end,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                max_recall_tokens=self.config.max_recall_tokens,
+            )
+        if labels is not None:
+            fields["loss"] = self.loss_function(
+                logits=fields["logits"], labels=labels, vocab_size=self.config.vocab_size, **kwargs
+            )
+        out = type(out)(**fields)  # rebuilt so that loss comes first in the tuple form
+        return out if return_dict is not False else out.to_tuple()
+
+    @contextlib.contextmanager
+    def recall_mask_in_forward(self, enabled: bool):
+        """Temporarily switch the forward mask on or off (``generate`` switches it off)."""
+        previous = self.__dict__.get("_recall_forward_mask")
+        self._recall_forward_mask = enabled
+        try:
+            yield
+        finally:
+            if previous is None:
+                del self._recall_forward_mask
+            else:
+                self._recall_forward_mask = previous
+
+    def generate(self, *args, recall_constrained: bool | None = None, **kwargs):
+        """``GenerationMixin.generate`` with a ``RecallLogitsProcessor`` added (unless one is
+        passed in ``logits_processor`` or ``recall_constrained=False``). Beam search is refused."""
+        constrained = self.config.recall_constrained if recall_constrained is None else recall_constrained
+        if constrained:
+            gen_config = kwargs.get("generation_config") or self.generation_config
+            beams = kwargs.get("num_beams", getattr(gen_config, "num_beams", 1)) or 1
+            if beams > 1:
+                raise RecallmError(f"constrained recall does not support beam search (num_beams={beams})")
+            processors = LogitsProcessorList(kwargs.pop("logits_processor", None) or [])
+            if not any(isinstance(p, RecallLogitsProcessor) for p in processors):
+                processors.insert(
+                    0,
+                    RecallLogitsProcessor.from_config(self.config, prompt_attention_mask=kwargs.get("attention_mask")),
+                )
+            kwargs["logits_processor"] = processors
+        with self.recall_mask_in_forward(False):
+            return super().generate(*args, **kwargs)
+
+
+def _make_config_class(base: type) -> type:
+    name = "Recall" + base.__name__
+    namespace: dict[str, object] = {
+        "__module__": __name__,
+        "__qualname__": name,
+        "__doc__": f"{base.__name__} plus the RecaLLM token ids (model_type ``recallm_{base.model_type}``).",
+        "model_type": f"recallm_{base.model_type}",
+        "base_model_type": base.model_type,
+        "__annotations__": {key: typ for key, (typ, _) in _RECALL_FIELDS.items()},
+    }
+    namespace.update({key: default for key, (_, default) in _RECALL_FIELDS.items()})
+    return strict(type(name, (base,), namespace))
+
+
+def _make_model_class(base: type, config_class: type) -> type:
+    name = "Recall" + base.__name__
+    return type(
+        name,
+        (RecallMaskMixin, base),
+        {
+            "__module__": __name__,
+            "__qualname__": name,
+            "__doc__": f"{base.__name__} whose forward applies the recall mask.",
+            "config_class": config_class,
+        },
+    )
+
+
+#: base model_type -> (RecaLLM config class, RecaLLM model class, base model class)
+RECALL_CLASSES: dict[str, tuple[type, type, type]] = {}
+
+for _base_config, _base_model in (
+    (Qwen2Config, Qwen2ForCausalLM),
+    (Qwen3Config, Qwen3ForCausalLM),
+    (LlamaConfig, LlamaForCausalLM),
+    (MistralConfig, MistralForCausalLM),
+):
+    _config_cls = _make_config_class(_base_config)
+    _model_cls = _make_model_class(_base_model, _config_cls)
+    globals()[_config_cls.__name__] = _config_cls
+    globals()[_model_cls.__name__] = _model_cls
+    __all__ += [_config_cls.__name__, _model_cls.__name__]
+    RECALL_CLASSES[_base_config.model_type] = (_config_cls, _model_cls, _base_model)
+    AutoConfig.register(_config_cls.model_type, _config_cls, exist_ok=True)
+    AutoModelForCausalLM.register(_config_cls, _model_cls, exist_ok=True)
+
+
+def base_model_type(model_type: str) -> str:
+    """``recallm_qwen2`` -> ``qwen2``; a base type is returned as is."""
+    return model_type[len("recallm_") :] if model_type.startswith("recallm_") else model_type
+
+
+def recall_classes_for(model_type: str) -> tuple[type, type, type]:
+    """(config class, model class, base model class) for a base or RecaLLM ``model_type``."""
+    base = base_model_type(model_type)
+    if base not in RECALL_CLASSES:
+        raise RecallmError(
+            f"unsupported architecture model_type={model_type!r}; supported: {', '.join(sorted(RECALL_CLASSES))}"
+        )
+    return RECALL_CLASSES[base]
+
+
+def vllm_hf_overrides(config) -> dict[str, object]:
+    """``hf_overrides`` that make vLLM serve a RecaLLM checkpoint as its base architecture."""
+    _, _, base_model = recall_classes_for(config.model_type)
+    return {"architectures": [base_model.__name__], "model_type": base_model_type(config.model_type)}
+
+
+def recall_config_from(config, **overrides):
+    """A RecaLLM config with every field of ``config`` (a base or RecaLLM config)."""
+    config_cls, _, _ = recall_classes_for(config.model_type)
+    values = config.to_dict()
+    for key in ("model_type", "architectures", "transformers_version", "base_model_type"):
+        values.pop(key, None)
+    values.update(overrides)
+    return config_cls.from_dict(values)
+
+
+def create_recallm_model(
+    base: str | Path,
+    out: str | Path,
+    *,
+    max_recall_tokens: int | None = None,
+    yarn_factor: float | None = None,
+    dtype: str = "auto",
+) -> Path:
+    """Turn a local HF causal-LM directory into a RecaLLM model directory at ``out``.
+
+    Loads the base weights into ``Recall<Base>ForCausalLM``, adds the four tokens
+    (``recallm.tokens.add_recall_tokens``), optionally sets YaRN rope scaling
+    (``yarn_factor``, over the base ``max_position_embeddings``), and saves model and tokenizer.
+    Converting a RecaLLM directory again changes nothing but what is asked.
+    """
+    from recallm.tokens import add_recall_tokens, load_tokenizer
+
+    base, out = Path(base), Path(out)
+    if not (base / "config.json").is_file():
+        raise RecallmError(f"{base} is not a Hugging Face model directory (no config.json)")
+    if out.resolve() == base.resolve():
+        raise RecallmError(f"--out must differ from --base ({base}); the base directory is never overwritten")
+    try:
+        base_config = AutoConfig.from_pretrained(base)
+    except (ValueError, KeyError, OSError) as exc:
+        raise RecallmError(f"cannot read the model config in {base}: {str(exc).splitlines()[0]}") from exc
+    _, model_cls, _ = recall_classes_for(base_config.model_type)
+    overrides: dict[str, object] = {}
+    if yarn_factor is not None:
+        if yarn_factor <= 1:
+            raise RecallmError(f"yarn_factor must be > 1, got {yarn_factor}")
+        original = base_config.max_position_embeddings
+        theta = (base_config.rope_parameters or {}).get("rope_theta", 10000.0)
+        overrides["rope_parameters"] = {
+            "rope_type": "yarn",
+            "rope_theta": theta,
+            "factor": float(yarn_factor),
+            "original_max_position_embeddings": original,
+        }
+        overrides["max_position_embeddings"] = int(original * yarn_factor)
+    config = recall_config_from(base_config, **overrides)
+    tokenizer = load_tokenizer(base)
+    model = model_cls.from_pretrained(base, config=config, dtype=dtype)
+    add_recall_tokens(model, tokenizer, max_recall_tokens=max_recall_tokens)
+    out.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    log.info("wrote RecaLLM model %s (%s) to %s", config.model_type, model_cls.__name__, out)
+    return out
+
+
+def check_recallm_model(path: str | Path) -> dict[str, object]:
+    """Validate a RecaLLM model directory without loading its weights.
+
+    Checks: a supported architecture; the four token ids recorded in the config, distinct and
+    inside the vocabulary; the tokenizer has the same four tokens; the chat template's
+    generation prompt opens ``<think>\\n``. Returns a summary; raises ``RecallmError`` naming
+    the first problem.
+    """
+    from recallm.tokens import THINK_START, load_tokenizer
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise RecallmError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:
+        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from exc
+    recall_classes_for(config.model_type)
+    if not config.model_type.startswith("recallm_"):
+        raise RecallmError(
+            f"{path} is a plain {config.model_type} model without recall tokens; "
+            "convert it with `recallm-create-model --base PATH --out PATH`"
+        )
+    tokenizer = load_tokenizer(path)
+    ids = RecallTokenIds.from_pretrained(config, tokenizer)
+    rendered = tokenizer.apply_chat_template(
+        [{"role": "user", "content": "probe"}], tokenize=False, add_generation_prompt=True
+    )
+    if not rendered.endswith(THINK_START + "\n"):
+        raise RecallmError(f"the chat template of {path} does not open {THINK_START!r} in its generation prompt")
+    return {
+        "path": str(path),
+        "model_type": config.model_type,
+        "vocab_size": config.vocab_size,
+        "tokenizer_size": len(tokenizer),
+        "max_recall_tokens": config.max_recall_tokens,
+        **ids.as_config(),
+    }

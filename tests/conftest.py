@@ -1,0 +1,51 @@
+"""Shared fixtures: tiny models are built locally, once per session; nothing is downloaded."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("ci", max_examples=60, deadline=None, derandomize=True, print_blob=True)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+logging.getLogger("transformers").setLevel(logging.ERROR)
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session")
+def tiny_dir(tmp_path_factory):
+    """The tiny default (tied) as a RecaLLM model directory."""
+    from recallm.tiny import create_tiny
+
+    return create_tiny(tmp_path_factory.mktemp("tiny-tied"), tied=True, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_untied_dir(tmp_path_factory):
+    from recallm.tiny import create_tiny
+
+    return create_tiny(tmp_path_factory.mktemp("tiny-untied"), tied=False, seed=0)
+
+
+@pytest.fixture(scope="session")
+def tiny_base_dir(tmp_path_factory):
+    """The tiny default as a plain Qwen2 base checkpoint (no recall tokens)."""
+    from recallm.tiny import create_tiny
+
+    return create_tiny(tmp_path_factory.mktemp("tiny-base"), tied=True, seed=0, recall_tokens=False)
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_dir):
+    """(model, tokenizer, ids) of the tied tiny RecaLLM model."""
+    from transformers import AutoModelForCausalLM
+
+    import recallm  # noqa: F401
+    from recallm.tokens import RecallTokenIds, load_tokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
+    tokenizer = load_tokenizer(tiny_dir)
+    return model, tokenizer, RecallTokenIds.from_pretrained(model.config, tokenizer)
