@@ -33,16 +33,19 @@ def _left_pad(rows, pad):
     greedy=st.booleans(),
     max_recall=st.integers(1, 12),
     scale=st.floats(0.1, 50.0),
+    dense=st.booleans(),
 )
-def test_processor_random_logits_spans_are_verbatim(prompts, seed, steps, greedy, max_recall, scale):
+def test_processor_random_logits_spans_are_verbatim(prompts, seed, steps, greedy, max_recall, scale, dense):
     ids, mask = _left_pad(prompts, PAD)
-    proc = RecallLogitsProcessor(S, E, max_recall_tokens=max_recall, prompt_attention_mask=mask)
+    proc = RecallLogitsProcessor(S, E, max_recall_tokens=max_recall, prompt_attention_mask=mask, dense=dense)
     gen = torch.Generator().manual_seed(seed)
     finished = torch.zeros(len(prompts), dtype=torch.bool)
     for _ in range(steps):
         scores = torch.randn(len(prompts), V, generator=gen) * scale
         scores[:, S] += scale  # open spans often
-        out = proc(ids, scores.clone())
+        before = scores.clone()
+        out = proc(ids, scores)
+        assert torch.equal(scores, before)  # the input is never modified in place
         for b in range(len(prompts)):
             seq = ids[b, : mask.shape[1]][mask[b].bool()].tolist() + ids[b, mask.shape[1] :].tolist()
             if finished[b]:

@@ -4,8 +4,9 @@
 row and, at every step, masks the rows that are inside a recall span to their allowed set
 (disallowed logits become ``-inf``: a span can only ever be a verbatim copy). It works with
 batched, left-padded prompts, greedy decoding and sampling, several spans per sequence and
-sequences that finish early. Per step it moves only the newest token ids to the CPU and only
-the allowed ids of in-span rows to the device. Beam search is not supported (beams reorder
+sequences that finish early. Per step it moves only the newest token ids to the CPU; on an
+accelerator it sends only the allowed ids of in-span rows and builds the mask there, on the CPU
+the matchers write straight into one reused boolean buffer. Beam search is not supported (beams reorder
 rows between steps); the processor detects reordered rows and raises.
 
 ``ForceRecallSpans`` is a debugging/benchmark aid: it opens a span every ``every`` tokens
@@ -34,6 +35,8 @@ class RecallLogitsProcessor(LogitsProcessor):
             of the searchable context. Without it, leading ``pad_token_id`` tokens are dropped.
         pad_token_id: see above.
         mask_value: value written into disallowed logits.
+        dense: build the mask in one reused host buffer (True) or send only the allowed ids to the
+            scores' device (False). Default: dense on the CPU, sparse on accelerators.
 
     A processor instance serves one ``generate`` call (a new batch of prompts resets it).
     """
@@ -47,6 +50,7 @@ class RecallLogitsProcessor(LogitsProcessor):
         prompt_attention_mask: torch.Tensor | None = None,
         pad_token_id: int | None = None,
         mask_value: float = float("-inf"),
+        dense: bool | None = None,
     ) -> None:
         RecallMatcher(start_id, end_id, max_recall_tokens=max_recall_tokens)  # validates the arguments
         self.start_id = int(start_id)
@@ -55,9 +59,12 @@ class RecallLogitsProcessor(LogitsProcessor):
         self.prompt_attention_mask = prompt_attention_mask
         self.pad_token_id = pad_token_id
         self.mask_value = mask_value
+        self.dense = dense
         self.matchers: list[RecallMatcher] = []
         self._seen = 0  # sequence length already fed to the matchers
         self._last_col: np.ndarray | None = None  # input_ids[:, _seen - 1] at the previous step
+        self._keep: np.ndarray | None = None  # CPU path: (B, V) allowed-token buffer
+        self._dirty: list[bool] = []
 
     @classmethod
     def from_config(cls, config, **kwargs) -> RecallLogitsProcessor:
@@ -73,6 +80,7 @@ class RecallLogitsProcessor(LogitsProcessor):
         self.matchers = []
         self._seen = 0
         self._last_col = None
+        self._keep = None
 
     def _prompt_tokens(self, ids: np.ndarray, b: int) -> np.ndarray:
         mask = self.prompt_attention_mask
@@ -87,6 +95,7 @@ class RecallLogitsProcessor(LogitsProcessor):
     def _start(self, input_ids: torch.LongTensor, vocab_size: int) -> None:
         ids = input_ids.detach().to("cpu").numpy()
         self.matchers = []
+        self._keep = None
         for b in range(ids.shape[0]):
             m = RecallMatcher(
                 self.start_id, self.end_id, max_recall_tokens=self.max_recall_tokens, vocab_size=vocab_size
@@ -118,24 +127,39 @@ class RecallLogitsProcessor(LogitsProcessor):
             self._start(input_ids, scores.shape[-1])
         else:
             self._advance(input_ids)
-        rows: list[int] = []
-        cols: list[np.ndarray] = []
-        for b, m in enumerate(self.matchers):
-            allowed = m.allowed_tokens()
-            if allowed is not None:
-                rows.append(b)
-                cols.append(allowed)
-        if not rows:
+        in_span = [b for b, m in enumerate(self.matchers) if m.in_span]
+        if not in_span:
             return scores
+        if self.dense or (self.dense is None and scores.device.type == "cpu"):
+            return self._mask_dense(scores)
+        return self._mask_sparse(scores, in_span)
+
+    def _mask_dense(self, scores: torch.FloatTensor) -> torch.FloatTensor:
+        """CPU: one persistent boolean buffer, rows filled by the matchers, one ``torch.where``."""
+        B, V = scores.shape
+        keep = self._keep
+        if keep is None or keep.shape != (B, V):
+            keep = self._keep = np.ones((B, V), dtype=bool)
+            self._dirty = [False] * B
+        for b, m in enumerate(self.matchers):
+            if m.fill_mask_row(keep[b]):
+                self._dirty[b] = True
+            elif self._dirty[b]:  # left its span: unmask the row again
+                keep[b] = True
+                self._dirty[b] = False
+        return torch.where(torch.from_numpy(keep).to(scores.device), scores, self.mask_value)
+
+    def _mask_sparse(self, scores: torch.FloatTensor, in_span: list[int]) -> torch.FloatTensor:
+        """Accelerators: move only the allowed ids of in-span rows; build the mask on the device."""
         device = scores.device
-        lens = [c.size for c in cols]
-        local = torch.from_numpy(np.repeat(np.arange(len(rows)), lens)).to(device)
+        cols = [self.matchers[b].allowed_tokens() for b in in_span]
+        local = torch.from_numpy(np.repeat(np.arange(len(in_span)), [c.size for c in cols])).to(device)
         flat = torch.from_numpy(np.concatenate(cols)).to(device)
-        keep = torch.zeros(len(rows), scores.shape[-1], dtype=torch.bool, device=device)
+        keep = torch.zeros(len(in_span), scores.shape[-1], dtype=torch.bool, device=device)
         keep[local, flat] = True
-        if len(rows) == B:
+        if len(in_span) == scores.shape[0]:
             return scores.masked_fill(~keep, self.mask_value)
-        row_idx = torch.tensor(rows, device=device)
+        row_idx = torch.tensor(in_span, device=device)
         scores = scores.clone()
         scores[row_idx] = scores[row_idx].masked_fill(~keep, self.mask_value)
         return scores
