@@ -100,7 +100,7 @@ def run(cfg: DictConfig) -> int:
     prompt = tokenizer.apply_chat_template(example.messages, tokenize=False, add_generation_prompt=True)
     n_prompt = len(tokenizer(prompt)["input_ids"])
     print(f"prompt ({n_prompt} tokens, {cfg.prompt.n_pairs} key-value lines), tail:")
-    print(textwrap.indent(prompt[-220:], "    | "), "\n")
+    print(textwrap.indent(prompt[-220:], "    | "))
 
     results = {}
     for constrained in (True, False):
@@ -119,6 +119,11 @@ def run(cfg: DictConfig) -> int:
     matcher = RecallMatcher(ids.start, ids.end, max_recall_tokens=max_recall)
     seq = enc["input_ids"][0].tolist()
     matcher.feed(seq)
+    path, probe = [], RecallMatcher(ids.start, ids.end, max_recall_tokens=max_recall)
+    probe.feed(seq)
+    while len(path) < 4 and (allowed := probe.allowed_ids()) is not None and allowed.size == 2:
+        path.append(int(allowed[allowed != ids.end][0]))  # exactly one way to go on besides ending
+        probe.feed_one(path[-1])
     print(f"[injected] '...The key is {example.key}. <|start_recall|>{example.key}:' then greedy, constrained:")
     with torch.no_grad():
         for _ in range(cfg.generation.injected_steps):
@@ -132,7 +137,8 @@ def run(cfg: DictConfig) -> int:
             print(f"    allowed {names}{more} -> {tokenizer.decode([token])!r}")
             seq.append(token)
             matcher.feed_one(token)
-    print(f"    the true value of key {example.key} is {example.value!r}")
+    print(f"    the true value of key {example.key} is {example.value!r}; the context leaves the span one way "
+          f"to go on besides ending it: {tokenizer.decode(path)!r}")
     results["injected"] = _show_spans(tokenizer, seq, ids.start, ids.end, max_recall)
 
     c_ok, c_n = results[True]
