@@ -137,8 +137,10 @@ def run(cfg: DictConfig) -> int:
             print(f"    allowed {names}{more} -> {tokenizer.decode([token])!r}")
             seq.append(token)
             matcher.feed_one(token)
-    print(f"    the true value of key {example.key} is {example.value!r}; the context leaves the span one way "
-          f"to go on besides ending it: {tokenizer.decode(path)!r}")
+    print(
+        f"    the true value of key {example.key} is {example.value!r}; the context leaves the span one way "
+        f"to go on besides ending it: {tokenizer.decode(path)!r}"
+    )
     results["injected"] = _show_spans(tokenizer, seq, ids.start, ids.end, max_recall)
 
     c_ok, c_n = results[True]
