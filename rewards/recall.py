@@ -1,0 +1,168 @@
+"""The in-context retrieval reward R_ret (paper App. C.5, eq. 4-9).
+
+Recall spans and gold passages are character intervals of the prompt text:
+
+* ``F1_char(g, s) = 2 * max(0, min(g_e, s_e) - max(g_s, s_s)) / ((g_e - g_s) + (s_e - s_s))``;
+* ``overlap(g) = min(max_s F1_char(g, s), tau) / tau``; the mean over all gold passages, or over
+  the ``top_k`` highest;
+* a span occurring several times in the prompt is scored at its best occurrence for each gold
+  passage (only occurrences that can touch the passage are looked at);
+* density penalty ``P = 0.5 ** (max(0, d - delta) / h)`` with ``d = (N_spans - N_free) /
+  (N_tokens / 1024)``;
+* correctness penalty ``P = max(0, 1 - (N_short + |#start - #end|) / sqrt(N_spans))``;
+* ``R_ret = overlap * P_density * P_correct``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import NamedTuple
+
+__all__ = [
+    "GoldPassage",
+    "interval_f1",
+    "span_gold_f1",
+    "locate_gold",
+    "recall_overlap",
+    "recall_overlap_detail",
+    "OverlapResult",
+    "density_penalty",
+    "correctness_penalty",
+    "clean_span",
+]
+
+_EDGE = " \t\r\n\ufffd"
+
+
+class GoldPassage(NamedTuple):
+    """A gold passage: its text and its character interval ``[start, end)`` in the prompt."""
+
+    text: str
+    start: int
+    end: int
+
+
+def interval_f1(g_start: int, g_end: int, s_start: int, s_end: int) -> float:
+    """Character-level F1 of two intervals (eq. 4)."""
+    total = (g_end - g_start) + (s_end - s_start)
+    if total <= 0:
+        return 0.0
+    return 2.0 * max(0, min(g_end, s_end) - max(g_start, s_start)) / total
+
+
+def clean_span(text: str) -> str:
+    """Span text as searched in the prompt: edge whitespace and U+FFFD (a multi-byte character
+    cut by a token boundary) removed."""
+    return text.strip(_EDGE)
+
+
+def span_gold_f1(prompt: str, span: str, g_start: int, g_end: int) -> float:
+    """max over the occurrences of ``span`` in ``prompt`` of ``F1_char(gold, occurrence)``."""
+    n = len(span)
+    if n == 0 or g_end <= g_start:
+        return 0.0
+    lo, hi = max(0, g_start - n + 1), min(len(prompt), g_end + n - 1)
+    cap = min(n, g_end - g_start)  # the largest intersection possible
+    best = 0
+    pos = prompt.find(span, lo, hi)
+    while pos != -1:
+        inter = min(g_end, pos + n) - max(g_start, pos)
+        if inter > best:
+            best = inter
+            if best == cap:
+                break
+        pos = prompt.find(span, pos + 1, hi)
+    return 2.0 * best / ((g_end - g_start) + n)
+
+
+def locate_gold(prompt: str, gold: GoldPassage) -> tuple[int, int]:
+    """The gold passage's interval in ``prompt``: the recorded one if the text is there, else
+    the occurrence nearest to it (a prompt re-rendered by decoding may shift offsets)."""
+    if 0 <= gold.start <= gold.end <= len(prompt) and prompt[gold.start : gold.end] == gold.text:
+        return gold.start, gold.end
+    best = None
+    pos = prompt.find(gold.text)
+    while pos != -1:
+        if best is None or abs(pos - gold.start) < abs(best - gold.start):
+            best = pos
+        pos = prompt.find(gold.text, pos + 1)
+    if best is None or not gold.text:
+        raise ValueError(
+            f"gold passage {gold.text[:60]!r} (recorded at [{gold.start}, {gold.end})) does not occur in the "
+            f"prompt text ({len(prompt)} characters): the row's ground truth does not match its prompt"
+        )
+    return best, best + len(gold.text)
+
+
+class OverlapResult(NamedTuple):
+    overlap: float  # eq. 5 averaged (over all gold or the top_k)
+    spans_in_prompt: int  # spans that occur in the prompt at all
+
+
+def recall_overlap_detail(
+    prompt: str,
+    spans: Sequence[str],
+    golds: Sequence[GoldPassage],
+    *,
+    tau: float,
+    top_k: int | None = None,
+) -> OverlapResult:
+    """Mean per-gold overlap (eq. 5), over all gold passages or the ``top_k`` best, and how many
+    spans occur in the prompt. Spans are searched only in windows around the gold passages; the
+    whole prompt is searched only for spans found near none of them."""
+    texts = [t for t in (clean_span(s) for s in spans) if t]
+    located = [locate_gold(prompt, gold) for gold in golds]
+    found = [False] * len(texts)
+    scores = []
+    find, n_prompt = prompt.find, len(prompt)
+    for g_start, g_end in located:
+        g_len = g_end - g_start
+        best = 0.0
+        for i, text in enumerate(texts):  # span_gold_f1, inlined: this loop is the hot path
+            n = len(text)
+            hi = min(n_prompt, g_end + n - 1)
+            pos = find(text, max(0, g_start - n + 1), hi)
+            if pos == -1:
+                continue
+            found[i] = True
+            cap, inter = min(n, g_len), 0
+            while pos != -1:
+                inter = max(inter, min(g_end, pos + n) - max(g_start, pos))
+                if inter == cap:
+                    break
+                pos = find(text, pos + 1, hi)
+            best = max(best, 2.0 * inter / (g_len + n))
+        scores.append(min(best, tau) / tau)
+    in_prompt = sum(ok or text in prompt for ok, text in zip(found, texts, strict=True))
+    if not scores:
+        return OverlapResult(0.0, in_prompt)
+    if top_k is not None:
+        scores = sorted(scores, reverse=True)[: max(1, min(top_k, len(scores)))]
+    return OverlapResult(sum(scores) / len(scores), in_prompt)
+
+
+def recall_overlap(
+    prompt: str,
+    spans: Sequence[str],
+    golds: Sequence[GoldPassage],
+    *,
+    tau: float,
+    top_k: int | None = None,
+) -> float:
+    """Mean per-gold overlap (eq. 5), over all gold passages or the ``top_k`` best."""
+    return recall_overlap_detail(prompt, spans, golds, tau=tau, top_k=top_k).overlap
+
+
+def density_penalty(
+    n_spans: int, n_tokens: int, *, free_spans: int, delta: float = 4.0, half_life: float = 4.0, per_tokens: int = 1024
+) -> float:
+    """Eq. 6-7: halve the reward for every ``half_life`` excess spans per ``per_tokens`` tokens
+    beyond ``delta``; the first ``free_spans`` spans are exempt."""
+    density = (n_spans - free_spans) / (max(n_tokens, 1) / per_tokens)
+    return 0.5 ** (max(0.0, density - delta) / half_life)
+
+
+def correctness_penalty(n_short: int, n_mismatch: int, n_spans: int) -> float:
+    """Eq. 8, clamped to [0, 1]."""
+    return min(1.0, max(0.0, 1.0 - (n_short + n_mismatch) / math.sqrt(max(n_spans, 1))))
