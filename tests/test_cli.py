@@ -106,3 +106,33 @@ def test_demo_runs(tmp_path):
 def test_demo_bad_override_is_one_line(tmp_path):
     proc = _run("-m", "recallm.cli.demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=5000", cwd=tmp_path)
     _assert_one_line_error(proc, r"n_pairs must be in \[1, 600\], got 5000")
+
+
+def test_score_cli(tmp_path):
+    rows = [
+        {"response": "</think>\nAnswer: 12", "ground_truth": {"category": "short_math", "answers": ["12"]}},
+        {
+            "response": "<|start_recall|>18: kuri<|end_recall|></think>\nAnswer: kuri",
+            "prompt_text": "18: kuri\n",
+            "ground_truth": {
+                "category": "retrieval",
+                "answers": ["kuri"],
+                "gold": [{"text": "18: kuri", "start": 0, "end": 8}],
+            },
+        },
+        {"response": "</think>\nAnswer: 13", "ground_truth": {"category": "short_math", "answers": ["12"]}},
+    ]
+    src = tmp_path / "in.jsonl"
+    src.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    proc = _run("-m", "recallm.cli.score", f"input={src}", "reward.overlong.enable=false", cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    out = [json.loads(line) for line in (tmp_path / "in.scored.jsonl").read_text().splitlines()]
+    assert [round(o["score"], 6) for o in out] == [1.0, 1.0, round(0.2 + 0.2 + 0.4 * (1.01 * 0.01) ** 0.5 - 0.004, 6)]
+    assert "short_math" in proc.stdout and "retrieval" in proc.stdout
+    # a bad line: one-line error naming it, and the earlier output is kept
+    src.write_text(src.read_text() + '{"response": "x", "ground_truth": {"category": "poetry"}}\n')
+    proc = _run("-m", "recallm.cli.score", f"input={src}", cwd=tmp_path)
+    _assert_one_line_error(proc, r"in\.jsonl:4: unknown reward category 'poetry'")
+    assert len((tmp_path / "in.scored.jsonl").read_text().splitlines()) == 3
+    assert not list(tmp_path.glob("*.tmp"))
+    _assert_one_line_error(_run("-m", "recallm.cli.score", cwd=tmp_path), r"input=<file.jsonl> is required")

@@ -1,0 +1,104 @@
+"""`recallm-score`: score a JSONL file of responses with the composite reward, offline.
+
+    recallm-score input=rollouts.jsonl [output=scored.jsonl] [reward.categories.icl.tau=0.9 ...]
+
+Writes one breakdown per input line (same order, atomically: a temporary file renamed at the
+end) and prints the mean of every component per category.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from recallm.errors import RecallmError, cli_errors
+from recallm.paths import CONFIG_DIR
+
+log = logging.getLogger(__name__)
+
+
+def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dict[str, float]]:
+    """Score every line of ``input_path`` into ``output_path``; return per-category means."""
+    from tqdm import tqdm
+
+    from rewards import load_reward_config, score_response
+
+    config = load_reward_config(reward_cfg)
+    if not input_path.is_file():
+        raise RecallmError(f"input file {input_path} does not exist")
+    lines = input_path.read_text().splitlines()
+    sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    counts: dict[str, int] = defaultdict(int)
+    tmp = output_path.with_name(output_path.name + ".tmp")
+    output_path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        with tmp.open("w") as out:
+            for number, line in enumerate(tqdm(lines, desc="scoring", unit="resp", disable=len(lines) < 200), 1):
+                if not line.strip():
+                    continue
+                try:
+                    row = json.loads(line)
+                    breakdown = score_response(
+                        row["response"],
+                        row["ground_truth"],
+                        prompt_text=row.get("prompt_text"),
+                        n_tokens=row.get("n_tokens"),
+                        data_source=row.get("data_source"),
+                        config=config,
+                    )
+                except json.JSONDecodeError as exc:
+                    raise RecallmError(f"{input_path}:{number}: not valid JSON ({exc.msg})") from exc
+                except KeyError as exc:
+                    raise RecallmError(f"{input_path}:{number}: missing field {exc.args[0]!r}") from exc
+                except (RecallmError, ValueError) as exc:
+                    raise RecallmError(f"{input_path}:{number}: {exc}") from exc
+                category = str(row["ground_truth"].get("category"))
+                values = breakdown.as_dict()
+                out.write(json.dumps({"line": number, "category": category, **values}) + "\n")
+                counts[category] += 1
+                for key, value in values.items():
+                    sums[category][key] += value
+        os.replace(tmp, output_path)
+    finally:
+        tmp.unlink(missing_ok=True)
+    return {cat: {k: v / counts[cat] for k, v in vals.items()} | {"count": counts[cat]} for cat, vals in sums.items()}
+
+
+@cli_errors
+def run(cfg: DictConfig) -> None:
+    input_path = Path(cfg.input)
+    output_path = Path(cfg.output) if cfg.output else input_path.with_name(input_path.stem + ".scored.jsonl")
+    means = score_file(input_path, output_path, cfg.reward)
+    keys = ("count", "score", "format", "answer", "recall", "recall_overlap", "used_recall", "n_spans")
+    print(f"{'category':22}" + "".join(f"{k:>15}" for k in keys))
+    for category in sorted(means):
+        m = means[category]
+        print(f"{category:22}" + "".join(f"{m[k]:>15.4g}" for k in keys))
+    print(f"wrote {output_path}")
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="score", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        cfg.input  # noqa: B018  (raises when missing)
+    except MissingMandatoryValue:
+        print("error: input=<file.jsonl> is required", file=sys.stderr)
+        sys.exit(2)
+    run(cfg)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    main()
