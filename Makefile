@@ -25,6 +25,7 @@ lint: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) bench/recall_mask.py
+	$(PY) bench/rewards.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
