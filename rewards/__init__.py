@@ -9,7 +9,7 @@
   ``RecallRewardManager`` for ``reward.reward_manager`` (imports verl).
 """
 
-from rewards.config import CategoryReward, RewardConfig, check_ground_truth, load_reward_config
+from rewards.config import CategoryReward, RewardConfig, check_ground_truth, check_rows, load_reward_config
 from rewards.parsing import ParsedResponse, parse_response
 from rewards.score import RewardBreakdown, score_response
 
@@ -17,6 +17,7 @@ __all__ = [
     "CategoryReward",
     "RewardConfig",
     "check_ground_truth",
+    "check_rows",
     "load_reward_config",
     "ParsedResponse",
     "parse_response",

@@ -31,6 +31,7 @@ __all__ = [
     "load_reward_config",
     "check_ground_truth",
     "gold_choice",
+    "check_rows",
 ]
 
 ANSWER_METRICS = ("sub_em", "exact_match", "net_recall", "ndcg", "citation")
@@ -271,3 +272,26 @@ def check_ground_truth(ground_truth, data_source: str | None, config: RewardConf
             if not isinstance(gold, Mapping) or not {"text", "start", "end"} <= set(gold):
                 raise RecallmError(f"{where}: every gold passage needs 'text', 'start' and 'end', got {gold!r}")
     return row
+
+
+def check_rows(rows, config: RewardConfig | None = None) -> int:
+    """Check the ground truth of every row of a dataset before training starts.
+
+    ``rows``: an iterable of verl-style records (``{"data_source", "reward_model": {"ground_truth"}}``)
+    or of ``(ground_truth, data_source)`` pairs. Raises ``RecallmError`` naming the first bad row;
+    returns the number of rows checked.
+    """
+    config = config or load_reward_config()
+    n = 0
+    for n, row in enumerate(rows, 1):
+        if isinstance(row, Mapping):
+            reward_model = row.get("reward_model")
+            ground_truth = reward_model.get("ground_truth") if isinstance(reward_model, Mapping) else None
+            data_source = row.get("data_source")
+        else:
+            ground_truth, data_source = row
+        try:
+            check_ground_truth(ground_truth, None if data_source is None else str(data_source), config)
+        except RecallmError as exc:
+            raise RecallmError(f"row {n - 1}: {exc}") from exc
+    return n

@@ -317,3 +317,24 @@ def test_fuzz_any_response_is_finite_in_unit_interval(response, which, n_tokens,
     assert 0.0 <= b.score <= 1.0
     for key in ("format", "answer", "recall", "recall_overlap", "density_penalty", "correctness_penalty"):
         assert 0.0 <= values[key] <= 1.0, key
+
+
+def test_majority_and_top_n_votes():
+    majority = {"category": "aggregation", "answers": ["Paris"]}
+    assert score_response("</think>\nAnswer: Paris", majority, n_tokens=5).answer == 1.0
+    assert score_response("</think>\nAnswer: Paris, Rome", majority, n_tokens=5).answer == 0.0  # hedging costs
+    top3 = {"category": "aggregation", "answers": ["Paris", "Rome", "Oslo"]}
+    assert score_response("</think>\nAnswer: Oslo\nParis\nRome", top3, n_tokens=5).answer == 1.0
+    assert score_response("</think>\nAnswer: Oslo, Paris, Lima", top3, n_tokens=5).answer == pytest.approx(1 / 3)
+
+
+def test_check_rows_names_the_bad_row():
+    from rewards import check_rows
+
+    good = {"data_source": "dapo", "reward_model": {"ground_truth": {"category": "short_math", "answers": ["1"]}}}
+    bad = {"data_source": "nq", "reward_model": {"ground_truth": {"category": "single_hop_qa", "answers": ["x"]}}}
+    assert check_rows([good, good]) == 2
+    with pytest.raises(RecallmError, match=r"row 2: .*has no 'gold'"):
+        check_rows([good, good, bad])
+    with pytest.raises(RecallmError, match="row 0: ground truth must be a mapping"):
+        check_rows([{"reward_model": {}}])
