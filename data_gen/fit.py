@@ -1,0 +1,208 @@
+"""Fit a task's draft to a target prompt length and render the final row.
+
+Lengths are measured with the real tokenizer and chat template. To stay cheap (the benchmark
+holds generation to a small multiple of one tokenisation pass) every distractor piece is
+tokenised once, in batches, and the pieces are summed; the rendered prompt is then tokenised
+once to record its actual length, and corrected (pieces added or dropped, a few rounds at
+most) if it falls outside ``target ± tolerance``.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+import numpy as np
+
+from data_gen.base import Draft, Piece, Row, Task
+from recallm.errors import RecallmError
+
+__all__ = ["PromptRenderer", "build_row", "DEFAULT_TOLERANCE"]
+
+DEFAULT_TOLERANCE = 0.02
+
+
+class PromptRenderer:
+    """Chat-template rendering and token counting for one tokenizer."""
+
+    def __init__(self, tokenizer, system_prompt: str | None = None) -> None:
+        self.tokenizer = tokenizer
+        self.system_prompt = system_prompt
+
+    def messages(self, content: str) -> list[dict[str, str]]:
+        msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
+        return msgs + [{"role": "user", "content": content}]
+
+    def render(self, content: str) -> tuple[str, int]:
+        """(prompt text with the generation prompt, offset of ``content`` in it)."""
+        text = self.tokenizer.apply_chat_template(self.messages(content), tokenize=False, add_generation_prompt=True)
+        offset = text.rfind(content)
+        if offset < 0:
+            raise RecallmError("the chat template changes the user message text; cannot place gold evidence in it")
+        return text, offset
+
+    def _encode_offsets(self, text: str) -> list[int]:
+        """Start offsets (characters) of the tokens of ``text``."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return [start for start, _ in backend.encode(text, add_special_tokens=False).offsets]
+        enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
+        return [start for start, _ in enc["offset_mapping"]]
+
+    def costs(self, texts: list[str], separator: str) -> list[int]:
+        """Tokens each piece adds when the pieces are joined by ``separator`` (its trailing separator
+        included), from one tokenisation of the joined text: a token belongs to the piece it starts in."""
+        if not texts:
+            return []
+        starts = np.asarray(self._encode_offsets(separator.join(texts)), dtype=np.int64)
+        ends = np.cumsum([len(t) + len(separator) for t in texts])
+        upto = np.searchsorted(starts, ends, side="left")
+        return np.diff(upto, prepend=0).tolist()
+
+    def count(self, texts: list[str]) -> list[int]:
+        """Token counts of pieces of text tokenised on their own (no special tokens added)."""
+        if not texts:
+            return []
+        enc = self.tokenizer(texts, add_special_tokens=False, return_attention_mask=False)
+        return [len(ids) for ids in enc["input_ids"]]
+
+    def length(self, prompt_text: str) -> int:
+        """Tokens of a rendered prompt (its special tokens are already in the text)."""
+        backend = getattr(self.tokenizer, "backend_tokenizer", None)
+        if backend is not None:
+            return len(backend.encode(prompt_text, add_special_tokens=False))
+        return len(self.tokenizer(prompt_text, add_special_tokens=False, return_attention_mask=False)["input_ids"])
+
+
+@dataclass
+class _Layout:
+    content: str
+    offsets: list[tuple[int, int]]  # character interval of each piece in content
+
+
+def _layout(draft: Draft, pieces: list[Piece]) -> _Layout:
+    head = draft.instruction.strip() + "\n\n"
+    if draft.question_position in ("beginning", "both"):
+        head += draft.question.strip() + "\n\n"
+    head += draft.header
+    parts, offsets, pos = [head], [], len(head)
+    for i, piece in enumerate(pieces):
+        if i:
+            parts.append(draft.separator)
+            pos += len(draft.separator)
+        offsets.append((pos, pos + len(piece.text)))
+        parts.append(piece.text)
+        pos += len(piece.text)
+    parts.append(draft.footer)
+    if draft.question_position in ("end", "both"):
+        parts.append("\n\n" + draft.question.strip())
+    return _Layout("".join(parts), offsets)
+
+
+def _place(draft: Draft, distractors: list[Piece], rng: random.Random) -> list[Piece]:
+    if draft.keep_order:
+        return list(distractors)
+    pieces = list(distractors)
+    for piece in draft.placed:  # each at a uniformly random position
+        pieces.insert(rng.randint(0, len(pieces)), piece)
+    return pieces
+
+
+def build_row(
+    task: Task,
+    draft: Draft,
+    renderer: PromptRenderer,
+    target_tokens: int,
+    rng: random.Random,
+    *,
+    seed: int = 0,
+    tolerance: float = DEFAULT_TOLERANCE,
+) -> Row:
+    """Fit ``draft`` to ``target_tokens`` (within ``tolerance``) and render the row."""
+    task.check_length(target_tokens)
+    base = renderer.length(renderer.render(_layout(draft, _place(draft, [], random.Random(0))).content)[0])
+    budget = target_tokens - base
+    if budget < 0:
+        raise RecallmError(
+            f"task {task.name}: the prompt without distractors already has {base} tokens, more than the target "
+            f"{target_tokens}"
+        )
+    chosen: list[Piece] = []
+    costs: list[int] = []
+    exhausted = False
+
+    def draw(tokens_wanted: int) -> None:
+        """Append distractors worth about ``tokens_wanted`` tokens (never more)."""
+        nonlocal exhausted
+        spent = 0
+        per_piece = (sum(costs) / len(costs)) if costs else 16.0
+        while spent < tokens_wanted and not exhausted:
+            n = max(8, int((tokens_wanted - spent) / max(per_piece, 1.0) * 1.1) + 1)
+            batch = []
+            for _ in range(n):
+                piece = next(draft.distractors, None)
+                if piece is None:
+                    exhausted = True
+                    break
+                batch.append(piece)
+            if not batch:
+                break
+            for piece, cost in zip(batch, renderer.costs([p.text for p in batch], draft.separator), strict=True):
+                if spent + cost > tokens_wanted:
+                    return
+                chosen.append(piece)
+                costs.append(cost)
+                spent += cost
+
+    draw(budget)
+    placement_rng = random.Random(rng.random())
+    for _ in range(4):  # render, measure, correct
+        pieces = _place(draft, chosen, random.Random(placement_rng.random()))
+        layout = _layout(draft, pieces)
+        prompt_text, content_at = renderer.render(layout.content)
+        actual = renderer.length(prompt_text)
+        diff = target_tokens - actual
+        if abs(diff) <= tolerance * target_tokens:
+            break
+        if diff > 0:
+            if exhausted:
+                break
+            before = len(chosen)
+            draw(diff)
+            if len(chosen) == before:
+                break
+        else:
+            excess = -diff
+            while excess > 0 and chosen:
+                i = placement_rng.randrange(len(chosen))
+                excess -= costs[i]
+                del chosen[i], costs[i]
+    if actual < (1 - tolerance) * target_tokens and exhausted:
+        raise RecallmError(
+            f"task {task.name} cannot reach {target_tokens} tokens: its distractors ran out at {actual} tokens"
+        )
+    gold = []
+    if draft.evidence:
+        for piece, (start, end) in zip(pieces, layout.offsets, strict=True):
+            if piece.gold:
+                gold.append({"text": piece.text, "start": content_at + start, "end": content_at + end})
+    ground_truth = {"category": task.category, "answers": draft.answers, **draft.ground_truth}
+    if draft.evidence:
+        ground_truth["gold"] = gold
+    return Row(
+        task=task.name,
+        category=task.category,
+        data_source=task.data_source,
+        seed=seed,
+        messages=renderer.messages(layout.content),
+        prompt_text=prompt_text,
+        prompt_tokens=actual,
+        target_tokens=target_tokens,
+        question=draft.question,
+        answers=draft.answers,
+        gold=gold,
+        augmentations=dict(draft.augmentations, question_position=draft.question_position),
+        ground_truth=ground_truth,
+        n_pieces=len(pieces),
+        trace_info=draft.trace_info,
+    )

@@ -1,0 +1,128 @@
+"""Multi-needle in a haystack: find every value stored for some keys among decoy needles.
+
+The haystack is sentences of English words (``data_gen.text``). Needles read
+``The special code for <key> is <value>.``; decoy needles use other keys. Varied per example:
+decoy count, number of target keys, values per key, value type (numbers, words, UUIDs).
+Answer: every value of the target keys (net recall); evidence: the target needles.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import Any
+
+from data_gen.base import Draft, Piece, Row, Task, register
+from data_gen.tasks.kv import _check_choice
+from data_gen.text import haystack, number_str, uuid_str, words
+from recallm.errors import RecallmError
+
+__all__ = ["MultiNIAH", "NEEDLE_VALUE_TYPES"]
+
+NEEDLE_VALUE_TYPES = ("number", "word", "uuid")
+
+
+def _range(name: str, value) -> tuple[int, int]:
+    lo, hi = (value, value) if isinstance(value, int) else tuple(value)
+    if not 0 <= int(lo) <= int(hi):
+        raise RecallmError(f"{name} must be an integer or a [min, max] range with 0 <= min <= max, got {value}")
+    return int(lo), int(hi)
+
+
+@register
+class MultiNIAH(Task):
+    name = "multi_niah"
+    category = "retrieval"
+    min_tokens = 256
+    instructions = (
+        "Some special codes are hidden in the text below. Find every code given for the key(s) the question asks about.",
+        "The passage below hides several statements of the form 'The special code for X is Y'. Report all codes for the requested key(s).",
+        "Read the following text carefully: it contains special codes for various keys. List every code belonging to the key(s) in the question.",
+        "Hidden in the long text below are special codes. Retrieve all of the codes that belong to the key(s) named in the question.",
+    )
+
+    def __init__(
+        self,
+        decoys=(0, 6),
+        target_keys=(1, 3),
+        values_per_key=(1, 3),
+        value_types=NEEDLE_VALUE_TYPES,
+        question_positions=("end", "beginning", "both"),
+        data_source: str | None = None,
+    ) -> None:
+        super().__init__(data_source)
+        self.decoys = _range("decoys", decoys)
+        self.target_keys = _range("target_keys", target_keys)
+        self.values_per_key = _range("values_per_key", values_per_key)
+        if self.target_keys[0] < 1 or self.values_per_key[0] < 1:
+            raise RecallmError("target_keys and values_per_key must be at least 1")
+        self.value_types = _check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
+        self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
+
+    @staticmethod
+    def _key(rng: random.Random) -> str:
+        vocab = words()
+        return "-".join(vocab[rng.randrange(len(vocab))] for _ in range(2))
+
+    @staticmethod
+    def _value(rng: random.Random, kind: str) -> str:
+        if kind == "number":
+            return number_str(rng, 7)
+        if kind == "uuid":
+            return uuid_str(rng)
+        vocab = words()
+        return vocab[rng.randrange(len(vocab))] + str(rng.randint(10, 99))
+
+    def draft(self, rng: random.Random) -> Draft:
+        kind = rng.choice(self.value_types)
+        n_keys = rng.randint(*self.target_keys)
+        n_decoys = rng.randint(*self.decoys)
+        keys: list[str] = []
+        while len(keys) < n_keys + n_decoys:
+            k = self._key(rng)
+            if k not in keys:
+                keys.append(k)
+        targets, decoys = keys[:n_keys], keys[n_keys:]
+        values: set[str] = set()
+        placed, answers, per_key = [], [], {}
+        for i, key in enumerate(keys):
+            for _ in range(rng.randint(*self.values_per_key)):
+                value = self._value(rng, kind)
+                while value in values:
+                    value = self._value(rng, kind)
+                values.add(value)
+                is_target = i < n_keys
+                placed.append(Piece(f"The special code for {key} is {value}.", gold=is_target, meta={"key": key}))
+                if is_target:
+                    answers.append(value)
+                    per_key.setdefault(key, []).append(value)
+        rng.shuffle(placed)
+        named = ", ".join(targets[:-1]) + (" and " if len(targets) > 1 else "") + targets[-1]
+        instruction, which = self.pick_instruction(rng)
+        return Draft(
+            instruction=instruction,
+            question=f"Question: what are all the special codes for {named}? List them separated by commas.",
+            placed=placed,
+            distractors=(Piece(s) for s in haystack(rng)),
+            answers=answers,
+            augmentations={
+                "value_type": kind,
+                "target_keys": n_keys,
+                "decoys": n_decoys,
+                "values": len(answers),
+                "instruction": which,
+            },
+            separator=" ",
+            question_position=self.pick_question_position(rng, self.question_positions),
+            trace_info={"per_key": per_key},
+        )
+
+    def trace(self, row: Row, rng: random.Random) -> list[tuple[str, Any]]:
+        out: list[tuple[str, Any]] = [("text", "I need every special code for the requested keys. ")]
+        for i, _gold in enumerate(row.gold):
+            out.append(("text", "Found one: " if i == 0 else " Another: "))
+            out.append(("recall", i))
+        out.append(("text", f" That makes {len(row.gold)} code(s) in total."))
+        return out
+
+    def answer_text(self, row: Row) -> str:
+        return ", ".join(row.answers)
