@@ -81,7 +81,7 @@ class MultiNIAH(Task):
             k = self._key(rng)
             if k not in keys:
                 keys.append(k)
-        targets, decoys = keys[:n_keys], keys[n_keys:]
+        targets = keys[:n_keys]
         values: set[str] = set()
         placed, answers, per_key = [], [], {}
         for i, key in enumerate(keys):
