@@ -32,6 +32,7 @@ __all__ = [
     "check_ground_truth",
     "gold_choice",
     "check_rows",
+    "as_ground_truth",
 ]
 
 ANSWER_METRICS = ("sub_em", "exact_match", "net_recall", "ndcg", "citation")
@@ -231,8 +232,30 @@ def gold_choice(ground_truth: Mapping) -> int:
     raise RecallmError(f"multiple-choice ground truth: answers {ground_truth.get('answers')!r} name no option")
 
 
+@lru_cache(maxsize=4096)
+def _parse_json(text: str) -> Mapping:
+    import json
+
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise RecallmError(f"ground truth is a string but not JSON ({exc.msg}): {text[:60]!r}") from exc
+    if not isinstance(value, Mapping):
+        raise RecallmError(f"ground truth must be a mapping, got JSON {type(value).__name__}")
+    return value
+
+
+def as_ground_truth(ground_truth) -> Mapping:
+    """A row's ground truth as a mapping: verl parquet rows carry it as a JSON string (one schema for
+    every category); parsed once per distinct string (the n rollouts of a prompt share it)."""
+    if isinstance(ground_truth, str):
+        return _parse_json(ground_truth)
+    return ground_truth
+
+
 def check_ground_truth(ground_truth, data_source: str | None, config: RewardConfig) -> CategoryReward:
     """Raise ``RecallmError`` naming what a row's ground truth lacks; return its settings."""
+    ground_truth = as_ground_truth(ground_truth)
     if not isinstance(ground_truth, Mapping):
         raise RecallmError(f"ground truth must be a mapping, got {type(ground_truth).__name__}")
     row = config.for_row(ground_truth.get("category"), data_source)

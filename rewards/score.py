@@ -13,7 +13,14 @@ from collections.abc import Mapping
 from typing import NamedTuple
 
 from rewards import metrics
-from rewards.config import CategoryReward, RewardConfig, check_ground_truth, gold_choice, load_reward_config
+from rewards.config import (
+    CategoryReward,
+    RewardConfig,
+    as_ground_truth,
+    check_ground_truth,
+    gold_choice,
+    load_reward_config,
+)
 from rewards.parsing import ParsedResponse, parse_response
 from rewards.recall import (
     GoldPassage,
@@ -138,7 +145,7 @@ def score_response(
 
     Args:
         response: the generated text, decoded *with* the recall tokens.
-        ground_truth: the row's ground truth (see ``rewards.config``).
+        ground_truth: the row's ground truth (see ``rewards.config``), a mapping or its JSON string.
         prompt_text: the prompt as text; required when the category scores recall with ``f1``.
         n_tokens: generated tokens (density and overlong); estimated as ``len(response) / 4``
             when not given.
@@ -149,6 +156,7 @@ def score_response(
     ``ValueError`` if a gold passage is not in ``prompt_text``; never for the response itself.
     """
     config = config or load_reward_config()
+    ground_truth = as_ground_truth(ground_truth)
     row = check_ground_truth(ground_truth, data_source, config)
     if n_tokens is None:
         n_tokens = max(1, round(len(response or "") / 4))

@@ -224,7 +224,7 @@ def test_ground_truth_errors():
     with pytest.raises(RecallmError, match="prompt_text is required"):
         score_response("x", {"category": "retrieval", "answers": ["a"], "gold": [{"text": "a", "start": 0, "end": 1}]})
     with pytest.raises(RecallmError, match="must be a mapping"):
-        check_ground_truth("kuri", None, CFG)
+        check_ground_truth(42, None, CFG)
 
 
 def test_config_overrides_and_validation(tmp_path):
@@ -338,3 +338,14 @@ def test_check_rows_names_the_bad_row():
         check_rows([good, good, bad])
     with pytest.raises(RecallmError, match="row 0: ground truth must be a mapping"):
         check_rows([{"reward_model": {}}])
+
+
+def test_ground_truth_as_json_string():
+    import json
+
+    gt = {"category": "short_math", "answers": ["12"]}
+    assert score_response("</think>\nAnswer: 12", json.dumps(gt), n_tokens=5).score == pytest.approx(1.0)
+    with pytest.raises(RecallmError, match="not JSON"):
+        score_response("x", "kuri")
+    with pytest.raises(RecallmError, match="must be a mapping, got JSON list"):
+        score_response("x", "[1, 2]")

@@ -1,0 +1,152 @@
+"""Reading and writing rows: verl-ready parquet, SFT JSONL; every write is atomic.
+
+A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
+
+* ``data_source``, ``ability`` (the category), ``prompt`` (messages);
+* ``reward_model``: ``{"style": "rule", "ground_truth": <JSON string>}`` — a JSON string, so that
+  rows of every category share one parquet schema (the reward parses it back);
+* ``extra_info``: ``index``, ``split``, ``task``, ``category``, ``question``, ``seed``,
+  ``prompt_tokens``, ``target_tokens``, ``augmentations`` (JSON string) and, when asked for,
+  ``prompt_text`` (verl's ``custom_reward_function`` path needs it; the reward manager does not).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from data_gen.base import Row
+from recallm.errors import RecallmError
+
+__all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl", "atomic_path"]
+
+
+def row_record(row: Row, index: int, split: str, *, store_prompt_text: bool = False) -> dict[str, Any]:
+    extra = {
+        "index": index,
+        "split": split,
+        "task": row.task,
+        "category": row.category,
+        "question": row.question,
+        "seed": row.seed,
+        "prompt_tokens": row.prompt_tokens,
+        "target_tokens": row.target_tokens,
+        "augmentations": json.dumps(row.augmentations, sort_keys=True),
+        "trace_info": json.dumps(row.trace_info, sort_keys=True),
+        "n_pieces": row.n_pieces,
+    }
+    if store_prompt_text:
+        extra["prompt_text"] = row.prompt_text
+    return {
+        "data_source": row.data_source,
+        "ability": row.category,
+        "prompt": row.messages,
+        "reward_model": {"style": "rule", "ground_truth": json.dumps(row.ground_truth)},
+        "extra_info": extra,
+    }
+
+
+class atomic_path:
+    """``with atomic_path(p) as tmp:`` write to ``tmp``; it replaces ``p`` only if the block succeeds."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            os.replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+def write_parquet(records: list[dict[str, Any]], path: str | Path) -> Path:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    if not records:
+        raise RecallmError(f"no rows to write to {path}")
+    table = pa.Table.from_pylist(records)
+    with atomic_path(path) as tmp:
+        pq.write_table(table, tmp, compression="zstd")
+    return Path(path)
+
+
+def read_records(path: str | Path) -> list[dict[str, Any]]:
+    import pyarrow.parquet as pq
+
+    path = Path(path)
+    if not path.is_file():
+        raise RecallmError(f"data file {path} does not exist; generate it with `recallm-data`")
+    try:
+        return pq.read_table(path).to_pylist()
+    except Exception as exc:  # pyarrow raises several types for a damaged file
+        raise RecallmError(f"cannot read {path} as parquet: {str(exc).splitlines()[0]}") from exc
+
+
+def read_rows(path: str | Path, tokenizer=None) -> list[Row]:
+    """Rows back from a parquet written by ``write_parquet``. Without a stored ``prompt_text`` the
+    prompt is rendered again from the messages with ``tokenizer``'s chat template."""
+    rows = []
+    for record in read_records(path):
+        extra = record.get("extra_info") or {}
+        ground_truth = json.loads(record["reward_model"]["ground_truth"])
+        prompt_text = extra.get("prompt_text")
+        if not prompt_text:
+            if tokenizer is None:
+                raise RecallmError(f"{path} has no prompt_text: pass the tokenizer to render the prompts")
+            prompt_text = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+            for gold in ground_truth.get("gold", []):
+                if prompt_text[gold["start"] : gold["end"]] != gold["text"]:
+                    raise RecallmError(
+                        f"{path}: row {extra.get('index')} renders differently with this tokenizer's chat template "
+                        "(gold intervals do not match); use the tokenizer the data was generated with"
+                    )
+        rows.append(
+            Row(
+                task=extra.get("task", record["data_source"]),
+                category=record["ability"],
+                data_source=record["data_source"],
+                seed=int(extra.get("seed", 0)),
+                messages=list(record["prompt"]),
+                prompt_text=prompt_text,
+                prompt_tokens=int(extra.get("prompt_tokens", 0)),
+                target_tokens=int(extra.get("target_tokens", 0)),
+                question=extra.get("question", ""),
+                answers=ground_truth.get("answers", []),
+                gold=ground_truth.get("gold", []),
+                augmentations=json.loads(extra.get("augmentations") or "{}"),
+                ground_truth=ground_truth,
+                n_pieces=int(extra.get("n_pieces", 0)),
+                trace_info=json.loads(extra.get("trace_info") or "{}"),
+            )
+        )
+    return rows
+
+
+def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
+    with atomic_path(path) as tmp, open(tmp, "w") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return Path(path)
+
+
+def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
+    path = Path(path)
+    if not path.is_file():
+        raise RecallmError(f"file {path} does not exist")
+    out = []
+    for number, line in enumerate(path.read_text().splitlines(), 1):
+        if line.strip():
+            try:
+                out.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
+    return out
