@@ -1,0 +1,402 @@
+"""Generate a mixture: train rows, validation cells (category × length), SFT traces, a summary.
+
+The plan comes from a mixture config (``configs/data/*.yaml``)::
+
+    train:  {lengths: [lo, hi], entries: [{task, count, lengths?, params?}, ...]}
+    val:    {lengths: [4096, 8192, ...], per_cell: 50, categories: null}   # null: every category present
+    sft:    {count: 0, val_fraction: 0.1}   # programmatic traces of synthetic tasks
+
+Everything is validated before any work starts (unknown task, bad parameter, negative count,
+a length a task cannot reach). Each row's RNG is seeded from ``(seed, split, task, i)``, so the
+output does not depend on how rows are spread over worker processes. Work is written in shards
+(atomically: temporary file, then rename); a restarted run skips the shards already written for
+the same plan, so an interrupted run resumes without corrupting anything.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import random
+import statistics
+from collections import Counter, defaultdict
+from collections.abc import Iterator, Mapping
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_gen.base import Row, Task, make_task
+from data_gen.fit import DEFAULT_TOLERANCE, PromptRenderer, build_row
+from data_gen.io import read_records, row_record, write_jsonl, write_parquet
+from recallm.errors import RecallmError
+
+__all__ = ["Job", "Plan", "plan_from_config", "run_plan", "summarize"]
+
+log = logging.getLogger(__name__)
+SHARD_ROWS = 500
+
+
+@dataclass(frozen=True)
+class Job:
+    """``count`` rows of one task, for one split, lengths drawn uniformly from ``lengths``."""
+
+    split: str  # "train", "val/<category>_<length>" or "sft"
+    task: str
+    params: tuple[tuple[str, Any], ...]
+    count: int
+    lengths: tuple[int, int]
+
+    def key(self) -> str:
+        return f"{self.split}|{self.task}|{json.dumps(dict(self.params), sort_keys=True, default=str)}"
+
+
+@dataclass
+class Plan:
+    jobs: list[Job]
+    seed: int
+    tolerance: float
+    store_prompt_text: bool
+    system_prompt: str | None
+    sft_val_fraction: float
+    skipped: list[str] = field(default_factory=list)
+
+    def fingerprint(self, tokenizer_name: str) -> str:
+        blob = json.dumps(
+            [tokenizer_name, self.seed, self.tolerance, self.store_prompt_text, self.system_prompt]
+            + [(j.split, j.task, list(j.params), j.count, j.lengths) for j in self.jobs],
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def _lengths(value, where: str) -> tuple[int, int]:
+    if isinstance(value, int):
+        lo = hi = value
+    else:
+        try:
+            lo, hi = (int(v) for v in value)
+        except (TypeError, ValueError):
+            raise RecallmError(f"{where}: lengths must be an integer or [min, max], got {value!r}") from None
+    if not 1 <= lo <= hi:
+        raise RecallmError(f"{where}: lengths must satisfy 1 <= min <= max, got [{lo}, {hi}]")
+    return lo, hi
+
+
+def _params(value) -> tuple[tuple[str, Any], ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, Mapping):
+        raise RecallmError(f"task params must be a mapping, got {value!r}")
+    return tuple(sorted((str(k), _freeze(v)) for k, v in value.items()))
+
+
+def _freeze(v):
+    if isinstance(v, Mapping):
+        return tuple(sorted((k, _freeze(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_freeze(x) for x in v)
+    return v
+
+
+def _thaw(v):
+    if isinstance(v, tuple):
+        if v and all(isinstance(x, tuple) and len(x) == 2 and isinstance(x[0], str) for x in v):
+            return {k: _thaw(x) for k, x in v}
+        return [_thaw(x) for x in v]
+    return v
+
+
+def _task(job: Job) -> Task:
+    return make_task(job.task, **{k: _thaw(v) for k, v in job.params})
+
+
+def plan_from_config(cfg: Mapping) -> Plan:
+    """Validate a mixture config and turn it into jobs (raises ``RecallmError`` on any problem)."""
+    jobs: list[Job] = []
+    skipped: list[str] = []
+    train = cfg.get("train") or {}
+    default_lengths = train.get("lengths")
+    entries = train.get("entries") or []
+    for n, entry in enumerate(entries):
+        where = f"train.entries[{n}]"
+        if not isinstance(entry, Mapping) or "task" not in entry:
+            raise RecallmError(f"{where} must be a mapping with a 'task', got {entry!r}")
+        count = entry.get("count", 0)
+        if not isinstance(count, int) or count < 0:
+            raise RecallmError(f"{where}: count must be a non-negative integer, got {count!r}")
+        lengths = _lengths(entry.get("lengths", default_lengths), where)
+        job = Job("train", str(entry["task"]), _params(entry.get("params")), count, lengths)
+        task = _task(job)
+        task.check_length(lengths[0])
+        task.check_length(lengths[1])
+        if count:
+            jobs.append(job)
+    if not jobs and not (cfg.get("val") or {}).get("per_cell"):
+        raise RecallmError("the mixture has no rows to generate (every train count is 0 and val.per_cell is 0)")
+    val = cfg.get("val") or {}
+    per_cell = val.get("per_cell", 0)
+    if not isinstance(per_cell, int) or per_cell < 0:
+        raise RecallmError(f"val.per_cell must be a non-negative integer, got {per_cell!r}")
+    if per_cell:
+        val_lengths = [_lengths(x, "val.lengths")[0] for x in (val.get("lengths") or [])]
+        wanted = val.get("categories")
+        by_category: dict[str, list[Job]] = defaultdict(list)
+        for job in jobs:
+            by_category[_task(job).category].append(job)
+        categories = list(by_category) if wanted is None else list(wanted)
+        for category in categories:
+            if category not in by_category:
+                raise RecallmError(f"val.categories: no train entry has category {category!r}")
+            for length in val_lengths:
+                reachable = []
+                for job in by_category[category]:
+                    task = _task(job)
+                    try:
+                        task.check_length(length)
+                        reachable.append(job)
+                    except RecallmError:
+                        skipped.append(f"val {category} @ {length}: {task.name} cannot reach it")
+                for i, job in enumerate(reachable):  # split the cell evenly over the category's tasks
+                    share = per_cell // len(reachable) + (i < per_cell % len(reachable))
+                    if share:
+                        jobs.append(Job(f"val/{category}_{length}", job.task, job.params, share, (length, length)))
+    sft = cfg.get("sft") or {}
+    sft_count = sft.get("count", 0)
+    if not isinstance(sft_count, int) or sft_count < 0:
+        raise RecallmError(f"sft.count must be a non-negative integer, got {sft_count!r}")
+    if sft_count:
+        traced = [j for j in jobs if j.split == "train" and type(_task(j)).trace is not Task.trace]
+        if not traced:
+            raise RecallmError("sft.count > 0 but no train entry has a programmatic trace (synthetic tasks do)")
+        total = sum(j.count for j in traced)
+        shares = [sft_count * j.count // total for j in traced]
+        for i in range(sft_count - sum(shares)):  # the remainder, one each
+            shares[i % len(shares)] += 1
+        jobs += [Job("sft", j.task, j.params, n, j.lengths) for j, n in zip(traced, shares, strict=True) if n]
+    tolerance = float(cfg.get("tolerance", DEFAULT_TOLERANCE))
+    if not 0 < tolerance < 0.5:
+        raise RecallmError(f"tolerance must be in (0, 0.5), got {tolerance}")
+    val_fraction = float(sft.get("val_fraction", 0.1))
+    if not 0 <= val_fraction < 1:
+        raise RecallmError(f"sft.val_fraction must be in [0, 1), got {val_fraction}")
+    return Plan(
+        jobs=jobs,
+        seed=int(cfg.get("seed", 0)),
+        tolerance=tolerance,
+        store_prompt_text=bool(cfg.get("store_prompt_text", False)),
+        system_prompt=cfg.get("system_prompt"),
+        sft_val_fraction=val_fraction,
+        skipped=skipped,
+    )
+
+
+# ----------------------------------------------------------------------------- workers
+_WORKER: dict[str, Any] = {}
+
+
+def _init_worker(tokenizer_dir: str, system_prompt: str | None) -> None:
+    from recallm.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(tokenizer_dir)
+    _WORKER.update(tokenizer=tokenizer, renderer=PromptRenderer(tokenizer, system_prompt), tasks={})
+
+
+def _row_seed(seed: int, job: Job, i: int) -> int:
+    digest = hashlib.sha256(f"{seed}|{job.key()}|{i}".encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)  # fits parquet int64
+
+
+def _make_rows(job: Job, start: int, stop: int, seed: int, tolerance: float, store_prompt_text: bool) -> list:
+    from data_gen.traces import programmatic_trace, sft_example
+
+    tasks = _WORKER["tasks"]
+    if job.key() not in tasks:
+        tasks[job.key()] = _task(job)
+    task = tasks[job.key()]
+    out = []
+    for i in range(start, stop):
+        row_seed = _row_seed(seed, job, i)
+        rng = random.Random(row_seed)
+        target = rng.randint(*job.lengths)
+        row = build_row(task, task.draft(rng), _WORKER["renderer"], target, rng, seed=row_seed, tolerance=tolerance)
+        if job.split == "sft":
+            segments = programmatic_trace(task, row, random.Random(row_seed + 1))
+            example = sft_example(_WORKER["tokenizer"], row, segments, task.answer_text(row))
+            out.append(example.to_record())
+        else:
+            out.append(row_record(row, i, job.split, store_prompt_text=store_prompt_text))
+    return out
+
+
+def _shards(plan: Plan) -> Iterator[tuple[str, Job, int, int]]:
+    for j, job in enumerate(plan.jobs):
+        for start in range(0, job.count, SHARD_ROWS):
+            name = f"{job.split.replace('/', '__')}-{j:03d}-{job.task}-{start // SHARD_ROWS:05d}"
+            yield name, job, start, min(job.count, start + SHARD_ROWS)
+
+
+def preflight(plan: Plan, tokenizer_dir: Path) -> None:
+    """Build one row of every job at both ends of its length range in this process, so that a
+    missing dataset or an unreachable length stops the run before the workers start."""
+    _init_worker(str(tokenizer_dir), plan.system_prompt)
+    seen = set()
+    for job in plan.jobs:
+        for length in sorted(set(job.lengths)):
+            if (job.task, job.params, length) in seen:
+                continue
+            seen.add((job.task, job.params, length))
+            probe = Job(job.split, job.task, job.params, 1, (length, length))
+            try:
+                _make_rows(probe, 0, 1, plan.seed, plan.tolerance, plan.store_prompt_text)
+            except RecallmError as exc:
+                raise RecallmError(f"{job.split} {job.task} at {length} tokens: {exc}") from exc
+
+
+def run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int = 1, progress: bool = True) -> dict:
+    """Generate every shard not already on disk, then assemble the outputs and the summary."""
+    from tqdm import tqdm
+
+    out_dir = Path(out_dir)
+    shard_dir = out_dir / "shards"
+    fingerprint = plan.fingerprint(str(Path(tokenizer_dir).resolve()))
+    manifest = shard_dir / "manifest.json"
+    if manifest.is_file() and json.loads(manifest.read_text()).get("fingerprint") != fingerprint:
+        log.warning("the plan changed since the shards in %s were written: regenerating them", shard_dir)
+        for old in shard_dir.glob("*.parquet"):
+            old.unlink()
+    shard_dir.mkdir(parents=True, exist_ok=True)
+    manifest.write_text(json.dumps({"fingerprint": fingerprint}))  # the shards below belong to this plan
+    todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not (shard_dir / f"{name}.parquet").is_file()]
+    total = sum(b - a for _, _, a, b in todo)
+    if todo:
+        preflight(plan, tokenizer_dir)
+        bar = tqdm(total=total, desc="generating", unit="row", disable=not progress)
+        if workers > 1:
+            with ProcessPoolExecutor(
+                workers, initializer=_init_worker, initargs=(str(tokenizer_dir), plan.system_prompt)
+            ) as pool:
+                futures = {
+                    pool.submit(_make_rows, job, a, b, plan.seed, plan.tolerance, plan.store_prompt_text): (name, b - a)
+                    for name, job, a, b in todo
+                }
+                from concurrent.futures import as_completed
+
+                for future in as_completed(futures):
+                    name, n = futures[future]
+                    write_parquet(future.result(), shard_dir / f"{name}.parquet")
+                    bar.update(n)
+        else:
+            _init_worker(str(tokenizer_dir), plan.system_prompt)
+            for name, job, a, b in todo:
+                records = _make_rows(job, a, b, plan.seed, plan.tolerance, plan.store_prompt_text)
+                write_parquet(records, shard_dir / f"{name}.parquet")
+                bar.update(b - a)
+        bar.close()
+    return _assemble(plan, out_dir, shard_dir)
+
+
+def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
+    by_split: dict[str, list[dict]] = defaultdict(list)
+    for name, job, _, _ in _shards(plan):
+        by_split[job.split].extend(read_records(shard_dir / f"{name}.parquet"))
+    written = {}
+    for split, records in sorted(by_split.items()):
+        if split == "sft":
+            rng = random.Random(plan.seed)
+            order = list(range(len(records)))
+            rng.shuffle(order)
+            n_val = int(round(plan.sft_val_fraction * len(records)))
+            val = [records[i] for i in order[:n_val]]
+            train = [records[i] for i in order[n_val:]]
+            written["sft/train"] = str(write_jsonl(train, out_dir / "sft" / "train.jsonl"))
+            if val:
+                written["sft/val"] = str(write_jsonl(val, out_dir / "sft" / "val.jsonl"))
+        else:
+            if split == "train":
+                random.Random(plan.seed).shuffle(records)
+            written[split] = str(write_parquet(records, out_dir / f"{split}.parquet"))
+    summary = summarize(by_split, plan)
+    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
+    (out_dir / "summary.md").write_text(summary_markdown(summary))
+    return {"files": written, "summary": summary}
+
+
+def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> dict:
+    """Counts, prompt lengths and augmentation balance per split and task."""
+    out: dict[str, Any] = {"splits": {}, "skipped": list(plan.skipped) if plan else []}
+    for split, records in sorted(by_split.items()):
+        if split == "sft":
+            spans = [len(r["spans"]) for r in records]
+            out["splits"][split] = {
+                "count": len(records),
+                "spans_mean": statistics.fmean(spans) if spans else 0.0,
+                "completion_tokens_mean": statistics.fmean(len(r["completion_ids"]) for r in records)
+                if records
+                else 0.0,
+            }
+            continue
+        tasks: dict[str, dict] = {}
+        grouped: dict[str, list[dict]] = defaultdict(list)
+        for r in records:
+            grouped[r["extra_info"]["task"]].append(r)
+        for task, rows in sorted(grouped.items()):
+            lengths = [r["extra_info"]["prompt_tokens"] for r in rows]
+            errors = [r["extra_info"]["prompt_tokens"] / r["extra_info"]["target_tokens"] - 1 for r in rows]
+            balance: dict[str, Counter] = defaultdict(Counter)
+            for r in rows:
+                for k, v in json.loads(r["extra_info"]["augmentations"]).items():
+                    balance[k][str(v)] += 1
+            tasks[task] = {
+                "category": rows[0]["ability"],
+                "count": len(rows),
+                "tokens_min": min(lengths),
+                "tokens_mean": statistics.fmean(lengths),
+                "tokens_max": max(lengths),
+                "length_error_max": max(abs(e) for e in errors),
+                "augmentations": {k: dict(sorted(c.items())) for k, c in sorted(balance.items())},
+            }
+        out["splits"][split] = {"count": len(records), "tasks": tasks}
+    return out
+
+
+def summary_markdown(summary: Mapping) -> str:
+    lines = ["# Data summary", ""]
+    for split, info in summary["splits"].items():
+        lines.append(f"## {split} ({info['count']} rows)")
+        if "tasks" not in info:
+            lines += [f"- {k}: {v:.3g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in info.items()]
+            lines.append("")
+            continue
+        lines += [
+            "",
+            "| task | category | rows | tokens min / mean / max | max length error |",
+            "|---|---|---|---|---|",
+        ]
+        for task, t in info["tasks"].items():
+            lines.append(
+                f"| {task} | {t['category']} | {t['count']} | {t['tokens_min']} / {t['tokens_mean']:.0f} / "
+                f"{t['tokens_max']} | {100 * t['length_error_max']:.1f}% |"
+            )
+        lines.append("")
+        lines.append("Augmentation balance:")
+        for task, t in info["tasks"].items():
+            parts = "; ".join(
+                f"{k}: " + ", ".join(f"{v}={n}" for v, n in c.items()) for k, c in t["augmentations"].items()
+            )
+            lines.append(f"- {task}: {parts}")
+        lines.append("")
+    if summary.get("skipped"):
+        lines += ["## Skipped validation cells", ""] + [f"- {s}" for s in summary["skipped"]]
+    return "\n".join(lines) + "\n"
+
+
+def generate_rows(task: Task, renderer: PromptRenderer, target: int, n: int, seed: int = 0) -> list[Row]:
+    """Convenience for tests and notebooks: ``n`` rows of one task at one length."""
+    rows = []
+    for i in range(n):
+        rng = random.Random(f"{seed}|{task.name}|{i}")
+        rows.append(build_row(task, task.draft(rng), renderer, target, rng, seed=i))
+    return rows
