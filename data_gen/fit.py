@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
+from itertools import accumulate
 
 import numpy as np
 
@@ -85,18 +86,14 @@ def _layout(draft: Draft, pieces: list[Piece]) -> _Layout:
     if draft.question_position in ("beginning", "both"):
         head += draft.question.strip() + "\n\n"
     head += draft.header
-    parts, offsets, pos = [head], [], len(head)
-    for i, piece in enumerate(pieces):
-        if i:
-            parts.append(draft.separator)
-            pos += len(draft.separator)
-        offsets.append((pos, pos + len(piece.text)))
-        parts.append(piece.text)
-        pos += len(piece.text)
-    parts.append(draft.footer)
+    texts = [piece.text for piece in pieces]
+    sep = draft.separator
+    starts = list(accumulate((len(t) + len(sep) for t in texts[:-1]), initial=len(head)))[: len(texts)]
+    offsets = [(a, a + len(t)) for a, t in zip(starts, texts, strict=True)]
+    tail = draft.footer
     if draft.question_position in ("end", "both"):
-        parts.append("\n\n" + draft.question.strip())
-    return _Layout("".join(parts), offsets)
+        tail += "\n\n" + draft.question.strip()
+    return _Layout(head + sep.join(texts) + tail, offsets)
 
 
 def _place(draft: Draft, distractors: list[Piece], rng: random.Random) -> list[Piece]:

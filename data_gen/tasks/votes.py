@@ -1,8 +1,8 @@
 """Aggregation: majority vote and top-N vote over a long list of ballots.
 
-Ballots come in blocks with a fixed composition (each candidate's count per block is fixed,
-the winner(s) ahead by the vote margin), shuffled within the block; the context is a whole
-number of blocks, so the ranking holds at every length. Varied per example: vote margin,
+A first block of ballots sets the ranking up (each of the top N + 1 candidates ahead of the
+next by the vote margin, the rest below), then single ballots follow, drawn so that every
+prefix keeps that ranking: however many ballots fit the target length, the answer holds. Varied per example: vote margin,
 candidate count, candidate category (names, places, letters, numbers). No gold evidence: the
 recall reward is ``always`` (penalties still apply).
 """
@@ -10,6 +10,7 @@ recall reward is ``always`` (penalties still apply).
 from __future__ import annotations
 
 import random
+import re
 import string
 from typing import Any
 
@@ -19,6 +20,8 @@ from data_gen.tasks.niah import _range
 from data_gen.text import cities, first_names
 
 __all__ = ["MajorityVote", "TopNVote", "CANDIDATE_TYPES"]
+
+_BALLOT = re.compile(r"^Ballot \d+: (.+)$", re.MULTILINE)
 
 CANDIDATE_TYPES = ("names", "places", "letters", "numbers")
 
@@ -76,18 +79,32 @@ class _Votes(Task):
         floor = max(counts.values(), default=0) + margin
         for rank, c in enumerate(reversed(names[: self.top + 1])):
             counts[c] = floor + rank * margin
-        block = [c for c, k in counts.items() for _ in range(k)]
+        chain = names[: self.top + 1]  # must stay strictly ordered, `margin` apart
 
-        def blocks():
+        def ballots():
             voter = 1
-            while True:
-                ballots = block[:]
-                rng.shuffle(ballots)
-                lines = []
-                for c in ballots:
-                    lines.append(f"Ballot {voter}: {c}")
-                    voter += 1
-                yield Piece("\n".join(lines))
+            running = dict(counts)
+            first = [c for c, k in counts.items() for _ in range(k)]  # one block sets the margins up
+            rng.shuffle(first)
+            yield Piece("\n".join(f"Ballot {voter + i}: {c}" for i, c in enumerate(first)))
+            voter += len(first)
+            weights = {c: counts[c] + 1 for c in names}
+            while True:  # then single ballots, each keeping the ranking (so any prefix keeps it)
+                allowed = []
+                for c in names:
+                    if c in chain[1:]:
+                        i = chain.index(c)
+                        ok = running[c] + 1 <= running[chain[i - 1]] - margin
+                    elif c not in chain:
+                        ok = running[c] + 1 < running[chain[-1]]
+                    else:
+                        ok = True
+                    if ok:
+                        allowed.append(c)
+                pick = rng.choices(allowed, weights=[weights[c] for c in allowed])[0]
+                running[pick] += 1
+                yield Piece(f"Ballot {voter}: {pick}")
+                voter += 1
 
         ranking = sorted(names, key=lambda c: -counts[c])
         instruction, which = self.pick_instruction(rng)
@@ -95,22 +112,20 @@ class _Votes(Task):
             instruction=instruction,
             question=self.question_text,
             placed=[],
-            distractors=blocks(),
+            distractors=ballots(),
             answers=ranking[: self.top],
             augmentations={"candidate_type": kind, "candidates": n, "margin": margin, "instruction": which},
             question_position=self.pick_question_position(rng, self.question_positions),
             keep_order=True,
             evidence=False,
-            trace_info={"counts_per_block": counts, "block_size": len(block), "ranking": ranking},
+            trace_info={"ranking": ranking},
         )
 
     def trace(self, row: Row, rng: random.Random) -> list[tuple[str, Any]]:
-        info = row.trace_info
-        n_blocks = row.n_pieces
-        totals = [f"{c}: {info['counts_per_block'][c] * n_blocks}" for c in info["ranking"]]
-        return [
-            ("text", f"Counting every ballot ({info['block_size'] * n_blocks} in all): " + ", ".join(totals) + "."),
-        ]
+        votes = _BALLOT.findall(row.prompt_text)
+        counts = {c: votes.count(c) for c in row.trace_info["ranking"]}
+        totals = ", ".join(f"{c}: {n}" for c, n in sorted(counts.items(), key=lambda kv: -kv[1]))
+        return [("text", f"Counting every ballot ({len(votes)} in all): {totals}.")]
 
 
 @register

@@ -1,0 +1,138 @@
+"""Mixture plans, sharded generation, resume, outputs and the recallm-data CLI."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from data_gen.generate import plan_from_config, run_plan
+from data_gen.io import read_jsonl, read_records, read_rows
+from recallm.errors import RecallmError
+
+MIX = {
+    "seed": 3,
+    "tolerance": 0.05,
+    "train": {
+        "lengths": [384, 512],
+        "entries": [
+            {"task": "kv_retrieval", "count": 12, "params": {"key_type": "toy", "value_type": "toy"}},
+            {"task": "math_retrieval", "count": 9, "params": {"key_type": "toy", "value_type": "toy"}},
+            {"task": "majority_vote", "count": 6},
+        ],
+    },
+    "val": {"lengths": [512, 1024], "per_cell": 4},
+    "sft": {"count": 10, "val_fraction": 0.2},
+}
+
+
+def _records(out):
+    return {p.name: read_records(p) for p in sorted(out.rglob("*.parquet")) if "shards" not in p.parts}
+
+
+def test_plan_validation():
+    plan = plan_from_config(MIX)
+    splits = {j.split for j in plan.jobs}
+    assert {"train", "sft", "val/retrieval_512", "val/reasoning_retrieval_1024", "val/aggregation_512"} <= splits
+    assert sum(j.count for j in plan.jobs if j.split == "sft") == 10
+    assert sum(j.count for j in plan.jobs if j.split == "val/retrieval_512") == 4
+    bad = [
+        ({"train": {"entries": [{"task": "kv_retrieval", "count": -2}]}}, "count must be a non-negative integer"),
+        ({"train": {"entries": [{"task": "kv_retrieval", "count": 2, "lengths": [500, 100]}]}}, "min <= max"),
+        ({"train": {"entries": [{"task": "nope", "count": 2, "lengths": 100}]}}, "unknown task 'nope'"),
+        ({"train": {"entries": [{"task": "kv_retrieval", "count": 2, "lengths": 5}]}}, "cannot reach a prompt of 5"),
+        ({"train": {"entries": [{"count": 2}]}}, "must be a mapping with a 'task'"),
+        ({"train": {"entries": [{"task": "kv_retrieval", "count": 0, "lengths": 300}]}}, "no rows to generate"),
+        ({**MIX, "tolerance": 2}, "tolerance must be in"),
+        ({**MIX, "val": {"lengths": [512], "per_cell": 2, "categories": ["poetry"]}}, "no train entry has category"),
+    ]
+    for cfg, message in bad:
+        with pytest.raises(RecallmError, match=message):
+            plan_from_config(cfg)
+
+
+def test_run_is_deterministic_across_workers_and_resumes(tmp_path, tiny_dir):
+    plan = plan_from_config(MIX)
+    one = run_plan(plan, tmp_path / "one", tiny_dir, workers=1, progress=False)
+    two = run_plan(plan_from_config(MIX), tmp_path / "two", tiny_dir, workers=2, progress=False)
+    assert set(one["files"]) == set(two["files"])
+    assert _records(tmp_path / "one") == _records(tmp_path / "two")
+    assert read_jsonl(tmp_path / "one" / "sft" / "train.jsonl") == read_jsonl(tmp_path / "two" / "sft" / "train.jsonl")
+    # outputs: verl columns, JSON ground truth, categories, lengths; rows read back
+    train = read_records(tmp_path / "one" / "train.parquet")
+    assert len(train) == 27 and set(train[0]) == {"data_source", "ability", "prompt", "reward_model", "extra_info"}
+    assert {r["ability"] for r in train} == {"retrieval", "reasoning_retrieval", "aggregation"}
+    assert len(read_jsonl(tmp_path / "one" / "sft" / "val.jsonl")) == 2
+    summary = json.loads((tmp_path / "one" / "summary.json").read_text())
+    assert summary["splits"]["train"]["tasks"]["kv_retrieval"]["count"] == 12
+    assert "question_position" in summary["splits"]["train"]["tasks"]["kv_retrieval"]["augmentations"]
+    # resume: delete one shard, rerun: only it is written again, outputs identical
+    shards = sorted((tmp_path / "one" / "shards").glob("*.parquet"))
+    stamps = {p: p.stat().st_mtime_ns for p in shards}
+    shards[0].unlink()
+    run_plan(plan_from_config(MIX), tmp_path / "one", tiny_dir, workers=1, progress=False)
+    assert shards[0].is_file()
+    assert all(p.stat().st_mtime_ns == stamps[p] for p in shards[1:])
+    assert _records(tmp_path / "one") == _records(tmp_path / "two")
+    # a changed plan regenerates everything
+    changed = {**MIX, "seed": 4}
+    run_plan(plan_from_config(changed), tmp_path / "one", tiny_dir, workers=1, progress=False)
+    assert _records(tmp_path / "one") != _records(tmp_path / "two")
+    assert not list((tmp_path / "one").rglob(".*.tmp-*"))
+
+
+def test_read_rows_needs_the_tokenizer_without_prompt_text(tmp_path, tiny_dir):
+    from recallm.tokens import load_tokenizer
+
+    run_plan(plan_from_config({**MIX, "val": {}, "sft": {}}), tmp_path, tiny_dir, workers=1, progress=False)
+    assert "prompt_text" not in read_records(tmp_path / "train.parquet")[0]["extra_info"]
+    with pytest.raises(RecallmError, match="has no prompt_text: pass the tokenizer"):
+        read_rows(tmp_path / "train.parquet")
+    rows = read_rows(tmp_path / "train.parquet", load_tokenizer(tiny_dir))
+    for row in rows:
+        for gold in row.gold:
+            assert row.prompt_text[gold["start"] : gold["end"]] == gold["text"]
+
+
+def test_cli(tmp_path, tiny_dir):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    cmd = [
+        sys.executable,
+        "-m",
+        "recallm.cli.data",
+        f"out_dir={tmp_path}/out",
+        f"tokenizer={tiny_dir}",
+        "data.train.entries.0.count=5",
+        "data.train.entries.1.count=5",
+        "data.train.entries.2.count=2",
+        "data.train.entries.3.count=2",
+        "data.val.per_cell=2",
+        "data.sft.count=4",
+        "workers=1",
+        "progress=false",
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "out" / "train.parquet").is_file() and (tmp_path / "out" / "sft" / "train.jsonl").is_file()
+    assert "# Data summary" in proc.stdout
+    bad = subprocess.run(
+        cmd + ["data.train.entries.0.count=-1"], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300
+    )
+    assert bad.returncode == 2
+    lines = [line for line in bad.stderr.splitlines() if line.strip()]
+    assert lines == ["error: train.entries[0]: count must be a non-negative integer, got -1"]
+
+
+def test_stored_prompt_text(tmp_path, tiny_dir):
+    run_plan(
+        plan_from_config({**MIX, "val": {}, "sft": {}, "store_prompt_text": True}),
+        tmp_path,
+        tiny_dir,
+        workers=1,
+        progress=False,
+    )
+    rows = read_rows(tmp_path / "train.parquet")
+    assert rows and all(r.prompt_text.endswith("<think>\n") for r in rows)
