@@ -40,7 +40,10 @@ SHARD_ROWS = 500
 
 @dataclass(frozen=True)
 class Job:
-    """``count`` rows of one task, for one split, lengths drawn uniformly from ``lengths``."""
+    """``count`` rows of one task, for one split, lengths drawn uniformly from ``lengths``.
+
+    A train entry's ``val_params`` (merged over its ``params``) make its validation jobs: how a
+    dataset-backed task points its validation cells at held-out data (its eval split)."""
 
     split: str  # "train", "val/<category>_<length>" or "sft"
     task: str
@@ -117,6 +120,7 @@ def plan_from_config(cfg: Mapping) -> Plan:
     """Validate a mixture config and turn it into jobs (raises ``RecallmError`` on any problem)."""
     jobs: list[Job] = []
     skipped: list[str] = []
+    val_sources: dict[int, tuple] = {}
     train = cfg.get("train") or {}
     default_lengths = train.get("lengths")
     entries = train.get("entries") or []
@@ -134,6 +138,9 @@ def plan_from_config(cfg: Mapping) -> Plan:
         task.check_length(lengths[1])
         if count:
             jobs.append(job)
+            # validation rows of dataset-backed tasks come from held-out data: `val_params` override
+            val_params = {**dict(_thaw(job.params) or {}), **(entry.get("val_params") or {})}
+            val_sources[len(jobs) - 1] = _params(val_params)
     if not jobs and not (cfg.get("val") or {}).get("per_cell"):
         raise RecallmError("the mixture has no rows to generate (every train count is 0 and val.per_cell is 0)")
     val = cfg.get("val") or {}
@@ -144,8 +151,9 @@ def plan_from_config(cfg: Mapping) -> Plan:
         val_lengths = [_lengths(x, "val.lengths")[0] for x in (val.get("lengths") or [])]
         wanted = val.get("categories")
         by_category: dict[str, list[Job]] = defaultdict(list)
-        for job in jobs:
-            by_category[_task(job).category].append(job)
+        for n, job in enumerate(jobs):
+            val_job = Job(job.split, job.task, val_sources[n], job.count, job.lengths)
+            by_category[_task(val_job).category].append(val_job)
         categories = list(by_category) if wanted is None else list(wanted)
         for category in categories:
             if category not in by_category:

@@ -136,3 +136,16 @@ def test_stored_prompt_text(tmp_path, tiny_dir):
     )
     rows = read_rows(tmp_path / "train.parquet")
     assert rows and all(r.prompt_text.endswith("<think>\n") for r in rows)
+
+
+def test_val_params_point_validation_at_held_out_data():
+    cfg = {
+        "train": {"lengths": [400, 500], "entries": [
+            {"task": "kv_retrieval", "count": 3, "params": {"formats": ["csv"]}, "val_params": {"formats": ["json"]}}]},
+        "val": {"lengths": [512], "per_cell": 2},
+    }
+    plan = plan_from_config(cfg)
+    train = [j for j in plan.jobs if j.split == "train"]
+    val = [j for j in plan.jobs if j.split.startswith("val/")]
+    assert dict(train[0].params)["formats"] == ("csv",)
+    assert dict(val[0].params)["formats"] == ("json",)
