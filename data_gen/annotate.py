@@ -1,0 +1,1022 @@
+"""Annotated SFT traces (paper App. C.2): teacher traces rewritten with verbatim recall spans.
+
+The pipeline, one trace at a time:
+
+1. **Teacher trace.** Read from a JSONL file of ``{"index": <row position in the input parquet>,
+   "trace": <text>}`` lines, or asked of any OpenAI-compatible endpoint (``POST
+   {base_url}/chat/completions``, e.g. a vLLM server) with the row's chat messages and an
+   instruction to end with ``Answer: <answer>``. A trace is reasoning (inside or outside a
+   ``<think>`` block) followed by the final answer.
+2. **Answer check.** The final answer is parsed (``rewards.parsing``) and scored with the row's
+   answer metric (``rewards.score_response(...).answer``); a trace without an answer or below
+   ``min_answer_score`` is dropped before the annotator sees it.
+3. **Annotator rewrite.** A second chat call (another model, possibly) gets the row's context and
+   the trace and returns the trace unchanged except that statements taken from the context are
+   replaced by verbatim quotes wrapped in ``<recall>...</recall>``.
+4. **Checks and alignment.** The rewrite must pair its tags, keep the reasoning (word-level
+   ``difflib`` similarity of the tag-stripped rewrite to the original reasoning at least
+   ``min_similarity``) and keep the answer. Each quote is located in the prompt text: exactly
+   (``str.find``), else with Levenshtein fuzzy matching (``fuzzysearch``, at most
+   ``max(fuzzy_min_dist, fuzzy_ratio * len(quote))`` edits); occurrences overlapping a gold
+   passage win. The aligned prompt substring, not the annotator's text, becomes the span, so the
+   spans of the SFT example copy the prompt's own token ids (``data_gen.traces.sft_example``).
+   One quote that cannot be aligned drops the trace; so does a trace without spans
+   (``require_span``) or with a span longer than the model's ``max_recall_tokens``.
+
+Kept traces become ``SFTExample`` records (``source="annotated"``) split into ``train.jsonl`` and
+``val.jsonl``; ``traces.jsonl`` keeps every trace with its outcome (it is also a valid teacher
+trace file for a rerun) and ``report.json`` counts kept and dropped traces per reason and per
+category. Every file is written atomically.
+
+Everything in the configuration is checked before the first request; an endpoint that cannot be
+reached is named in a one-line ``RecallmError``. The API key is read from the environment
+variable that ``api_key_env`` names and is never logged nor written.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import logging
+import os
+import random
+import re
+import threading
+import time
+from collections import Counter, defaultdict
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from data_gen.base import Row
+from recallm.errors import RecallmError
+
+__all__ = [
+    "REASONS",
+    "DEFAULT_TEACHER_INSTRUCTION",
+    "DEFAULT_ANNOTATOR_SYSTEM",
+    "DEFAULT_ANNOTATOR_USER",
+    "EndpointConfig",
+    "Checks",
+    "Prompts",
+    "AnnotateSettings",
+    "ChatClient",
+    "ChatError",
+    "Alignment",
+    "Outcome",
+    "split_trace",
+    "strip_recall_tags",
+    "reasoning_similarity",
+    "align_span",
+    "teacher_messages",
+    "annotator_messages",
+    "annotate_trace",
+    "read_teacher_traces",
+    "run_annotation",
+    "annotate_from_config",
+    "format_report",
+]
+
+log = logging.getLogger(__name__)
+
+#: Why a trace is dropped, in pipeline order (the report lists every one, zeros included).
+REASONS = (
+    "teacher_error",  # the teacher call failed (after retries) or returned nothing
+    "no_answer",  # the teacher trace has no parseable final answer
+    "wrong_answer",  # its answer scores below checks.min_answer_score
+    "annotator_error",  # the annotator call failed, returned nothing or was cut off
+    "bad_tags",  # unpaired or nested <recall> tags
+    "rewrite_changed",  # the rewrite changed the reasoning beyond the tags, or the answer
+    "unaligned_span",  # a quote is not in the prompt, even fuzzily
+    "no_span",  # no recall span at all (checks.require_span)
+    "span_too_long",  # a span longer than checks.max_span_tokens tokens
+)
+
+DEFAULT_TEACHER_INSTRUCTION = (
+    "Work through the question step by step, referring to the parts of the context you use. "
+    "When you are done, give the final answer on the last line, written as `Answer: <answer>`."
+)
+
+DEFAULT_ANNOTATOR_SYSTEM = """\
+You edit reasoning traces. You are given a context (documents, tables, lists of facts) and a \
+reasoning trace that someone wrote while answering a question about that context.
+
+Return the trace exactly as it is, with a single kind of edit: wherever the trace states \
+something it took from the context (a copied line, a number, a name, a fact put in its own \
+words), replace that statement with a verbatim quotation of the context and wrap the quotation \
+in <recall> and </recall>.
+
+Rules:
+- Text inside <recall>...</recall> must be copied character for character from the context: \
+the same words, spelling, capitalisation, punctuation and digits. Never quote the trace itself \
+or anything that is not in the context.
+- Quote the shortest passage that supports the statement: usually one line or one sentence, \
+never more than a few sentences.
+- Leave every other part of the reasoning (inferences, arithmetic, plans, checks) word for word \
+as it is. Do not add, remove, reorder or summarise steps.
+- Keep the final `Answer: ...` line exactly as it is.
+- Output only the rewritten trace: no preamble, no comments, no code fences."""
+
+DEFAULT_ANNOTATOR_USER = """\
+<context>
+{context}
+</context>
+
+<trace>
+{trace}
+</trace>
+
+Rewrite the trace as instructed."""
+
+_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
+_FENCE = re.compile(r"^```[\w-]*\n(.*)\n```$", re.DOTALL)
+_TEMPLATE_FIELD = re.compile(r"\{(context|trace)\}")
+
+
+# --------------------------------------------------------------------------- settings
+
+
+def _number(value: Any, name: str, kind: type = float) -> Any:
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise RecallmError(f"{name} must be a number, got {value!r}") from None
+
+
+def _check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
+    if not (lo <= value < hi if hi_open else lo <= value <= hi):
+        raise RecallmError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value}")
+
+
+def is_local_url(url: str) -> bool:
+    """Whether ``url`` points at this machine (such a server needs no API key)."""
+    import httpx
+
+    host = httpx.URL(url).host
+    return host in _LOCAL_HOSTS or host.endswith(".localhost")
+
+
+@dataclass(frozen=True)
+class EndpointConfig:
+    """One OpenAI-compatible chat endpoint and how to call it."""
+
+    base_url: str
+    model: str
+    api_key_env: str | None = "OPENAI_API_KEY"
+    temperature: float = 0.0
+    top_p: float | None = None
+    max_tokens: int = 4096
+    timeout: float = 300.0
+    concurrency: int = 8
+    retries: int = 4
+    backoff: float = 1.0
+    extra_body: Mapping[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any], role: str) -> EndpointConfig:
+        """Build and check (``role`` names the config section in error messages)."""
+        import httpx
+
+        model = cfg.get("model")
+        if not model or not isinstance(model, str):
+            raise RecallmError(f"{role}.model is required (the model name the endpoint serves), got {model!r}")
+        base_url = str(cfg.get("base_url") or "").rstrip("/")
+        try:
+            url = httpx.URL(base_url)
+        except Exception:  # httpx raises InvalidURL and others for garbage
+            url = None
+        if url is None or url.scheme not in ("http", "https") or not url.host:
+            raise RecallmError(
+                f"{role}.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
+            )
+        env = cfg.get("api_key_env")
+        if env is not None and (not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env)):
+            raise RecallmError(f"{role}.api_key_env must be the NAME of an environment variable or null, got {env!r}")
+        extra = cfg.get("extra_body") or {}
+        if not isinstance(extra, Mapping):
+            raise RecallmError(f"{role}.extra_body must be a mapping, got {type(extra).__name__}")
+        config = cls(
+            base_url=base_url,
+            model=model,
+            api_key_env=env or None,
+            temperature=_number(cfg.get("temperature", 0.0), f"{role}.temperature"),
+            top_p=None if cfg.get("top_p") is None else _number(cfg.get("top_p"), f"{role}.top_p"),
+            max_tokens=_number(cfg.get("max_tokens", 4096), f"{role}.max_tokens", int),
+            timeout=_number(cfg.get("timeout", 300.0), f"{role}.timeout"),
+            concurrency=_number(cfg.get("concurrency", 8), f"{role}.concurrency", int),
+            retries=_number(cfg.get("retries", 4), f"{role}.retries", int),
+            backoff=_number(cfg.get("backoff", 1.0), f"{role}.backoff"),
+            extra_body=dict(extra),
+        )
+        _check_range(config.temperature, f"{role}.temperature", 0.0, 2.0)
+        if config.top_p is not None:
+            _check_range(config.top_p, f"{role}.top_p", 0.0, 1.0)
+        for name in ("max_tokens", "concurrency"):
+            if getattr(config, name) < 1:
+                raise RecallmError(f"{role}.{name} must be >= 1, got {getattr(config, name)}")
+        if config.timeout <= 0:
+            raise RecallmError(f"{role}.timeout must be > 0 seconds, got {config.timeout}")
+        if config.retries < 0 or config.backoff < 0:
+            raise RecallmError(
+                f"{role}.retries and {role}.backoff must be >= 0, got {config.retries}, {config.backoff}"
+            )
+        if config.api_key_env and not os.environ.get(config.api_key_env) and not is_local_url(base_url):
+            raise RecallmError(
+                f"{role}: environment variable {config.api_key_env} is not set, and {base_url} is not local "
+                f"(set it, or {role}.api_key_env=null for a server without a key)"
+            )
+        return config
+
+
+@dataclass(frozen=True)
+class Checks:
+    """What a trace must pass to be kept."""
+
+    min_answer_score: float = 1.0  # the row's answer metric, in [0, 1]
+    min_similarity: float = 0.6  # word-level similarity of the tag-stripped rewrite to the original
+    fuzzy_ratio: float = 0.1  # edits allowed per character of a quote
+    fuzzy_min_dist: int = 1  # ... and at least this many
+    require_span: bool = True
+    max_span_tokens: int | None = 128  # None: no limit
+
+    def __post_init__(self) -> None:
+        _check_range(self.min_answer_score, "checks.min_answer_score", 0.0, 1.0)
+        _check_range(self.min_similarity, "checks.min_similarity", 0.0, 1.0)
+        _check_range(self.fuzzy_ratio, "checks.fuzzy_ratio", 0.0, 1.0, hi_open=True)
+        if self.fuzzy_min_dist < 0:
+            raise RecallmError(f"checks.fuzzy_min_dist must be >= 0, got {self.fuzzy_min_dist}")
+        if self.max_span_tokens is not None and self.max_span_tokens < 1:
+            raise RecallmError(f"checks.max_span_tokens must be >= 1 or null, got {self.max_span_tokens}")
+
+    def max_dist(self, quote_length: int) -> int:
+        """Edits allowed when aligning a quote of ``quote_length`` characters (always fewer than it has)."""
+        return max(0, min(max(self.fuzzy_min_dist, int(self.fuzzy_ratio * quote_length)), quote_length - 1))
+
+
+@dataclass(frozen=True)
+class Prompts:
+    """The wording of the teacher instruction and of the annotator request."""
+
+    teacher_instruction: str | None = DEFAULT_TEACHER_INSTRUCTION  # appended to the row's last user message
+    teacher_system: str | None = None  # replaces the row's system message when set
+    annotator_system: str = DEFAULT_ANNOTATOR_SYSTEM
+    annotator_user: str = DEFAULT_ANNOTATOR_USER  # with {context} and {trace}
+
+    def __post_init__(self) -> None:
+        missing = [f for f in ("{context}", "{trace}") if f not in self.annotator_user]
+        if missing:
+            raise RecallmError(f"annotator.user_template must contain {' and '.join(missing)}")
+
+
+# --------------------------------------------------------------------------- chat client
+
+
+class ChatError(Exception):
+    """One request failed for good (after retries, or with a non-retryable status)."""
+
+
+class ChatClient:
+    """A thread-safe client of one OpenAI-compatible chat endpoint: bounded concurrency (a
+    semaphore of ``concurrency`` slots), retries with exponential backoff (and ``Retry-After``)
+    on transport errors, 429 and 5xx. 401/403/404 stop the whole run (a wrong key, URL or model
+    fails every request); other failures are ``ChatError``s that drop one trace."""
+
+    def __init__(self, config: EndpointConfig, role: str = "teacher", *, sleep: Callable[[float], None] = time.sleep):
+        import httpx
+
+        self.config, self.role, self._sleep = config, role, sleep
+        self._key = os.environ.get(config.api_key_env) if config.api_key_env else None
+        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
+        self._http = httpx.Client(
+            base_url=config.base_url + "/",
+            headers=headers,
+            timeout=httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0)),
+            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
+        )
+        self._slots = threading.BoundedSemaphore(config.concurrency)
+
+    @property
+    def url(self) -> str:
+        return f"{self.config.base_url}/chat/completions"
+
+    def _redact(self, text: str) -> str:
+        return text.replace(self._key, "***") if self._key else text
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ChatClient:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def ping(self) -> None:
+        """Fail with the endpoint's name if nothing answers at ``base_url`` (any HTTP status
+        counts as up, except 401/403: a key the server refuses)."""
+        import httpx
+
+        try:
+            resp = self._http.get("models", timeout=min(self.config.timeout, 10.0))
+        except httpx.TransportError as exc:
+            raise RecallmError(
+                f"{self.role} endpoint {self.config.base_url} is not reachable "
+                f"({type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}); is the server running?"
+            ) from None
+        if resp.status_code in (401, 403):
+            raise RecallmError(self._refused(resp.status_code))
+
+    def _refused(self, status: int) -> str:
+        key = f"the key in ${self.config.api_key_env}" if self.config.api_key_env else "an API key (set api_key_env)"
+        return f"{self.role} endpoint {self.config.base_url} refused the request (HTTP {status}): check {key}"
+
+    def complete(self, messages: list[dict[str, str]], *, with_reasoning: bool = False) -> str:
+        """The assistant message of one chat completion. With ``with_reasoning``, reasoning the
+        server returned apart (``reasoning_content``, vLLM's reasoning parser) is put back in front
+        of the content, closed by ``</think>``; without, it is ignored."""
+        import httpx
+
+        cfg = self.config
+        payload: dict[str, Any] = {
+            "model": cfg.model,
+            "messages": messages,
+            "temperature": cfg.temperature,
+            "max_tokens": cfg.max_tokens,
+            **cfg.extra_body,
+        }
+        if cfg.top_p is not None:
+            payload["top_p"] = cfg.top_p
+        last = "no attempt"
+        for attempt in range(cfg.retries + 1):
+            delay = min(60.0, cfg.backoff * 2**attempt * random.uniform(0.75, 1.0))
+            try:
+                with self._slots:
+                    resp = self._http.post("chat/completions", json=payload)
+            except httpx.TransportError as exc:
+                last = f"{type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}"
+            else:
+                status = resp.status_code
+                if status == 429 or status >= 500:
+                    last = f"HTTP {status}"
+                    retry_after = resp.headers.get("retry-after", "")
+                    if retry_after.replace(".", "", 1).isdigit():
+                        delay = min(60.0, float(retry_after))
+                elif status in (401, 403):
+                    raise RecallmError(self._refused(status))
+                elif status == 404:
+                    raise RecallmError(
+                        f"{self.role} endpoint {self.url} answered HTTP 404 ({self._body(resp)}): check "
+                        f"{self.role}.base_url (it usually ends in /v1) and {self.role}.model={cfg.model!r}"
+                    )
+                elif status >= 400:
+                    raise ChatError(f"HTTP {status}: {self._body(resp)}")
+                else:
+                    return self._content(resp, with_reasoning)
+            if attempt < cfg.retries:
+                log.debug(
+                    "%s request failed (%s); retry %d/%d in %.2fs", self.role, last, attempt + 1, cfg.retries, delay
+                )
+                self._sleep(delay)
+        raise ChatError(f"gave up after {cfg.retries + 1} attempt(s): {last}")
+
+    def _body(self, resp) -> str:
+        text = " ".join(resp.text.split())
+        return self._redact(text[:200]) or "empty body"
+
+    def _content(self, resp, with_reasoning: bool) -> str:
+        try:
+            choice = resp.json()["choices"][0]
+            message = choice["message"]
+            content = message.get("content") or ""
+            if isinstance(content, list):  # content parts
+                content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
+        except (ValueError, KeyError, IndexError, TypeError):
+            raise ChatError(f"not a chat completion: {self._body(resp)}") from None
+        if choice.get("finish_reason") == "length":
+            raise ChatError(f"the completion was cut off at max_tokens={self.config.max_tokens}")
+        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
+        if with_reasoning and reasoning and "</think>" not in content:
+            content = f"{reasoning.strip()}\n</think>\n\n{content.strip()}"
+        if not content.strip():
+            raise ChatError("empty completion")
+        return content
+
+
+# --------------------------------------------------------------------------- traces
+
+
+def split_trace(text: str) -> tuple[str, str | None]:
+    """(reasoning, final answer or None) of a trace.
+
+    With a ``</think>``, the reasoning is what precedes it (a leading ``<think>`` dropped) and the
+    answer is the response parser's. Without, the answer starts at the last line holding an
+    ``Answer:`` marker (as the response parser recognises it) and the reasoning is the lines before.
+    """
+    from rewards.parsing import parse_response
+
+    text = (text or "").strip()
+    if text.startswith("<think>"):
+        text = text[len("<think>") :]
+    if "</think>" in text:
+        reasoning = text[: text.index("</think>")]
+        answer = parse_response(text).answer
+    else:
+        lines = text.splitlines(keepends=True)
+        reasoning, answer = text, None
+        for i in range(len(lines) - 1, -1, -1):
+            if parse_response("</think>" + lines[i]).n_answers:
+                reasoning = "".join(lines[:i])
+                answer = parse_response("</think>" + "".join(lines[i:])).answer
+                break
+    return reasoning.strip(), (answer or None)
+
+
+def strip_recall_tags(text: str) -> str:
+    """``text`` without recall markers (their content kept)."""
+    from rewards.parsing import END_MARKERS, START_MARKERS
+
+    for marker in (*START_MARKERS, *END_MARKERS):
+        text = text.replace(marker, "")
+    return text
+
+
+def reasoning_similarity(original: str, rewrite: str) -> float:
+    """Word-level ``difflib`` ratio of the tag-stripped rewrite to the original, in [0, 1]."""
+    a, b = original.split(), strip_recall_tags(rewrite).split()
+    if not a and not b:
+        return 1.0
+    return difflib.SequenceMatcher(None, a, b, autojunk=False).ratio()
+
+
+@dataclass(frozen=True)
+class Alignment:
+    start: int
+    end: int
+    dist: int  # Levenshtein distance of the quote to prompt_text[start:end] before edge trimming
+    in_gold: bool
+
+
+def _overlaps(start: int, end: int, gold: Sequence[Mapping[str, Any]]) -> bool:
+    return any(start < int(g["end"]) and int(g["start"]) < end for g in gold)
+
+
+def _trim(prompt_text: str, start: int, end: int) -> tuple[int, int]:
+    from rewards.recall import clean_span
+
+    piece = prompt_text[start:end]
+    inner = clean_span(piece)
+    if not inner:
+        return start, start
+    offset = piece.find(inner)
+    return start + offset, start + offset + len(inner)
+
+
+def align_span(
+    quote: str, prompt_text: str, gold: Sequence[Mapping[str, Any]] = (), *, max_dist: int | Callable[[int], int] = 0
+) -> Alignment | None:
+    """Where ``quote`` is in ``prompt_text``: exactly if it can be, else the fuzzy match within
+    ``max_dist`` edits (an int, or a function of the quote's length); among candidates, one
+    overlapping a gold passage first, then the fewest edits, then the earliest. None if none."""
+    from fuzzysearch import find_near_matches
+
+    from rewards.recall import clean_span
+
+    quote = clean_span(quote)
+    if not quote:
+        return None
+    n = len(quote)
+    for g in gold:  # an exact occurrence overlapping a gold passage
+        pos = prompt_text.find(quote, max(0, int(g["start"]) - n + 1), int(g["end"]) + n - 1)
+        if pos != -1:
+            return Alignment(pos, pos + n, 0, True)
+    pos = prompt_text.find(quote)
+    if pos != -1:
+        return Alignment(pos, pos + n, 0, _overlaps(pos, pos + n, gold))
+    k = max_dist(n) if callable(max_dist) else int(max_dist)
+    if k <= 0:
+        return None
+    matches = find_near_matches(quote, prompt_text, max_l_dist=min(k, n - 1))
+    candidates = []
+    for m in matches:
+        start, end = _trim(prompt_text, m.start, m.end)
+        if end > start:
+            candidates.append((not _overlaps(start, end, gold), m.dist, start, end))
+    if not candidates:
+        return None
+    outside, dist, start, end = min(candidates)
+    return Alignment(start, end, dist, not outside)
+
+
+def _row_context(row: Row) -> str:
+    return "\n\n".join(m["content"] for m in row.messages if m.get("role") in ("system", "user"))
+
+
+def teacher_messages(row: Row, prompts: Prompts) -> list[dict[str, str]]:
+    """The row's chat messages, the teacher instruction appended to the last user message."""
+    messages = [dict(m) for m in row.messages]
+    if prompts.teacher_system:
+        messages = [{"role": "system", "content": prompts.teacher_system}] + [
+            m for m in messages if m.get("role") != "system"
+        ]
+    if prompts.teacher_instruction:
+        last = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        if last is None:
+            messages.append({"role": "user", "content": prompts.teacher_instruction})
+        else:
+            messages[last]["content"] = f"{messages[last]['content']}\n\n{prompts.teacher_instruction}"
+    return messages
+
+
+def annotator_messages(row: Row, trace: str, prompts: Prompts) -> list[dict[str, str]]:
+    """The annotator request: its instructions, the row's context and the (normalised) trace."""
+    fields = {"context": _row_context(row), "trace": trace}
+    user = _TEMPLATE_FIELD.sub(lambda m: fields[m.group(1)], prompts.annotator_user)
+    return [{"role": "system", "content": prompts.annotator_system}, {"role": "user", "content": user}]
+
+
+def _clean_rewrite(text: str) -> str:
+    """The annotator's output without its own thinking (text up to a ``</think>``) and fences."""
+    text = text.strip()
+    if "</think>" in text:
+        text = text[text.rindex("</think>") + len("</think>") :].strip()
+    fenced = _FENCE.match(text)
+    return fenced.group(1).strip() if fenced else text
+
+
+@dataclass
+class Outcome:
+    """What became of one teacher trace (``reason`` None: kept)."""
+
+    index: int
+    sample: int
+    category: str
+    reason: str | None = None
+    detail: str = ""
+    trace: str | None = None
+    annotated: str | None = None
+    answer: str | None = None
+    segments: list[tuple[str, Any]] = field(default_factory=list)
+    alignments: list[Alignment] = field(default_factory=list)
+
+    def drop(self, reason: str, detail: str = "") -> Outcome:
+        assert reason in REASONS, reason
+        self.reason, self.detail = reason, detail
+        return self
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "index": self.index,
+            "sample": self.sample,
+            "category": self.category,
+            "kept": self.reason is None,
+            "reason": self.reason,
+            "detail": self.detail,
+            "trace": self.trace,
+            "annotated": self.annotated,
+            "answer": self.answer,
+            "spans": [[a.start, a.end, a.dist, a.in_gold] for a in self.alignments],
+        }
+
+
+def _segments(original: str, reasoning: str, row: Row, checks: Checks, out: Outcome) -> list[tuple[str, Any]] | None:
+    """Segments of an annotated reasoning (tags paired, the rest of ``original`` kept, quotes
+    aligned); None after ``out.drop``."""
+    from rewards.parsing import END_MARKERS, START_MARKERS, parse_response
+
+    parsed = parse_response(reasoning)
+    if parsed.n_start != parsed.n_end or len(parsed.spans) != parsed.n_start:
+        out.drop("bad_tags", f"{parsed.n_start} opening and {parsed.n_end} closing tags, {len(parsed.spans)} pairs")
+        return None
+    similarity = reasoning_similarity(original, reasoning)
+    if similarity < checks.min_similarity:
+        out.drop("rewrite_changed", f"similarity {similarity:.3f} < {checks.min_similarity}")
+        return None
+    segments: list[tuple[str, Any]] = []
+    cursor = 0
+    for number, span in enumerate(parsed.spans, 1):
+        opener = next(m for m in START_MARKERS if reasoning.startswith(m, span.start - len(m)))
+        closer = next(m for m in END_MARKERS if reasoning.startswith(m, span.end))
+        if span.start - len(opener) > cursor:
+            segments.append(("text", reasoning[cursor : span.start - len(opener)]))
+        found = align_span(span.text, row.prompt_text, row.gold, max_dist=checks.max_dist)
+        if found is None:
+            out.drop("unaligned_span", f"span {number} not in the prompt: {span.text[:80]!r}")
+            return None
+        out.alignments.append(found)
+        segments.append(("span", (found.start, found.end)))
+        cursor = span.end + len(closer)
+    tail = reasoning[cursor:].rstrip()
+    segments.append(("text", tail + "\n") if tail else ("text", "\n"))
+    return segments
+
+
+def annotate_trace(
+    row: Row,
+    trace: str,
+    annotator: ChatClient | Callable[[list[dict[str, str]]], str],
+    *,
+    checks: Checks,
+    prompts: Prompts,
+    reward_config=None,
+    index: int = 0,
+    sample: int = 0,
+) -> Outcome:
+    """Check one teacher trace, have it annotated and align its spans (no tokenisation here)."""
+    from rewards.score import score_response
+
+    out = Outcome(index=index, sample=sample, category=row.category, trace=trace)
+    reasoning, answer = split_trace(trace)
+    if answer is None:
+        return out.drop("no_answer", "no `Answer:` line after the reasoning")
+    out.answer = answer
+    normalised = f"{reasoning}\n</think>\n\nAnswer: {answer}"
+    try:
+        score = score_response(
+            normalised, row.ground_truth, prompt_text=row.prompt_text, data_source=row.data_source, config=reward_config
+        ).answer
+    except ValueError as exc:  # RecallmError included: the row's ground truth, not the trace, is at fault
+        raise RecallmError(f"row {index}: cannot score its answer: {exc}") from exc
+    if score < checks.min_answer_score:
+        return out.drop("wrong_answer", f"answer {answer[:80]!r} scores {score:.3g}")
+    messages = annotator_messages(row, f"{reasoning}\n\nAnswer: {answer}", prompts)
+    try:
+        raw = annotator.complete(messages) if isinstance(annotator, ChatClient) else annotator(messages)
+    except ChatError as exc:
+        return out.drop("annotator_error", str(exc))
+    out.annotated = rewrite = _clean_rewrite(raw)
+    if not rewrite:
+        return out.drop("annotator_error", "empty rewrite")
+    new_reasoning, new_answer = split_trace(rewrite)
+    if new_answer is not None and new_answer.strip() != answer.strip():
+        return out.drop("rewrite_changed", f"the answer became {new_answer[:80]!r}")
+    segments = _segments(reasoning, new_reasoning, row, checks, out)
+    if segments is None:
+        return out
+    if checks.require_span and not out.alignments:
+        return out.drop("no_span", "the rewrite has no <recall> span")
+    out.segments = segments
+    return out
+
+
+def teacher_outcome(
+    row: Row,
+    teacher: ChatClient,
+    annotator: ChatClient,
+    *,
+    checks: Checks,
+    prompts: Prompts,
+    reward_config=None,
+    index: int = 0,
+    sample: int = 0,
+) -> Outcome:
+    """Ask the teacher for a trace of ``row``, then ``annotate_trace`` it."""
+    try:
+        trace = teacher.complete(teacher_messages(row, prompts), with_reasoning=True)
+    except ChatError as exc:
+        return Outcome(index=index, sample=sample, category=row.category).drop("teacher_error", str(exc))
+    return annotate_trace(
+        row, trace, annotator, checks=checks, prompts=prompts, reward_config=reward_config, index=index, sample=sample
+    )
+
+
+def read_teacher_traces(path: str | Path, n_rows: int) -> list[tuple[int, str]]:
+    """(row index, trace) of every line of a teacher trace file; indices checked against ``n_rows``.
+    Lines with a null trace (a failed teacher call in a ``traces.jsonl`` of an earlier run) are skipped."""
+    from data_gen.io import read_jsonl
+
+    traces = []
+    for number, record in enumerate(read_jsonl(path), 1):
+        if not isinstance(record, dict):
+            raise RecallmError(f"{path}:{number}: expected an object with index and trace")
+        index, trace = record.get("index"), record.get("trace")
+        if trace is None and "trace" in record:
+            continue
+        if isinstance(index, bool) or not isinstance(index, int) or not isinstance(trace, str):
+            raise RecallmError(f"{path}:{number}: expected an integer index and a string trace")
+        if not 0 <= index < n_rows:
+            raise RecallmError(f"{path}:{number}: row index {index} is out of range (the input has {n_rows} rows)")
+        traces.append((index, trace))
+    return traces
+
+
+# --------------------------------------------------------------------------- the run
+
+
+@dataclass
+class AnnotateSettings:
+    """A whole run, checked (``from_config``) before anything is requested."""
+
+    input: Path
+    tokenizer: Path  # the RecaLLM model/tokenizer directory (its config gives max_recall_tokens)
+    output_dir: Path
+    annotator: EndpointConfig
+    teacher: EndpointConfig | None = None
+    teacher_traces: Path | None = None
+    samples: int = 1
+    checks: Checks = field(default_factory=Checks)
+    prompts: Prompts = field(default_factory=Prompts)
+    val_fraction: float = 0.05
+    seed: int = 0
+    limit: int | None = None
+    progress: bool = False
+    reward: Any = None  # a reward config source (``rewards.load_reward_config``)
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> AnnotateSettings:
+        try:
+            from omegaconf import DictConfig, OmegaConf
+
+            if isinstance(cfg, DictConfig):
+                missing = sorted(OmegaConf.missing_keys(cfg))
+                if missing:
+                    raise RecallmError(f"missing required config value(s): {', '.join(missing)}")
+                cfg = OmegaConf.to_container(cfg, resolve=True)
+        except ImportError:  # pragma: no cover - omegaconf is a dependency
+            pass
+        teacher_cfg = dict(cfg.get("teacher") or {})
+        annotator_cfg = dict(cfg.get("annotator") or {})
+        checks_cfg = dict(cfg.get("checks") or {})
+        for name in ("input", "tokenizer", "output_dir"):
+            if not cfg.get(name) or cfg.get(name) == "???":
+                raise RecallmError(f"{name}=... is required")
+        source = Path(cfg["input"])
+        if not source.is_file():
+            raise RecallmError(f"input file {source} does not exist (a parquet of rows from `recallm-data`)")
+        model = Path(cfg["tokenizer"])
+        if not model.is_dir():
+            raise RecallmError(f"tokenizer directory {model} does not exist (the RecaLLM model/tokenizer of the rows)")
+        traces = teacher_cfg.get("traces")
+        if traces and not Path(traces).is_file():
+            raise RecallmError(f"teacher.traces file {traces} does not exist")
+        max_span = checks_cfg.get("max_span_tokens")
+        checks = Checks(
+            min_answer_score=_number(checks_cfg.get("min_answer_score", 1.0), "checks.min_answer_score"),
+            min_similarity=_number(checks_cfg.get("min_similarity", 0.6), "checks.min_similarity"),
+            fuzzy_ratio=_number(checks_cfg.get("fuzzy_ratio", 0.1), "checks.fuzzy_ratio"),
+            fuzzy_min_dist=_number(checks_cfg.get("fuzzy_min_dist", 1), "checks.fuzzy_min_dist", int),
+            require_span=bool(checks_cfg.get("require_span", True)),
+            max_span_tokens=_model_max_recall_tokens(model)
+            if max_span is None
+            else _number(max_span, "checks.max_span_tokens", int),
+        )
+        prompts = Prompts(
+            teacher_instruction=teacher_cfg.get("instruction") or DEFAULT_TEACHER_INSTRUCTION,
+            teacher_system=teacher_cfg.get("system_prompt") or None,
+            annotator_system=annotator_cfg.get("system_prompt") or DEFAULT_ANNOTATOR_SYSTEM,
+            annotator_user=annotator_cfg.get("user_template") or DEFAULT_ANNOTATOR_USER,
+        )
+        val_fraction = _number(cfg.get("val_fraction", 0.05), "val_fraction")
+        _check_range(val_fraction, "val_fraction", 0.0, 1.0, hi_open=True)
+        limit = cfg.get("limit")
+        if limit is not None and _number(limit, "limit", int) < 1:
+            raise RecallmError(f"limit must be >= 1 or null, got {limit}")
+        samples = _number(teacher_cfg.get("samples", 1), "teacher.samples", int)
+        if samples < 1:
+            raise RecallmError(f"teacher.samples must be >= 1, got {samples}")
+        return cls(
+            input=source,
+            tokenizer=model,
+            output_dir=Path(cfg["output_dir"]),
+            annotator=EndpointConfig.from_mapping(annotator_cfg, "annotator"),
+            teacher=None if traces else EndpointConfig.from_mapping(teacher_cfg, "teacher"),
+            teacher_traces=Path(traces) if traces else None,
+            samples=samples,
+            checks=checks,
+            prompts=prompts,
+            val_fraction=val_fraction,
+            seed=_number(cfg.get("seed", 0), "seed", int),
+            limit=None if limit is None else int(limit),
+            progress=bool(cfg.get("progress", False)),
+            reward=cfg.get("reward"),
+        )
+
+
+def _model_max_recall_tokens(model: Path) -> int:
+    from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS
+
+    try:
+        value = json.loads((model / "config.json").read_text()).get("max_recall_tokens")
+    except (OSError, ValueError):
+        value = None
+    return int(value) if isinstance(value, int) and value > 0 else DEFAULT_MAX_RECALL_TOKENS
+
+
+def _span_tokens(example) -> int:
+    return max((j - i for i, j in example.spans), default=0)
+
+
+def run_annotation(
+    rows: Sequence[Row],
+    tokenizer,
+    *,
+    annotator: ChatClient | Callable[[list[dict[str, str]]], str],
+    output_dir: str | Path,
+    traces: Sequence[tuple[int, str]] | None = None,
+    teacher: ChatClient | None = None,
+    samples: int = 1,
+    checks: Checks | None = None,
+    prompts: Prompts | None = None,
+    reward_config=None,
+    val_fraction: float = 0.05,
+    seed: int = 0,
+    workers: int = 8,
+    progress: bool = False,
+    meta: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Annotate the teacher traces of ``rows`` (``traces`` given, or asked of ``teacher``), write
+    ``train.jsonl``, ``val.jsonl``, ``traces.jsonl`` and ``report.json`` under ``output_dir`` and
+    return the report."""
+    from tqdm import tqdm
+
+    from data_gen.io import atomic_path, write_jsonl
+    from data_gen.traces import sft_example
+    from rewards.config import load_reward_config
+
+    if (traces is None) == (teacher is None):
+        raise RecallmError("give either teacher traces or a teacher endpoint, not both or neither")
+    checks, prompts = checks or Checks(), prompts or Prompts()
+    reward_config = load_reward_config(reward_config)
+    output_dir = Path(output_dir)
+    jobs = list(traces) if traces is not None else [(i, s) for i in range(len(rows)) for s in range(samples)]
+    common = {"checks": checks, "prompts": prompts, "reward_config": reward_config}
+    sample_of: Counter[int] = Counter()
+
+    def job(item) -> Outcome:
+        if traces is not None:
+            index, trace, sample = item
+            return annotate_trace(rows[index], trace, annotator, index=index, sample=sample, **common)
+        index, sample = item
+        return teacher_outcome(rows[index], teacher, annotator, index=index, sample=sample, **common)
+
+    if traces is not None:  # number repeated traces of one row
+        numbered = []
+        for index, trace in jobs:
+            numbered.append((index, trace, sample_of[index]))
+            sample_of[index] += 1
+        jobs = numbered
+
+    outcomes: list[Outcome] = []
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(job, item) for item in jobs]
+        try:
+            for future in tqdm(as_completed(futures), total=len(futures), desc="annotating", disable=not progress):
+                outcomes.append(future.result())
+        except BaseException:
+            for f in futures:
+                f.cancel()
+            raise
+    outcomes.sort(key=lambda o: (o.index, o.sample))
+
+    examples = []
+    for out in outcomes:
+        if out.reason is not None:
+            log.debug("row %d sample %d dropped: %s (%s)", out.index, out.sample, out.reason, out.detail)
+            continue
+        example = sft_example(tokenizer, rows[out.index], out.segments, out.answer, source="annotated")
+        longest = _span_tokens(example)
+        if checks.max_span_tokens is not None and longest > checks.max_span_tokens:
+            out.drop("span_too_long", f"a span of {longest} tokens > {checks.max_span_tokens}")
+            continue
+        examples.append(example)
+
+    order = list(range(len(examples)))
+    random.Random(seed).shuffle(order)
+    n_val = min(len(examples), round(len(examples) * val_fraction))
+    val_ids = set(order[:n_val])
+    train = [e.to_record() for k, e in enumerate(examples) if k not in val_ids]
+    val = [e.to_record() for k, e in enumerate(examples) if k in val_ids]
+    files = {
+        "train": write_jsonl(train, output_dir / "train.jsonl"),
+        "val": write_jsonl(val, output_dir / "val.jsonl"),
+        "traces": write_jsonl((o.record() for o in outcomes), output_dir / "traces.jsonl"),
+    }
+    report = build_report(outcomes, len(rows), train=len(train), val=len(val))
+    report["seconds"] = round(time.monotonic() - started, 3)
+    report["files"] = {name: str(path) for name, path in files.items()} | {"report": str(output_dir / "report.json")}
+    if meta:
+        report["settings"] = dict(meta)
+    with atomic_path(output_dir / "report.json") as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n")
+    return report
+
+
+def build_report(outcomes: Sequence[Outcome], n_rows: int, *, train: int = 0, val: int = 0) -> dict[str, Any]:
+    """Counts of kept and dropped traces, per reason and per category, and span statistics."""
+    dropped = Counter(o.reason for o in outcomes if o.reason is not None)
+    per_category: dict[str, dict[str, Any]] = defaultdict(lambda: {"traces": 0, "kept": 0, "dropped": Counter()})
+    for o in outcomes:
+        cat = per_category[o.category]
+        cat["traces"] += 1
+        if o.reason is None:
+            cat["kept"] += 1
+        else:
+            cat["dropped"][o.reason] += 1
+    kept = [o for o in outcomes if o.reason is None]
+    spans = [a for o in kept for a in o.alignments]
+    return {
+        "rows": n_rows,
+        "rows_with_traces": len({o.index for o in outcomes}),
+        "traces": len(outcomes),
+        "kept": len(kept),
+        "dropped": sum(dropped.values()),
+        "dropped_by_reason": {reason: dropped.get(reason, 0) for reason in REASONS},
+        "by_category": {
+            name: {"traces": c["traces"], "kept": c["kept"], "dropped": dict(sorted(c["dropped"].items()))}
+            for name, c in sorted(per_category.items())
+        },
+        "spans": {
+            "total": len(spans),
+            "exact": sum(a.dist == 0 for a in spans),
+            "fuzzy": sum(a.dist > 0 for a in spans),
+            "in_gold": sum(a.in_gold for a in spans),
+            "per_kept_trace": round(len(spans) / len(kept), 3) if kept else 0.0,
+        },
+        "splits": {"train": train, "val": val},
+    }
+
+
+def format_report(report: Mapping[str, Any]) -> str:
+    """A human-readable summary of a report."""
+    lines = [
+        f"traces: {report['traces']} over {report['rows_with_traces']}/{report['rows']} rows; "
+        f"kept {report['kept']}, dropped {report['dropped']}"
+    ]
+    for reason, count in report["dropped_by_reason"].items():
+        if count:
+            lines.append(f"  dropped {reason:16} {count}")
+    lines.append(f"{'category':22}{'traces':>8}{'kept':>8}  dropped")
+    for name, cat in report["by_category"].items():
+        drops = ", ".join(f"{r}={n}" for r, n in cat["dropped"].items()) or "-"
+        lines.append(f"{name:22}{cat['traces']:>8}{cat['kept']:>8}  {drops}")
+    s = report["spans"]
+    lines.append(f"spans: {s['total']} ({s['exact']} exact, {s['fuzzy']} fuzzy, {s['in_gold']} in gold passages)")
+    lines.append(f"splits: train {report['splits']['train']}, val {report['splits']['val']}")
+    return "\n".join(lines)
+
+
+def annotate_from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``recallm-annotate`` run: check the config, load rows and tokenizer, check that the
+    endpoints answer, annotate, write. Returns the report."""
+    from data_gen.io import read_rows
+    from recallm.tokens import RecallTokenIds, load_tokenizer
+    from rewards.config import load_reward_config
+
+    settings = AnnotateSettings.from_config(cfg)
+    reward_config = load_reward_config(settings.reward)
+    tokenizer = load_tokenizer(settings.tokenizer)
+    RecallTokenIds.from_tokenizer(tokenizer)  # spans need the recall tokens
+    rows = read_rows(settings.input, tokenizer)
+    traces = None
+    if settings.teacher_traces is not None:
+        traces = read_teacher_traces(settings.teacher_traces, len(rows))
+    if settings.limit is not None:
+        rows = rows[: settings.limit]
+        if traces is not None:
+            traces = [(i, t) for i, t in traces if i < settings.limit]
+    meta = {
+        "input": str(settings.input),
+        "tokenizer": str(settings.tokenizer),
+        "teacher": f"file {settings.teacher_traces}"
+        if settings.teacher is None
+        else f"{settings.teacher.model} @ {settings.teacher.base_url}",
+        "annotator": f"{settings.annotator.model} @ {settings.annotator.base_url}",
+        "checks": {k: getattr(settings.checks, k) for k in Checks.__dataclass_fields__},
+        "val_fraction": settings.val_fraction,
+        "seed": settings.seed,
+    }
+    clients: list[ChatClient] = []
+    try:
+        annotator = ChatClient(settings.annotator, "annotator")
+        clients.append(annotator)
+        teacher = None
+        if settings.teacher is not None:
+            teacher = ChatClient(settings.teacher, "teacher")
+            clients.append(teacher)
+        for client in clients:
+            client.ping()
+        workers = settings.annotator.concurrency + (settings.teacher.concurrency if settings.teacher else 0)
+        return run_annotation(
+            rows,
+            tokenizer,
+            annotator=annotator,
+            output_dir=settings.output_dir,
+            traces=traces,
+            teacher=teacher,
+            samples=settings.samples,
+            checks=settings.checks,
+            prompts=settings.prompts,
+            reward_config=reward_config,
+            val_fraction=settings.val_fraction,
+            seed=settings.seed,
+            workers=workers,
+            progress=settings.progress,
+            meta=meta,
+        )
+    finally:
+        for client in clients:
+            client.close()

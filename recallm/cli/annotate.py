@@ -1,0 +1,49 @@
+"""`recallm-annotate`: annotated SFT traces — teacher traces rewritten with verbatim recall spans.
+
+    recallm-annotate input=rows.parquet tokenizer=/models/recallm output_dir=out \\
+        teacher.model=<served name> [teacher.base_url=http://host:8000/v1] [annotator.model=...]
+    recallm-annotate input=rows.parquet tokenizer=/models/recallm output_dir=out teacher.traces=traces.jsonl \\
+        annotator.model=<served name>
+
+Writes ``train.jsonl``, ``val.jsonl``, ``traces.jsonl`` and ``report.json`` under ``output_dir``
+(see ``data_gen.annotate``) and prints the report. The whole config is checked before the first
+request; errors are one line (exit code 2).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from recallm.errors import cli_errors
+from recallm.paths import CONFIG_DIR
+
+log = logging.getLogger(__name__)
+
+
+@cli_errors
+def run(cfg: DictConfig) -> dict:
+    from data_gen.annotate import annotate_from_config, format_report
+
+    report = annotate_from_config(cfg)
+    print(format_report(report))
+    print(f"wrote {report['files']['train']}, {report['files']['val']} and {report['files']['report']}")
+    return report
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="annotate", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    for name in ("transformers", "httpx", "httpcore"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    run(cfg)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
