@@ -26,6 +26,7 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(PY) bench/recall_mask.py
 	$(PY) bench/rewards.py
+	$(PY) bench/data_gen.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache
