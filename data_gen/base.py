@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import random
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -84,6 +84,12 @@ class Draft:
     keep_order: bool = False
     evidence: bool = True  # gold pieces are evidence the reward scores recall against
     trace_info: dict[str, Any] = field(default_factory=dict)  # what a programmatic SFT trace needs
+    # False: not fitted to a length — every streamed piece is used (a short problem, one whole
+    # document) and the target is an upper bound
+    fit_length: bool = True
+    # called with the final, ordered pieces before rendering: may rewrite their text (number the
+    # documents [1]..[n]) and returns ground-truth updates (``answers`` included) that depend on it
+    finalize: Callable[[list[Piece]], dict[str, Any]] | None = None
 
 
 @dataclass
@@ -114,6 +120,7 @@ class Task(ABC):
 
     name: ClassVar[str]
     category: ClassVar[str]
+    natural_length: ClassVar[bool] = False  # drafts use fit_length=False; lengths are upper bounds
     min_tokens: ClassVar[int] = 256
     max_tokens: ClassVar[int | None] = None  # None: no upper bound (synthetic distractors never run out)
     instructions: ClassVar[tuple[str, ...]] = ()
@@ -135,7 +142,12 @@ class Task(ABC):
         return first if isinstance(first, str) else ", ".join(a if isinstance(a, str) else a[0] for a in row.answers)
 
     def check_length(self, target: int) -> None:
-        """Raise if ``target`` tokens is out of this task's reach."""
+        """Raise if ``target`` tokens is out of this task's reach (for natural-length tasks: if
+        it is below ``min_tokens``, as no draft could fit under it)."""
+        if self.natural_length:
+            if target < self.min_tokens:
+                raise RecallmError(f"task {self.name}: prompts have at least {self.min_tokens} tokens, not {target}")
+            return
         if target < self.min_tokens or (self.max_tokens is not None and target > self.max_tokens):
             reach = f"[{self.min_tokens}, {self.max_tokens if self.max_tokens is not None else 'inf'}]"
             raise RecallmError(f"task {self.name} cannot reach a prompt of {target} tokens (it can do {reach})")

@@ -18,7 +18,7 @@ import numpy as np
 from data_gen.base import Draft, Piece, Row, Task
 from recallm.errors import RecallmError
 
-__all__ = ["PromptRenderer", "build_row", "DEFAULT_TOLERANCE"]
+__all__ = ["PromptRenderer", "build_row", "DraftTooLong", "DEFAULT_TOLERANCE"]
 
 DEFAULT_TOLERANCE = 0.02
 
@@ -105,6 +105,10 @@ def _place(draft: Draft, distractors: list[Piece], rng: random.Random) -> list[P
     return pieces
 
 
+class DraftTooLong(RecallmError):
+    """A natural-length draft came out longer than the target; draw another draft."""
+
+
 def build_row(
     task: Task,
     draft: Draft,
@@ -115,7 +119,22 @@ def build_row(
     seed: int = 0,
     tolerance: float = DEFAULT_TOLERANCE,
 ) -> Row:
-    """Fit ``draft`` to ``target_tokens`` (within ``tolerance``) and render the row."""
+    """Fit ``draft`` to ``target_tokens`` (within ``tolerance``) and render the row.
+
+    A draft with ``fit_length=False`` (short problems, one whole document) is not fitted: every
+    piece of its stream is used and ``target_tokens`` is an upper bound (``DraftTooLong`` if the
+    prompt exceeds it; the caller draws another draft).
+    """
+    if not draft.fit_length:
+        pieces = list(draft.distractors)
+        updates = draft.finalize(pieces) if draft.finalize else {}
+        layout = _layout(draft, pieces)
+        prompt_text, content_at = renderer.render(layout.content)
+        actual = renderer.length(prompt_text)
+        if actual > target_tokens:
+            raise DraftTooLong(f"task {task.name}: this draft has {actual} tokens, more than {target_tokens}")
+        return _row(task, draft, renderer, pieces, layout, prompt_text, content_at, actual, actual, seed, updates)
+
     task.check_length(target_tokens)
     base = renderer.length(renderer.render(_layout(draft, _place(draft, [], random.Random(0))).content)[0])
     budget = target_tokens - base
@@ -126,35 +145,46 @@ def build_row(
         )
     chosen: list[Piece] = []
     costs: list[int] = []
-    exhausted = False
+    pending: list[tuple[Piece, int]] = []  # drawn and measured but not (yet) used
+    state = {"exhausted": False}
+
+    def refill(n: int) -> None:
+        batch = []
+        for _ in range(n):
+            piece = next(draft.distractors, None)
+            if piece is None:
+                state["exhausted"] = True
+                break
+            batch.append(piece)
+        if batch:
+            pending.extend(zip(batch, renderer.costs([p.text for p in batch], draft.separator), strict=True))
 
     def draw(tokens_wanted: int) -> None:
-        """Append distractors worth about ``tokens_wanted`` tokens (never more)."""
-        nonlocal exhausted
+        """Append distractors worth at most ``tokens_wanted`` tokens, as close to it as the pieces allow."""
         spent = 0
-        per_piece = (sum(costs) / len(costs)) if costs else 16.0
-        while spent < tokens_wanted and not exhausted:
-            n = max(8, int((tokens_wanted - spent) / max(per_piece, 1.0) * 1.1) + 1)
-            batch = []
-            for _ in range(n):
-                piece = next(draft.distractors, None)
-                if piece is None:
-                    exhausted = True
-                    break
-                batch.append(piece)
-            if not batch:
-                break
-            for piece, cost in zip(batch, renderer.costs([p.text for p in batch], draft.separator), strict=True):
-                if spent + cost > tokens_wanted:
+        while spent < tokens_wanted:
+            if not pending:
+                if state["exhausted"]:
                     return
-                chosen.append(piece)
-                costs.append(cost)
-                spent += cost
+                per_piece = (sum(costs) / len(costs)) if costs else None
+                refill(8 if per_piece is None else max(8, int((tokens_wanted - spent) / max(per_piece, 1.0) * 1.1) + 1))
+                continue
+            fits = next((k for k, (_, cost) in enumerate(pending) if spent + cost <= tokens_wanted), None)
+            if fits is None:  # nothing measured fits: a smaller piece may still come
+                if state["exhausted"] or len(pending) >= 64:
+                    return
+                refill(8)
+                continue
+            piece, cost = pending.pop(fits)
+            chosen.append(piece)
+            costs.append(cost)
+            spent += cost
 
     draw(budget)
     placement_rng = random.Random(rng.random())
     for _ in range(4):  # render, measure, correct
         pieces = _place(draft, chosen, random.Random(placement_rng.random()))
+        updates = draft.finalize(pieces) if draft.finalize else {}
         layout = _layout(draft, pieces)
         prompt_text, content_at = renderer.render(layout.content)
         actual = renderer.length(prompt_text)
@@ -162,8 +192,6 @@ def build_row(
         if abs(diff) <= tolerance * target_tokens:
             break
         if diff > 0:
-            if exhausted:
-                break
             before = len(chosen)
             draw(diff)
             if len(chosen) == before:
@@ -173,17 +201,23 @@ def build_row(
             while excess > 0 and chosen:
                 i = placement_rng.randrange(len(chosen))
                 excess -= costs[i]
+                pending.append((chosen[i], costs[i]))
                 del chosen[i], costs[i]
-    if actual < (1 - tolerance) * target_tokens and exhausted:
+    if actual < (1 - tolerance) * target_tokens and state["exhausted"] and not pending:
         raise RecallmError(
             f"task {task.name} cannot reach {target_tokens} tokens: its distractors ran out at {actual} tokens"
         )
+    return _row(task, draft, renderer, pieces, layout, prompt_text, content_at, actual, target_tokens, seed, updates)
+
+
+def _row(task, draft, renderer, pieces, layout, prompt_text, content_at, actual, target, seed, updates) -> Row:
     gold = []
     if draft.evidence:
         for piece, (start, end) in zip(pieces, layout.offsets, strict=True):
             if piece.gold:
                 gold.append({"text": piece.text, "start": content_at + start, "end": content_at + end})
-    ground_truth = {"category": task.category, "answers": draft.answers, **draft.ground_truth}
+    answers = updates.get("answers", draft.answers)
+    ground_truth = {"category": task.category, "answers": answers, **draft.ground_truth, **updates}
     if draft.evidence:
         ground_truth["gold"] = gold
     return Row(
@@ -194,9 +228,9 @@ def build_row(
         messages=renderer.messages(layout.content),
         prompt_text=prompt_text,
         prompt_tokens=actual,
-        target_tokens=target_tokens,
+        target_tokens=target,
         question=draft.question,
-        answers=draft.answers,
+        answers=answers,
         gold=gold,
         augmentations=dict(draft.augmentations, question_position=draft.question_position),
         ground_truth=ground_truth,

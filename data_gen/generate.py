@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.base import Row, Task, make_task
-from data_gen.fit import DEFAULT_TOLERANCE, PromptRenderer, build_row
+from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_jsonl, write_parquet
 from recallm.errors import RecallmError
 
@@ -36,6 +36,7 @@ __all__ = ["Job", "Plan", "plan_from_config", "run_plan", "summarize"]
 
 log = logging.getLogger(__name__)
 SHARD_ROWS = 500
+_MAX_REDRAWS = 50
 
 
 @dataclass(frozen=True)
@@ -158,15 +159,24 @@ def plan_from_config(cfg: Mapping) -> Plan:
         for category in categories:
             if category not in by_category:
                 raise RecallmError(f"val.categories: no train entry has category {category!r}")
+            natural = [j for j in by_category[category] if _task(j).natural_length]
+            for i, job in enumerate(natural):  # one cell, at the train lengths (upper bounds)
+                share = per_cell // len(natural) + (i < per_cell % len(natural))
+                if share:
+                    jobs.append(Job(f"val/{category}", job.task, job.params, share, job.lengths))
             for length in val_lengths:
                 reachable = []
                 for job in by_category[category]:
                     task = _task(job)
+                    if task.natural_length:
+                        continue
                     try:
                         task.check_length(length)
                         reachable.append(job)
                     except RecallmError:
                         skipped.append(f"val {category} @ {length}: {task.name} cannot reach it")
+                if not reachable:
+                    continue
                 for i, job in enumerate(reachable):  # split the cell evenly over the category's tasks
                     share = per_cell // len(reachable) + (i < per_cell % len(reachable))
                     if share:
@@ -229,7 +239,7 @@ def _make_rows(job: Job, start: int, stop: int, seed: int, tolerance: float, sto
         row_seed = _row_seed(seed, job, i)
         rng = random.Random(row_seed)
         target = rng.randint(*job.lengths)
-        row = build_row(task, task.draft(rng), _WORKER["renderer"], target, rng, seed=row_seed, tolerance=tolerance)
+        row = draft_row(task, _WORKER["renderer"], target, rng, seed=row_seed, tolerance=tolerance)
         if job.split == "sft":
             segments = programmatic_trace(task, row, random.Random(row_seed + 1))
             example = sft_example(_WORKER["tokenizer"], row, segments, task.answer_text(row))
@@ -237,6 +247,16 @@ def _make_rows(job: Job, start: int, stop: int, seed: int, tolerance: float, sto
         else:
             out.append(row_record(row, i, job.split, store_prompt_text=store_prompt_text))
     return out
+
+
+def draft_row(task: Task, renderer: PromptRenderer, target: int, rng: random.Random, **kwargs) -> Row:
+    """``build_row`` of a fresh draft; a natural-length draft longer than ``target`` is drawn again."""
+    for _ in range(_MAX_REDRAWS):
+        try:
+            return build_row(task, task.draft(rng), renderer, target, rng, **kwargs)
+        except DraftTooLong:
+            continue
+    raise RecallmError(f"task {task.name}: {_MAX_REDRAWS} drafts in a row were longer than {target} tokens")
 
 
 def _shards(plan: Plan) -> Iterator[tuple[str, Job, int, int]]:
@@ -406,5 +426,5 @@ def generate_rows(task: Task, renderer: PromptRenderer, target: int, n: int, see
     rows = []
     for i in range(n):
         rng = random.Random(f"{seed}|{task.name}|{i}")
-        rows.append(build_row(task, task.draft(rng), renderer, target, rng, seed=i))
+        rows.append(draft_row(task, renderer, target, rng, seed=i))
     return rows
