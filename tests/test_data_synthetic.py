@@ -190,3 +190,12 @@ def test_programmatic_traces(label, renderer):
     ids = RecallTokenIds.from_tokenizer(tok)
     for span in find_spans(example.prompt_ids + example.completion_ids, ids.start, ids.end):
         assert span.verbatim  # the constrained decoder could have produced it
+
+
+@pytest.mark.parametrize("label", ["kv_retrieval", "math_retrieval", "multi_niah", "top_n_vote"])
+def test_128k_prompts(label, renderer):
+    from data_gen.generate import draft_row
+
+    row = draft_row(make_task(label), renderer, 131072, random.Random(0))
+    assert abs(row.prompt_tokens - 131072) <= 0.02 * 131072
+    assert all(row.prompt_text[g["start"] : g["end"]] == g["text"] for g in row.gold)

@@ -225,7 +225,7 @@ class MathRetrieval(_KVBase):
     )
 
     def __init__(self, problem_types=tuple(PROBLEM_TYPES), near_keys: int = 6, **kwargs) -> None:
-        kwargs.setdefault("key_digits", 4)
+        kwargs.setdefault("key_digits", 5)  # 90,000 keys: dictionaries up to ~128K tokens and beyond
         super().__init__(**kwargs)
         if self.dictionary.key_type not in ("int", "toy"):
             raise RecallmError("math_retrieval needs numeric keys (key_type int or toy)")
