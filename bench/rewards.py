@@ -23,21 +23,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from data_gen.base import CATEGORIES  # noqa: E402
 from rewards import load_reward_config, score_response  # noqa: E402
 from rewards.metrics import exact_match  # noqa: E402
 
-CATEGORIES = [
-    "multi_hop_qa",
-    "single_hop_qa",
-    "retrieval",
-    "reasoning_retrieval",
-    "short_math",
-    "icl",
-    "long_doc_qa",
-    "aggregation",
-    "reranking",
-    "entity_citation",
-]
 CHARS_PER_TOKEN = 4
 
 
