@@ -140,8 +140,17 @@ def test_stored_prompt_text(tmp_path, tiny_dir):
 
 def test_val_params_point_validation_at_held_out_data():
     cfg = {
-        "train": {"lengths": [400, 500], "entries": [
-            {"task": "kv_retrieval", "count": 3, "params": {"formats": ["csv"]}, "val_params": {"formats": ["json"]}}]},
+        "train": {
+            "lengths": [400, 500],
+            "entries": [
+                {
+                    "task": "kv_retrieval",
+                    "count": 3,
+                    "params": {"formats": ["csv"]},
+                    "val_params": {"formats": ["json"]},
+                }
+            ],
+        },
         "val": {"lengths": [512], "per_cell": 2},
     }
     plan = plan_from_config(cfg)
@@ -149,3 +158,84 @@ def test_val_params_point_validation_at_held_out_data():
     val = [j for j in plan.jobs if j.split.startswith("val/")]
     assert dict(train[0].params)["formats"] == ("csv",)
     assert dict(val[0].params)["formats"] == ("json",)
+
+
+@pytest.fixture(scope="module")
+def dataset_root(tmp_path_factory):
+    """Fixture copies of every public data set, laid out as the paper mixture expects."""
+    from tests.data_fixtures import write_all
+
+    base = tmp_path_factory.mktemp("datasets")
+    paths = write_all(base / "fixtures")
+    root = base / "root"
+    root.mkdir()
+    for task in (
+        "hotpotqa",
+        "2wikimqa",
+        "musique",
+        "nq",
+        "triviaqa",
+        "dapo_math",
+        "mcqa_math",
+        "banking77",
+        "massive",
+        "quality",
+        "msmarco",
+        "qampari",
+    ):
+        (root / task).symlink_to(paths[task])
+    return root
+
+
+def _paper(dataset_root, **changes):
+    from omegaconf import OmegaConf
+
+    from recallm.paths import config_dir
+
+    cfg = OmegaConf.load(config_dir() / "data" / "paper.yaml")
+    cfg.dataset_root = str(dataset_root)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key, value)
+    return OmegaConf.to_container(OmegaConf.create({"data": cfg}), resolve=True)["data"]
+
+
+def test_paper_mixture_plan(dataset_root):
+    plan = plan_from_config(_paper(dataset_root))
+    train = [j for j in plan.jobs if j.split == "train"]
+    assert sum(j.count for j in train) == 20000
+    per_category = {}
+    for job in train:
+        from data_gen.base import make_task
+
+        category = make_task(job.task, **dict((k, v) for k, v in job.params)).category
+        per_category[category] = per_category.get(category, 0) + job.count
+    assert per_category == {
+        "multi_hop_qa": 3000,
+        "single_hop_qa": 2000,
+        "retrieval": 2000,
+        "reasoning_retrieval": 2000,
+        "short_math": 1000,
+        "icl": 3000,
+        "long_doc_qa": 1000,
+        "aggregation": 2000,
+        "reranking": 2000,
+        "entity_citation": 2000,
+    }  # Table 1
+    cells = {j.split for j in plan.jobs if j.split.startswith("val/")}
+    assert "val/multi_hop_qa_131072" in cells and "val/short_math" in cells and "val/long_doc_qa" in cells
+
+
+def test_paper_mixture_generates_every_task(tmp_path, dataset_root, tiny_dir):
+    """One row of every paper task through the whole generator (short prompts: the fixtures are small)."""
+    cfg = _paper(dataset_root)
+    for entry in cfg["train"]["entries"]:
+        entry["count"] = 1
+        if entry["task"] not in ("dapo_math", "mcqa_math", "quality"):
+            entry["lengths"] = 1536
+    cfg["val"]["per_cell"] = 0
+    result = run_plan(plan_from_config(cfg), tmp_path, tiny_dir, workers=1, progress=False)
+    records = read_records(result["files"]["train"])
+    assert len(records) == 17 and len({r["ability"] for r in records}) == 10
+    from rewards import check_rows
+
+    assert check_rows(records) == 17
