@@ -50,6 +50,10 @@ class PromptRenderer:
         enc = self.tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
         return [start for start, _ in enc["offset_mapping"]]
 
+    def token_starts(self, text: str) -> np.ndarray:
+        """Start offsets of the tokens of a rendered prompt (special tokens parsed from the text), ascending."""
+        return np.asarray(self._encode_offsets(text), dtype=np.int64)
+
     def costs(self, texts: list[str], separator: str) -> list[int]:
         """Tokens each piece adds when the pieces are joined by ``separator`` (its trailing separator
         included), from one tokenisation of the joined text: a token belongs to the piece it starts in."""
@@ -143,67 +147,105 @@ def build_row(
             f"task {task.name}: the prompt without distractors already has {base} tokens, more than the target "
             f"{target_tokens}"
         )
-    chosen: list[Piece] = []
-    costs: list[int] = []
-    pending: list[tuple[Piece, int]] = []  # drawn and measured but not (yet) used
-    state = {"exhausted": False}
+    sep = draft.separator
+    stream = draft.distractors
+    pending: list[tuple[Piece, int]] = []  # measured (exact cost) but not used
+    exhausted = False
 
-    def refill(n: int) -> None:
-        batch = []
+    def pull(n: int) -> list[Piece]:
+        nonlocal exhausted
+        out = []
         for _ in range(n):
-            piece = next(draft.distractors, None)
+            piece = next(stream, None)
             if piece is None:
-                state["exhausted"] = True
+                exhausted = True
                 break
-            batch.append(piece)
-        if batch:
-            pending.extend(zip(batch, renderer.costs([p.text for p in batch], draft.separator), strict=True))
+            out.append(piece)
+        return out
 
-    def draw(tokens_wanted: int) -> None:
-        """Append distractors worth at most ``tokens_wanted`` tokens, as close to it as the pieces allow."""
-        spent = 0
-        while spent < tokens_wanted:
-            if not pending:
-                if state["exhausted"]:
-                    return
-                per_piece = (sum(costs) / len(costs)) if costs else None
-                refill(8 if per_piece is None else max(8, int((tokens_wanted - spent) / max(per_piece, 1.0) * 1.1) + 1))
-                continue
-            fits = next((k for k, (_, cost) in enumerate(pending) if spent + cost <= tokens_wanted), None)
-            if fits is None:  # nothing measured fits: a smaller piece may still come
-                if state["exhausted"] or len(pending) >= 64:
-                    return
-                refill(8)
-                continue
-            piece, cost = pending.pop(fits)
+    def measure(pieces: list[Piece]) -> None:
+        if pieces:
+            pending.extend(zip(pieces, renderer.costs([p.text for p in pieces], sep), strict=True))
+
+    # a small measured sample sets the tokens-per-character rate; the bulk is only estimated here and
+    # measured exactly by the one tokenisation of the rendered prompt below
+    measure(pull(16))
+    sample_chars = sum(len(p.text) + len(sep) for p, _ in pending)
+    rate = sum(c for _, c in pending) / sample_chars if sample_chars else 1.0
+    chosen: list[Piece] = []
+    cost: dict[int, float] = {}  # id(piece) -> its cost (exact once measured)
+    spent = 0.0
+    spare: list[Piece] = []
+    for piece, c in list(pending):
+        if spent + c <= budget:
+            pending.remove((piece, c))
             chosen.append(piece)
-            costs.append(cost)
-            spent += cost
+            cost[id(piece)] = c
+            spent += c
+    while spent < budget and not exhausted and not spare:
+        for piece in pull(256):
+            c = (len(piece.text) + len(sep)) * rate
+            if spent + c > budget:
+                spare.append(piece)
+                continue
+            chosen.append(piece)
+            cost[id(piece)] = c
+            spent += c
 
-    draw(budget)
+    def add(tokens_wanted: int) -> bool:
+        """Add measured pieces worth at most ``tokens_wanted`` tokens; False if none could be added."""
+        added = 0
+        while added < tokens_wanted:
+            if spare:
+                measure(spare)
+                spare.clear()
+            if not pending:
+                more = pull(max(8, int((tokens_wanted - added) / max(rate * 8, 1.0)) + 1))
+                if not more:
+                    break
+                measure(more)
+            kept = []
+            for piece, c in pending:
+                if added + c <= tokens_wanted:
+                    chosen.append(piece)
+                    cost[id(piece)] = c
+                    added += c
+                else:
+                    kept.append((piece, c))
+            pending[:] = kept
+            if kept:  # what is left does not fit: a smaller piece may still come
+                if exhausted or len(pending) >= 64:
+                    break
+                measure(pull(8))
+        return added > 0
+
     placement_rng = random.Random(rng.random())
-    for _ in range(4):  # render, measure, correct
+    for _ in range(4):  # render, measure exactly, correct
         pieces = _place(draft, chosen, random.Random(placement_rng.random()))
         updates = draft.finalize(pieces) if draft.finalize else {}
         layout = _layout(draft, pieces)
         prompt_text, content_at = renderer.render(layout.content)
-        actual = renderer.length(prompt_text)
+        starts = renderer.token_starts(prompt_text)
+        actual = len(starts)
+        # exact cost of every piece: the tokens that start inside it (its separator included)
+        bounds = np.asarray([content_at + a for a, _ in layout.offsets] + [content_at + len(layout.content)])
+        counts = np.diff(np.searchsorted(starts, bounds, side="left"))
+        for piece, n in zip(pieces, counts.tolist(), strict=True):
+            cost[id(piece)] = n
         diff = target_tokens - actual
         if abs(diff) <= tolerance * target_tokens:
             break
         if diff > 0:
-            before = len(chosen)
-            draw(diff)
-            if len(chosen) == before:
+            if not add(diff):
                 break
         else:
             excess = -diff
             while excess > 0 and chosen:
                 i = placement_rng.randrange(len(chosen))
-                excess -= costs[i]
-                pending.append((chosen[i], costs[i]))
-                del chosen[i], costs[i]
-    if actual < (1 - tolerance) * target_tokens and state["exhausted"] and not pending:
+                excess -= cost[id(chosen[i])]
+                pending.append((chosen[i], cost[id(chosen[i])]))
+                del chosen[i]
+    if actual < (1 - tolerance) * target_tokens and exhausted and not pending and not spare:
         raise RecallmError(
             f"task {task.name} cannot reach {target_tokens} tokens: its distractors ran out at {actual} tokens"
         )
