@@ -103,6 +103,7 @@ def test_cli(tmp_path, tiny_dir):
         sys.executable,
         "-m",
         "recallm.cli.data",
+        "data=tiny",
         f"out_dir={tmp_path}/out",
         f"tokenizer={tiny_dir}",
         "data.train.entries.0.count=5",
