@@ -27,6 +27,7 @@ bench: $(STAMP)
 	$(PY) bench/recall_mask.py
 	$(PY) bench/rewards.py
 	$(PY) bench/data_gen.py
+	$(PY) bench/sft_step.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

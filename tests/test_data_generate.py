@@ -126,8 +126,14 @@ def test_cli(tmp_path, tiny_dir):
     lines = [line for line in bad.stderr.splitlines() if line.strip()]
     assert lines == ["error: train.entries[0]: count must be a non-negative integer, got -1"]
     # the default is the paper mixture, which needs the datasets' location
-    paper = subprocess.run([sys.executable, "-m", "recallm.cli.data", f"out_dir={tmp_path}/p"], capture_output=True,
-                           text=True, env=env, cwd=tmp_path, timeout=300)
+    paper = subprocess.run(
+        [sys.executable, "-m", "recallm.cli.data", f"out_dir={tmp_path}/p"],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=300,
+    )
     assert paper.returncode == 2
     assert paper.stderr.strip() == (
         "error: config value data.dataset_root is required: set it on the command line (data.dataset_root=...)"

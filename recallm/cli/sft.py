@@ -1,0 +1,33 @@
+"""`recallm-sft`: one stage of the SFT cold start (see ``recallm.sft.train`` for the recipe)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from recallm.errors import cli_errors
+from recallm.paths import CONFIG_DIR
+
+
+@cli_errors
+def run(cfg: DictConfig):
+    from recallm.sft.train import run_sft
+
+    return run_sft(OmegaConf.to_container(cfg, resolve=True))
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="sft", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    logging.getLogger("transformers").setLevel(logging.WARNING)
+    run(cfg)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,321 @@
+"""SFT: data and collator, the embedding-stage freeze, training, resume, DeepSpeed ZeRO-2 on CPU."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from recallm.errors import RecallmError
+from recallm.paths import config_dir
+from recallm.sft.data import IGNORE_INDEX, SFTCollator, load_sft_file
+from recallm.sft.train import check_checkpoint, find_checkpoint, run_sft
+
+TINY_MIX = {
+    "seed": 0,
+    "tolerance": 0.05,
+    "train": {
+        "lengths": [256, 384],
+        "entries": [
+            {
+                "task": "kv_retrieval",
+                "count": 48,
+                "params": {"key_type": "toy", "value_type": "toy", "formats": ["lines"]},
+            },
+            {
+                "task": "math_retrieval",
+                "count": 16,
+                "params": {"key_type": "toy", "value_type": "toy", "formats": ["lines"]},
+            },
+        ],
+    },
+    "sft": {"count": 72, "val_fraction": 0.12},
+}
+
+
+@pytest.fixture(scope="module")
+def sft_data(tmp_path_factory, tiny_dir):
+    from data_gen.generate import plan_from_config, run_plan
+
+    out = tmp_path_factory.mktemp("sftdata")
+    run_plan(plan_from_config(TINY_MIX), out, tiny_dir, workers=1, progress=False)
+    return out / "sft" / "train.jsonl", out / "sft" / "val.jsonl"
+
+
+def _cfg(tmp_path, sft_data, tiny_dir, *overrides):
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(
+            "sft",
+            overrides=[
+                f"train_file={sft_data[0]}",
+                f"val_file={sft_data[1]}",
+                f"out_dir={tmp_path}/run",
+                f"model.path={tiny_dir}",
+                "sft.logging_steps=1",
+                "sft.eval.recall_prompts=2",
+                "sft.eval.max_new_tokens=8",
+                *overrides,
+            ],
+        )
+    return OmegaConf.to_container(cfg, resolve=True)
+
+
+def test_collator_and_data(sft_data, tiny_dir, tmp_path):
+    from recallm.tokens import load_tokenizer
+
+    tok = load_tokenizer(tiny_dir)
+    ds, stats = load_sft_file(sft_data[0], tok, max_length=4096, vocab_size=4096)
+    assert stats["examples"] == len(ds) > 0 and stats["dropped_too_long"] == 0
+    batch = SFTCollator(tok.pad_token_id)([ds[0], ds[1]])
+    record = json.loads(Path(sft_data[0]).read_text().splitlines()[0])
+    n_prompt = len(record["prompt_ids"])
+    assert batch["input_ids"].shape == batch["labels"].shape == batch["attention_mask"].shape
+    assert (batch["labels"][0, :n_prompt] == IGNORE_INDEX).all()
+    assert batch["labels"][0, n_prompt : n_prompt + len(record["completion_ids"])].tolist() == record["completion_ids"]
+    padded = batch["attention_mask"] == 0
+    assert (batch["labels"][padded] == IGNORE_INDEX).all() and (batch["input_ids"][padded] == tok.pad_token_id).all()
+    lengths = sorted(len(e["input_ids"]) for e in ds.records)
+    limit = lengths[len(lengths) // 2]
+    short, stats = load_sft_file(sft_data[0], tok, max_length=limit, vocab_size=4096)
+    assert stats["dropped_too_long"] > 0 and all(len(e["input_ids"]) <= limit for e in short.records)
+    with pytest.raises(RecallmError, match="does not exist; create it with `recallm-data`"):
+        load_sft_file(tmp_path / "nope.jsonl", tok, max_length=10, vocab_size=10)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"prompt_ids": [1]}\n')
+    with pytest.raises(RecallmError, match=r"bad.jsonl:1: not an SFT record"):
+        load_sft_file(bad, tok, max_length=10, vocab_size=10)
+    foreign = tmp_path / "foreign.jsonl"
+    rec = dict(record, prompt_ids=[5] * len(record["prompt_ids"]))
+    foreign.write_text(json.dumps(rec) + "\n")
+    with pytest.raises(RecallmError, match="tokenised with another tokenizer"):
+        load_sft_file(foreign, tok, max_length=4096, vocab_size=4096)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_freeze_keeps_everything_but_the_token_rows(tied, tiny_dir, tiny_untied_dir):
+    from transformers import AutoModelForCausalLM
+
+    from recallm.sft.freeze import changed_outside_rows, freeze_all_but_token_rows, frozen_snapshot
+    from recallm.tokens import RecallTokenIds
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir if tied else tiny_untied_dir)
+    rows = list(RecallTokenIds.from_config(model.config).as_config().values())
+    before = frozen_snapshot(model)
+    trainable = freeze_all_but_token_rows(model, rows)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2, weight_decay=0.0)
+    for _ in range(3):
+        ids = torch.randint(0, 2260, (2, 24))
+        ids[:, 5] = rows[0]
+        model(input_ids=ids, labels=ids).loss.backward()
+        opt.step()
+        opt.zero_grad()
+    assert len(trainable) == (1 if tied else 2)
+    assert changed_outside_rows(before, model, rows) == []
+    emb = model.get_input_embeddings().weight.detach()
+    assert not torch.equal(emb[rows], before["model.embed_tokens.weight"][rows])
+
+
+def test_embed_then_full_stage(tmp_path, sft_data, tiny_dir):
+    from transformers import AutoModelForCausalLM
+
+    import recallm  # noqa: F401
+    from recallm.sft.freeze import changed_outside_rows, frozen_snapshot
+    from recallm.tokens import RecallTokenIds, load_tokenizer
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    rows = list(RecallTokenIds.from_config(initial.config).as_config().values())
+    final = run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=embed", "max_steps=4", "sft.eval.steps=4"))
+    embedded = AutoModelForCausalLM.from_pretrained(final)
+    assert type(embedded).__name__ == "RecallQwen2ForCausalLM"
+    assert changed_outside_rows(frozen_snapshot(initial), embedded, rows) == []  # bit-identical elsewhere
+    assert not torch.equal(embedded.get_input_embeddings().weight[rows], initial.get_input_embeddings().weight[rows])
+    tok = load_tokenizer(final)
+    assert tok.apply_chat_template(
+        [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
+    ).endswith("<think>\n")
+    state = json.loads((final.parent / "checkpoint-4" / "trainer_state.json").read_text())
+    evals = [h for h in state["log_history"] if "eval_recall_verbatim" in h]
+    assert evals and evals[-1]["eval_recall_verbatim"] == 1.0 and "eval_answer_accuracy" in evals[-1]
+    assert any("tokens_per_second" in h for h in state["log_history"])
+    # stage 2 from the embed stage's output: the loss goes down on this data
+    full = run_sft(
+        _cfg(
+            tmp_path,
+            sft_data,
+            tiny_dir,
+            "stage=full",
+            "max_steps=24",
+            "sft.full.lr=3e-3",
+            "sft.eval.steps=1000",
+            "sft.save_steps=1000",
+        )
+    )
+    assert json.loads((full / "recallm_sft.json").read_text())["init"] == str(final)
+    history = json.loads((full.parent / "checkpoint-24" / "trainer_state.json").read_text())["log_history"]
+    losses = [h["loss"] for h in history if "loss" in h]
+    assert sum(losses[-4:]) / 4 < 0.8 * sum(losses[:4]) / 4, losses
+
+
+class _Kill(Exception):
+    pass
+
+
+def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    class KillAfter(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 4:
+                raise _Kill
+
+    common = ["stage=full", f"init_from={tiny_dir}", "max_steps=6", "sft.save_steps=2", "sft.eval.steps=1000"]
+    whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
+    cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *common)
+    with pytest.raises(_Kill):
+        run_sft({**cfg, "_callbacks": [KillAfter()]})
+    assert find_checkpoint(tmp_path / "b" / "run" / "full").name == "checkpoint-4"
+    resumed = run_sft(cfg)  # resume=auto
+    a, b = AutoModelForCausalLM.from_pretrained(whole), AutoModelForCausalLM.from_pretrained(resumed)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+
+
+def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir):
+    run_sft(
+        _cfg(
+            tmp_path,
+            sft_data,
+            tiny_dir,
+            "stage=full",
+            f"init_from={tiny_dir}",
+            "max_steps=2",
+            "sft.save_steps=2",
+            "sft.eval.steps=1000",
+        )
+    )
+    stage = tmp_path / "run" / "full"
+    good = stage / "checkpoint-2"
+    assert check_checkpoint(good) == good
+    partial = shutil.copytree(good, stage / "checkpoint-3")
+    (partial / "optimizer.pt").unlink()
+    with pytest.raises(RecallmError, match="checkpoint-3 is partial: no optimizer state"):
+        find_checkpoint(stage)
+    shutil.rmtree(partial)
+    corrupt = shutil.copytree(good, stage / "checkpoint-5")
+    (corrupt / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(RecallmError, match="checkpoint-5 is corrupt: model.safetensors unreadable"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", f"init_from={tiny_dir}", "max_steps=4"))
+    (corrupt / "trainer_state.json").write_text("{")
+    with pytest.raises(RecallmError, match="trainer_state.json unreadable"):
+        check_checkpoint(corrupt)
+
+
+def test_config_errors(tmp_path, sft_data, tiny_dir):
+    with pytest.raises(RecallmError, match="stage must be one of embed, full"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=middle"))
+    with pytest.raises(RecallmError, match="not a multiple of per_device_batch_size"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "sft.global_batch_size=12"))
+    with pytest.raises(RecallmError, match=r"sft.full.lr must be > 0"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", "sft.full.lr=0"))
+    with pytest.raises(RecallmError, match="stage=full starts from .* run stage=embed first"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full"))
+
+
+def _cli(tmp_path, *args, nproc=None, env=None, timeout=900):
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] if nproc else [sys.executable]
+    )
+    env = {
+        **os.environ,
+        "HF_HUB_OFFLINE": "1",
+        "OMP_NUM_THREADS": "1",
+        "DS_ACCELERATOR": "cpu",
+        "TORCH_EXTENSIONS_DIR": str(Path(os.environ.get("RECALLM_TEST_EXT_DIR", tmp_path / "ext"))),
+        **(env or {}),
+    }
+    return subprocess.run(
+        [*launcher, "-m", "recallm.cli.sft", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=tmp_path,
+        timeout=timeout,
+    )
+
+
+def test_cli_errors_and_wandb_offline(tmp_path, sft_data, tiny_dir):
+    base = [
+        f"train_file={sft_data[0]}",
+        f"val_file={sft_data[1]}",
+        f"out_dir={tmp_path}/run",
+        f"model.path={tiny_dir}",
+        "sft.eval.recall_prompts=0",
+    ]
+    proc = _cli(tmp_path, *base, "train_file=/nope.jsonl")
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: SFT data file /nope.jsonl does not exist")
+    proc = _cli(
+        tmp_path,
+        *base,
+        "stage=full",
+        f"init_from={tiny_dir}",
+        "max_steps=2",
+        "logger=wandb",
+        env={"WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path), "WANDB_SILENT": "true"},
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+
+
+@pytest.fixture(scope="module")
+def ext_dir(tmp_path_factory):
+    return tmp_path_factory.mktemp("torch-ext")  # DeepSpeed's C++ ops, built once for this module
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("nproc", [1, 2])
+def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, monkeypatch):
+    pytest.importorskip("deepspeed")
+    from transformers import AutoModelForCausalLM
+
+    import recallm  # noqa: F401
+    from recallm.sft.freeze import changed_outside_rows, frozen_snapshot
+    from recallm.tokens import RecallTokenIds
+
+    monkeypatch.setenv("RECALLM_TEST_EXT_DIR", str(ext_dir))
+    common = [
+        f"train_file={sft_data[0]}",
+        f"val_file={sft_data[1]}",
+        f"out_dir={tmp_path}/run",
+        f"model.path={tiny_dir}",
+        "deepspeed=zero2_cpu",
+        "max_steps=3",
+        "sft.eval.steps=1000",
+        "sft.save_steps=3",
+        "sft.eval.recall_prompts=0",
+    ]
+    embed = _cli(tmp_path, "stage=embed", *common, nproc=nproc)
+    assert embed.returncode == 0, embed.stderr[-4000:]
+    assert (tmp_path / "run" / "embed" / "checkpoint-3" / "global_step3").is_dir()  # DeepSpeed's own state
+    initial = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    after = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "embed" / "final")
+    rows = list(RecallTokenIds.from_config(initial.config).as_config().values())
+    assert changed_outside_rows(frozen_snapshot(initial), after, rows) == []
+    assert not torch.equal(after.get_input_embeddings().weight[rows], initial.get_input_embeddings().weight[rows])
+    full = _cli(tmp_path, "stage=full", *common, nproc=nproc)
+    assert full.returncode == 0, full.stderr[-4000:]
+    trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "full" / "final")
+    assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight, after.model.layers[0].mlp.up_proj.weight)
+    state = json.loads((tmp_path / "run" / "full" / "checkpoint-3" / "trainer_state.json").read_text())
+    assert state["global_step"] == 3
+    seen = state["log_history"][-1]["num_input_tokens_seen"]
+    assert seen > 0

@@ -1,0 +1,41 @@
+"""SLURM batch scripts: valid bash, and the command each launches (dry run)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+SLURM = Path(__file__).resolve().parents[1] / "slurm"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SLURM.glob("*.sbatch")))
+def test_scripts_parse_and_request_requeue(script):
+    path = SLURM / script
+    assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
+    text = path.read_text()
+    assert "#SBATCH --requeue" in text and "resume" in text
+
+
+def test_sft_launch_command():
+    env = {**os.environ, "RECALLM_DRY_RUN": "1", "SLURM_GPUS_ON_NODE": "4", "RECALLM_REPO": str(SLURM.parent)}
+    out = subprocess.run(
+        ["bash", str(SLURM / "sft.sbatch"), "stage=full", "out_dir=/runs/x"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    assert out[1:] == [
+        "--standalone",
+        "--nproc_per_node",
+        "4",
+        "-m",
+        "recallm.cli.sft",
+        "deepspeed=zero2",
+        "resume=auto",
+        "stage=full",
+        "out_dir=/runs/x",
+    ]
