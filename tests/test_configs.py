@@ -34,7 +34,9 @@ def test_every_group_option_composes(group, option):
     for primary in users:
         with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
             cfg = compose(config_name=primary, overrides=[f"{group}={option}"])
-        assert cfg[group] is not None
+        text = (CONFIGS / group / f"{option}.yaml").read_text()
+        if "@package _global_" not in text:  # a global recipe sets keys all over the config
+            assert cfg[group] is not None
 
 
 def test_tiny_model_config_matches_spec():

@@ -1,0 +1,1 @@
+"""GRPO on upstream verl: the launcher, the per-step metrics, the CPU plugin."""

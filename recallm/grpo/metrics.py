@@ -1,0 +1,86 @@
+"""Per-step RecaLLM metrics of a GRPO batch (a verl ``DataProto``).
+
+* ``recallm/reward/<component>``: mean of every reward component the reward manager returned
+  (score, format, answer, recall, recall_overlap, density_penalty, correctness_penalty,
+  n_spans, used_recall, spans_in_prompt, ...);
+* ``recallm/spans_per_response``, ``recallm/recall_usage`` (share of responses with a span),
+  ``recallm/spans_verbatim`` (share of spans that are verbatim copies of their searchable context:
+  1.0 whenever the recall processor is active), ``recallm/response_length``;
+* ``recallm/logprob_gap_in_spans`` and ``recallm/logprob_gap_outside_spans``: mean absolute
+  difference between the rollout's log-probs and the actor's (``rollout_log_probs`` vs
+  ``old_log_probs``), over response tokens inside and outside recall spans — near zero when the
+  rollout and the masked actor see the same distribution.
+
+``recall_batch_metrics`` is a pure function of the batch; ``recallm.grpo.runtime`` adds it to the
+metrics verl computes every step.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["recall_batch_metrics", "span_token_mask"]
+
+_NUMERIC_KINDS = "biuf"
+
+
+def span_token_mask(responses: torch.Tensor, start_id: int, end_id: int) -> torch.Tensor:
+    """Boolean mask of response tokens generated inside a recall span (the content tokens and the
+    closing token; the opening token itself is generated outside)."""
+    inside = torch.zeros_like(responses, dtype=torch.bool)
+    is_start = (responses == start_id).int()
+    is_end = (responses == end_id).int()
+    # open after a start token, closed after its end token: depth = starts before - ends before
+    depth = torch.cumsum(is_start, dim=1) - is_start - (torch.cumsum(is_end, dim=1) - is_end)
+    inside |= depth > 0
+    return inside
+
+
+def recall_batch_metrics(batch, start_id: int | None, end_id: int | None) -> dict[str, float]:
+    metrics: dict[str, float] = {}
+    for key, values in batch.non_tensor_batch.items():  # the reward breakdown
+        arr = np.asarray(values)
+        if arr.dtype.kind in _NUMERIC_KINDS and arr.size and key not in ("index", "uid"):
+            metrics[f"recallm/reward/{key}"] = float(np.mean(arr.astype(np.float64)))
+    tensors = batch.batch
+    if start_id is None or end_id is None or "responses" not in tensors.keys():
+        return metrics
+    responses = tensors["responses"]
+    if "response_mask" in tensors.keys():
+        valid = tensors["response_mask"].bool()
+    else:
+        valid = tensors["attention_mask"][:, -responses.shape[1] :].bool()
+    inside = span_token_mask(responses, start_id, end_id) & valid
+    n_spans = ((responses == start_id) & valid).sum(dim=1)
+    metrics["recallm/spans_per_response"] = float(n_spans.float().mean())
+    metrics["recallm/recall_usage"] = float((n_spans > 0).float().mean())
+    metrics["recallm/response_length"] = float(valid.sum(dim=1).float().mean())
+    metrics["recallm/spans_verbatim"] = _verbatim_fraction(batch, responses, valid, start_id, end_id)
+    if "rollout_log_probs" in tensors.keys() and "old_log_probs" in tensors.keys():
+        gap = (tensors["rollout_log_probs"].float() - tensors["old_log_probs"].float()).abs()
+        outside = valid & ~inside
+        metrics["recallm/logprob_gap_in_spans"] = float(gap[inside].mean()) if inside.any() else 0.0
+        metrics["recallm/logprob_gap_outside_spans"] = float(gap[outside].mean()) if outside.any() else 0.0
+    return metrics
+
+
+def _verbatim_fraction(batch, responses, valid, start_id: int, end_id: int) -> float:
+    from recallm.recall import find_spans
+
+    tensors = batch.batch
+    prompts = tensors["prompts"] if "prompts" in tensors.keys() else None
+    total = verbatim = 0
+    for b in range(responses.shape[0]):
+        if not bool((responses[b] == start_id).any()):
+            continue
+        response = responses[b][valid[b]].tolist()
+        prompt: list[int] = []
+        if prompts is not None:
+            mask = tensors["attention_mask"][b, : prompts.shape[1]].bool()
+            prompt = prompts[b][mask].tolist()
+        for span in find_spans(prompt + response, start_id, end_id):
+            if span.start >= len(prompt) and span.closed:
+                total += 1
+                verbatim += span.verbatim
+    return verbatim / total if total else 1.0
