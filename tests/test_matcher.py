@@ -143,3 +143,20 @@ def test_token_out_of_range():
         m.feed([2, 8])
     with pytest.raises(ValueError, match="token id -3"):
         m.feed_one(-3)
+
+
+@given(sequences, max_tokens, st.data())
+def test_eager_index_changes_nothing(seq, max_recall, data):
+    cut = data.draw(st.integers(min_value=0, max_value=len(seq)))
+    a = RecallMatcher(S, E, max_recall_tokens=max_recall)
+    b = RecallMatcher(S, E, max_recall_tokens=max_recall)
+    a.feed(seq[:cut])
+    a.index_now()
+    b.feed(seq[:cut])
+    for tok in seq[cut:]:
+        a.feed_one(tok)
+        b.feed_one(tok)
+        ga, gb = a.allowed_ids(), b.allowed_ids()
+        assert (ga is None) == (gb is None)
+        if ga is not None:
+            assert ga.tolist() == gb.tolist()

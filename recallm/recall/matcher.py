@@ -212,22 +212,30 @@ class RecallMatcher:
         if token == self.start_id:
             self._open_span()
 
-    def _open_span(self) -> None:
-        ctx = self._n - 1  # the start token just appended is not part of the context
-        self._span_start = ctx
-        self._span_len = 0
-        self._cand = None
-        self._cand_tokens = _EMPTY
+    def index_now(self) -> None:
+        """Index the context fed so far now (e.g. at prefill) instead of when the next span opens;
+        outside a span this is everything fed, inside one its searchable context."""
+        self._extend_index(self.context_length)
+
+    def _extend_index(self, upto: int) -> None:
         idx = self._index
-        if ctx > idx.indexed:
-            new = self._buf[idx.indexed : ctx]
+        if upto > idx.indexed:
+            new = self._buf[idx.indexed : upto]
             top = int(new.max())
             if top >= self._present.size:
                 grown = np.zeros(top + 1, dtype=bool)
                 grown[: self._present.size] = self._present
                 self._present = grown
             self._present[new] = True
-            idx.extend(self._buf, ctx)
+            idx.extend(self._buf, upto)
+
+    def _open_span(self) -> None:
+        ctx = self._n - 1  # the start token just appended is not part of the context
+        self._span_start = ctx
+        self._span_len = 0
+        self._cand = None
+        self._cand_tokens = _EMPTY
+        self._extend_index(ctx)
 
     def _span_token(self, token: int) -> None:
         if self._n == self._buf.size:
