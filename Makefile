@@ -33,6 +33,8 @@ bench: $(STAMP)
 	$(PY) bench/rewards.py
 	$(PY) bench/data_gen.py
 	$(PY) bench/sft_step.py
+	$(PY) bench/grpo_step.py
+	$(PY) bench/vllm_mask_batch.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

@@ -21,16 +21,25 @@ def tiny_data(tmp_path_factory, tiny_dir):
     from data_gen.generate import plan_from_config, run_plan
 
     out = tmp_path_factory.mktemp("grpo-data")
-    mix = {"train": {"lengths": [256, 320], "entries": [
-        {"task": "kv_retrieval", "count": 8, "params": {"key_type": "toy", "value_type": "toy"}}]},
-        "val": {"lengths": [320], "per_cell": 2}}
+    mix = {
+        "train": {
+            "lengths": [256, 320],
+            "entries": [{"task": "kv_retrieval", "count": 8, "params": {"key_type": "toy", "value_type": "toy"}}],
+        },
+        "val": {"lengths": [320], "per_cell": 2},
+    }
     run_plan(plan_from_config(mix), out, tiny_dir, workers=1, progress=False)
     return out / "train.parquet", out / "val" / "retrieval_320.parquet"
 
 
 def _overrides(recipe, tiny_dir, tiny_data, *extra):
-    return [f"grpo={recipe}", f"actor_rollout_ref.model.path={tiny_dir}", f"data.train_files={tiny_data[0]}",
-            f"data.val_files={tiny_data[1]}", *extra]
+    return [
+        f"grpo={recipe}",
+        f"actor_rollout_ref.model.path={tiny_dir}",
+        f"data.train_files={tiny_data[0]}",
+        f"data.val_files={tiny_data[1]}",
+        *extra,
+    ]
 
 
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
@@ -41,8 +50,10 @@ def test_gpu_recipes_compose_and_validate(recipe, tiny_dir, tiny_data):
     arr = cfg.actor_rollout_ref
     assert arr.rollout.name == "vllm" and arr.rollout.n == 16 and cfg.data.train_batch_size == 128
     assert "recallm.recall.vllm:RecallLogitsProcessorV1" in arr.rollout.engine_kwargs.vllm.logits_processors
-    assert json.loads(arr.rollout.engine_kwargs.vllm.hf_overrides) == {"architectures": ["Qwen2ForCausalLM"],
-                                                                       "model_type": "qwen2"}
+    assert json.loads(arr.rollout.engine_kwargs.vllm.hf_overrides) == {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+    }
     assert arr.model.external_lib == "recallm" and not arr.model.use_fused_kernels
     assert cfg.reward.reward_manager.name == "RecallRewardManager"
     assert cfg.reward.reward_kwargs.recallm.overlong.max_response_length == 4096
@@ -54,10 +65,21 @@ def test_gpu_recipes_compose_and_validate(recipe, tiny_dir, tiny_data):
 
 
 def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
-    cfg = compose_config(_overrides("qwen2.5_7b", tiny_dir, tiny_data, "trainer.total_training_steps=7",
-                                    "actor_rollout_ref.actor.optim.lr=1e-6", "algorithm.gamma=0.5"))
-    assert (cfg.trainer.total_training_steps, cfg.actor_rollout_ref.actor.optim.lr, cfg.algorithm.gamma) == (7, 1e-6,
-                                                                                                               0.5)
+    cfg = compose_config(
+        _overrides(
+            "qwen2.5_7b",
+            tiny_dir,
+            tiny_data,
+            "trainer.total_training_steps=7",
+            "actor_rollout_ref.actor.optim.lr=1e-6",
+            "algorithm.gamma=0.5",
+        )
+    )
+    assert (cfg.trainer.total_training_steps, cfg.actor_rollout_ref.actor.optim.lr, cfg.algorithm.gamma) == (
+        7,
+        1e-6,
+        0.5,
+    )
 
 
 @pytest.mark.parametrize(
@@ -101,8 +123,9 @@ def test_model_without_recall_tokens_and_bad_ground_truth(tmp_path, tiny_base_di
 
 
 def test_unconstrained_ablation(tiny_dir, tiny_data):
-    cfg = compose_config(_overrides("qwen2.5_7b", tiny_dir, tiny_data, "recallm.recall=false",
-                                    "actor_rollout_ref.rollout.name=sglang"))
+    cfg = compose_config(
+        _overrides("qwen2.5_7b", tiny_dir, tiny_data, "recallm.recall=false", "actor_rollout_ref.rollout.name=sglang")
+    )
     prepare(cfg)
     validate(cfg)  # no processor needed
     assert cfg.actor_rollout_ref.model.override_config.recall_constrained is False
@@ -120,17 +143,28 @@ def test_recall_batch_metrics():
     response_mask = torch.tensor([[1, 1, 1, 1, 1, 1, 1, 0], [1, 1, 1, 1, 1, 1, 1, 1]])
     attention = torch.cat([torch.tensor([[0, 0, 1, 1, 1, 1], [1, 1, 1, 1, 1, 1]]), response_mask], dim=1)
     inside = span_token_mask(responses, S, E)
-    assert inside.tolist() == [[False, False, True, True, True, False, False, False],
-                               [False, True, True, True, False, True, True, False]]
+    assert inside.tolist() == [
+        [False, False, True, True, True, False, False, False],
+        [False, True, True, True, False, True, True, False],
+    ]
     rollout = torch.zeros(2, 8)
     actor = torch.zeros(2, 8)
     actor[inside] = 0.01  # inside spans: gap 0.01; outside: 0.2
     actor[~inside] = 0.2
     batch = DataProto.from_dict(
-        tensors={"prompts": prompts, "responses": responses, "response_mask": response_mask,
-                 "attention_mask": attention, "rollout_log_probs": rollout, "old_log_probs": actor},
-        non_tensors={"score": np.array([1.0, 0.5]), "recall_overlap": np.array([0.25, 0.75]),
-                     "uid": np.array(["a", "b"], dtype=object)},
+        tensors={
+            "prompts": prompts,
+            "responses": responses,
+            "response_mask": response_mask,
+            "attention_mask": attention,
+            "rollout_log_probs": rollout,
+            "old_log_probs": actor,
+        },
+        non_tensors={
+            "score": np.array([1.0, 0.5]),
+            "recall_overlap": np.array([0.25, 0.75]),
+            "uid": np.array(["a", "b"], dtype=object),
+        },
     )
     m = recall_batch_metrics(batch, S, E)
     assert m["recallm/reward/score"] == pytest.approx(0.75) and m["recallm/reward/recall_overlap"] == 0.5
@@ -140,3 +174,26 @@ def test_recall_batch_metrics():
     assert m["recallm/logprob_gap_in_spans"] == pytest.approx(0.01)
     assert m["recallm/logprob_gap_outside_spans"] == pytest.approx(0.2)
     assert m["recallm/response_length"] == 7.5
+
+
+def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
+    cfg = compose_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_dir}",
+            f"data.train_files={tiny_data[0]}",
+            f"data.val_files={tiny_data[1]}",
+        ]
+    )
+    env = prepare(cfg)
+    validate(cfg)
+    assert cfg.recallm.cpu and cfg.actor_rollout_ref.rollout.name == "hf_cpu"
+    assert cfg.actor_rollout_ref.rollout.engine_kwargs.hf_cpu.recall is True
+    assert cfg.trainer.device == "cpu" and cfg.trainer.use_v1 is False
+    modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
+    assert modules.index("recallm.grpo.cpu.plugin") < modules.index("recallm.grpo.runtime")
+    assert env["VERL_PLATFORM"] == "cpu" and env["RECALLM_GRPO_CPU"] == "1"
+    # a user's override still wins over the CPU plugin's
+    cfg = compose_config(
+        [f"actor_rollout_ref.model.path={tiny_dir}", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=3"]
+    )
+    assert cfg.data.train_batch_size == 8 and cfg.actor_rollout_ref.rollout.n == 3

@@ -42,14 +42,29 @@ def test_sft_launch_command():
 
 
 def test_grpo_launch_commands():
-    env = {**os.environ, "RECALLM_DRY_RUN": "1", "SLURM_GPUS_ON_NODE": "4", "RECALLM_REPO": str(SLURM.parent),
-           "SLURM_NNODES": "3"}
-    out = subprocess.run(["bash", str(SLURM / "grpo.sbatch"), "grpo=qwen2.5_7b"], env=env, capture_output=True,
-                         text=True, check=True).stdout.split()
+    env = {
+        **os.environ,
+        "RECALLM_DRY_RUN": "1",
+        "SLURM_GPUS_ON_NODE": "4",
+        "RECALLM_REPO": str(SLURM.parent),
+        "SLURM_NNODES": "3",
+    }
+    out = subprocess.run(
+        ["bash", str(SLURM / "grpo.sbatch"), "grpo=qwen2.5_7b"], env=env, capture_output=True, text=True, check=True
+    ).stdout.split()
     assert out[0].endswith("recallm-grpo")
     assert out[1:] == ["trainer.nnodes=1", "trainer.n_gpus_per_node=4", "trainer.resume_mode=auto", "grpo=qwen2.5_7b"]
-    out = subprocess.run(["bash", str(SLURM / "grpo_multinode.sbatch"), "grpo=qwen2.5_7b"], env=env,
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        ["bash", str(SLURM / "grpo_multinode.sbatch"), "grpo=qwen2.5_7b"],
+        env=env,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out[0].startswith("head: ")
-    assert out[1].split()[1:] == ["trainer.nnodes=3", "trainer.n_gpus_per_node=4", "trainer.resume_mode=auto",
-                                  "grpo=qwen2.5_7b"]
+    assert out[1].split()[1:] == [
+        "trainer.nnodes=3",
+        "trainer.n_gpus_per_node=4",
+        "trainer.resume_mode=auto",
+        "grpo=qwen2.5_7b",
+    ]

@@ -41,7 +41,7 @@ def recall_batch_metrics(batch, start_id: int | None, end_id: int | None) -> dic
     metrics: dict[str, float] = {}
     for key, values in batch.non_tensor_batch.items():  # the reward breakdown
         arr = np.asarray(values)
-        if arr.dtype.kind in _NUMERIC_KINDS and arr.size and key not in ("index", "uid"):
+        if arr.dtype.kind in _NUMERIC_KINDS and arr.size and key not in ("index", "uid") and not key.startswith("_"):
             metrics[f"recallm/reward/{key}"] = float(np.mean(arr.astype(np.float64)))
     tensors = batch.batch
     if start_id is None or end_id is None or "responses" not in tensors.keys():

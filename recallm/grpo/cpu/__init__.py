@@ -1,0 +1,146 @@
+"""Run verl's own GRPO trainer (``verl.trainer.main_ppo``) on a CPU — no fork, no edited file.
+
+verl 0.9.1 assumes an accelerator in a few places. This package fills them from outside:
+
+* a CPU platform (``platform.PlatformCPU``, registered as ``"cpu"``; ``VERL_PLATFORM=cpu``);
+* two patches, each applied when verl's module is imported (``patches``): a gloo-only process
+  group, and no pinned memory for the FSDP2 CPU-offloaded reference model;
+* the ``hf_cpu`` rollout (``rollout``): a Ray actor generating with Hugging Face ``generate``,
+  the recall logits processor active, returning the processed log-prob of every token.
+
+Use::
+
+    env = {**os.environ, **cpu_env()}             # every verl process imports the plugin
+    cmd = ["python", "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
+
+``cpu_env()`` makes every verl process (driver, TaskRunner, Ray workers) import
+``recallm.grpo.cpu.plugin``, which calls :func:`activate`. Your overrides come after ours and
+win; for the keys ours add with ``++`` (absent from verl's config: ``ray_kwargs.ray_init.num_gpus``,
+``...override_config.attn_implementation``, ``...fsdp_config.mixed_precision``) write
+``key=value`` or ``++key=value``, not ``+key=value``.
+
+Rollout settings: ``+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.<key>=<value>`` with the
+keys of :class:`~recallm.grpo.cpu.hf_generate.HFCPUSettings` (``recall``, ``force_every``,
+``force_length``, ``dtype``, ``attn_implementation``, ``threads``, ``max_batch_size``,
+``batch_wait_ms``, ``seed``).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+__all__ = ["activate", "cpu_overrides", "cpu_env", "PLUGIN_MODULE", "ROLLOUT_NAME"]
+
+PLUGIN_MODULE = "recallm.grpo.cpu.plugin"
+ROLLOUT_NAME = "hf_cpu"
+_ROLLOUT_ADAPTER = "recallm.grpo.cpu.rollout.HFCPUServerAdapter"
+
+_state = {"active": False}
+
+
+def _load_replica():
+    from recallm.grpo.cpu.rollout import HFCPUReplica
+
+    return HFCPUReplica
+
+
+def activate() -> None:
+    """Register the CPU platform, install the two patches, register the ``hf_cpu`` rollout.
+
+    Idempotent, and cheap: verl's heavy modules are not imported here (the patches wait for
+    them, the rollout classes load when verl asks for them)."""
+    if _state["active"]:
+        return
+    _state["active"] = True  # set first: registering imports verl, which may import the plugin again
+    from recallm.grpo.cpu import patches, platform
+
+    platform.register()
+    patches.install()
+    from verl.workers.rollout import base, replica
+
+    replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
+    base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = _ROLLOUT_ADAPTER
+
+
+_MP_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
+
+
+def cpu_overrides(*, workers: int = 1, num_cpus: int | None = None) -> list[str]:
+    """Hydra overrides for ``verl.trainer.main_ppo`` on a CPU.
+
+    Args:
+        workers: training processes (FSDP ranks), each holding one *logical* Ray GPU.
+        num_cpus: logical CPUs declared to Ray (every resource bundle of verl asks for some);
+            default ``max(16, 8 * workers)``, whatever the machine has.
+    """
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    num_cpus = num_cpus or max(16, 8 * workers)
+    arr = "actor_rollout_ref"
+    return [
+        # the trainer the plugin is built and tested with (the v1 trainer needs transfer_queue)
+        "trainer.use_v1=False",
+        "trainer.device=cpu",
+        "trainer.nnodes=1",
+        f"trainer.n_gpus_per_node={workers}",
+        # verl's resource pools ask Ray for GPUs: declare logical ones
+        f"++ray_kwargs.ray_init.num_gpus={workers}",
+        f"ray_kwargs.ray_init.num_cpus={num_cpus}",
+        "++ray_kwargs.ray_init.include_dashboard=False",
+        # the HF rollout server, one per worker, no tensor parallelism
+        f"{arr}.rollout.name={ROLLOUT_NAME}",
+        f"{arr}.rollout.mode=async",
+        f"{arr}.rollout.tensor_model_parallel_size=1",
+        f"{arr}.rollout.data_parallel_size=1",
+        f"{arr}.rollout.pipeline_model_parallel_size=1",
+        f"{arr}.rollout.calculate_log_probs=True",
+        f"{arr}.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        # FSDP1 refuses CPU parameters; fp32 compute (bf16 autocast on a CPU is slow and its
+        # log-probs drift from the fp32 rollout's); no torch.compile
+        f"{arr}.actor.strategy=fsdp2",
+        f"{arr}.actor.use_torch_compile=False",
+        f"{arr}.actor.fsdp_config.use_torch_compile=False",
+        f"{arr}.ref.fsdp_config.use_torch_compile=False",
+        f"++{arr}.actor.fsdp_config.mixed_precision={_MP_FP32}",
+        f"++{arr}.ref.fsdp_config.mixed_precision={_MP_FP32}",
+        # flash attention needs a GPU; packed sequences with sdpa attend across the boundary
+        f"++{arr}.model.override_config.attn_implementation=sdpa",
+        f"{arr}.model.use_remove_padding=False",
+        f"{arr}.model.use_fused_kernels=False",
+        "data.dataloader_num_workers=0",
+    ]
+
+
+def _threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Environment variables for the driver (Ray workers inherit them).
+
+    ``environ`` (default ``os.environ``) supplies values the user already set: their thread
+    counts are kept, and modules already listed in ``VERL_USE_EXTERNAL_MODULES`` stay after ours.
+    """
+    environ = os.environ if environ is None else environ
+    modules = [PLUGIN_MODULE] + [
+        m for m in environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE
+    ]
+    threads = str(_threads())
+    return {
+        "VERL_PLATFORM": "cpu",  # our platform (registered by the plugin)
+        "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engines for cuda/npu only
+        "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
+        # Ray sets OMP_NUM_THREADS=<actor num_cpus> (often 1) unless it is set: the trainer and the
+        # rollout server take turns, each may use every core
+        "OMP_NUM_THREADS": environ.get("OMP_NUM_THREADS", threads),
+        "MKL_NUM_THREADS": environ.get("MKL_NUM_THREADS", threads),
+        "TOKENIZERS_PARALLELISM": environ.get("TOKENIZERS_PARALLELISM", "false"),
+        # Ray's `uv run` runtime-env hook breaks on verl's working_dir=None (verl sets it too)
+        "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
+        "RAY_USAGE_STATS_ENABLED": "0",
+    }

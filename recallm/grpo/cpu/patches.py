@@ -1,0 +1,146 @@
+"""The two out-of-tree patches verl 0.9.1 needs on a CPU, applied when their module is imported.
+
+verl's files are never edited: each patch replaces one module attribute from outside. A patch
+is installed with :func:`after_import`, which runs it right after the target module executes
+(or at once if it is already imported), so activating the plugin does not import verl's heavy
+modules into every process, and modules that copy the name with ``from ... import`` later get
+the patched object.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import logging
+import sys
+from collections.abc import Callable
+from types import ModuleType
+
+__all__ = ["after_import", "install"]
+
+log = logging.getLogger(__name__)
+
+_Hook = Callable[[ModuleType], None]
+
+
+class _PatchingLoader(importlib.abc.Loader):
+    """Delegates to the real loader; runs the hooks after the module body has executed."""
+
+    def __init__(self, loader, hooks: list[_Hook]) -> None:
+        self._loader = loader
+        self._hooks = hooks
+
+    def create_module(self, spec):
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: ModuleType) -> None:
+        self._loader.exec_module(module)
+        for hook in self._hooks:
+            hook(module)
+
+    def __getattr__(self, name: str):  # get_source, get_resource_reader, is_package, ...
+        return getattr(self._loader, name)
+
+
+class _PostImportFinder(importlib.abc.MetaPathFinder):
+    """A meta-path finder that only wraps the loader of the modules it has hooks for."""
+
+    def __init__(self) -> None:
+        self.hooks: dict[str, list[_Hook]] = {}
+
+    def find_spec(self, fullname, path, target=None):
+        if fullname not in self.hooks:
+            return None
+        for finder in sys.meta_path:
+            if finder is self or not hasattr(finder, "find_spec"):
+                continue
+            spec = finder.find_spec(fullname, path, target)
+            if spec is not None:
+                break
+        else:
+            return None
+        if spec.loader is not None and hasattr(spec.loader, "exec_module"):
+            spec.loader = _PatchingLoader(spec.loader, self.hooks.pop(fullname))
+        return spec
+
+
+_FINDER = _PostImportFinder()
+
+
+def after_import(module_name: str, hook: _Hook) -> None:
+    """Run ``hook(module)`` once ``module_name`` is imported (now, if it already is)."""
+    module = sys.modules.get(module_name)
+    if module is not None:
+        hook(module)
+        return
+    if _FINDER not in sys.meta_path:
+        sys.meta_path.insert(0, _FINDER)
+    _FINDER.hooks.setdefault(module_name, []).append(hook)
+
+
+# --- patch 1: a gloo-only default process group -------------------------------------------------
+#
+# What verl does: ``verl.utils.distributed.initialize_global_process_group_ray`` (called by every
+# training worker, ``workers/engine_workers.py``) builds the backend string
+# ``f"cpu:gloo,{get_device_name()}:{get_nccl_backend()}"``.
+# Why it fails on a CPU: with the CPU platform that is ``"cpu:gloo,cpu:gloo"``, and
+# ``torch.distributed.init_process_group`` rejects it ("Duplicate device type cpu").
+# What we change: when no backend is passed and the device is the CPU, pass ``backend="gloo"``;
+# every other call goes through unchanged. The wrapper replaces the function in
+# ``verl.utils.distributed`` and in the modules that had already imported it by name.
+
+_PG_MODULES = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
+
+
+def _patch_process_group(distributed: ModuleType) -> None:
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, "_recallm_cpu", False):
+        return
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        from verl.utils.device import get_device_name
+
+        if backend is None and get_device_name() == "cpu":
+            backend = "gloo"
+        return original(timeout_second=timeout_second, backend=backend)
+
+    initialize_global_process_group_ray._recallm_cpu = True  # type: ignore[attr-defined]
+    initialize_global_process_group_ray.__wrapped__ = original  # type: ignore[attr-defined]
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+    for name in _PG_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "initialize_global_process_group_ray", None) is original:
+            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+# --- patch 2: no pinned memory for the FSDP2 CPU-offloaded reference -----------------------------
+#
+# What verl does: ``FSDPEngine._build_fsdp_module`` (``workers/engine/fsdp/transformer_impl.py``)
+# gives a forward-only FSDP2 module (the reference policy, used with ``use_kl_loss=True``) or one
+# with ``offload_policy=True`` a hard-coded ``CPUOffloadPolicy(pin_memory=True)``.
+# Why it fails on a CPU: FSDP2 then pins the offloaded parameters, and ``Tensor.pin_memory()``
+# raises "Cannot access accelerator device when none is available" on a CPU-only torch.
+# What we change: the module's ``CPUOffloadPolicy`` name becomes a subclass that always sets
+# ``pin_memory=False`` (the parameters are on the CPU already; pinning only speeds up copies to an
+# accelerator). ``isinstance`` checks against torch's class still hold.
+
+
+def _patch_cpu_offload_policy(transformer_impl: ModuleType) -> None:
+    original = getattr(transformer_impl, "CPUOffloadPolicy", None)
+    if original is None or getattr(original, "_recallm_cpu", False):
+        return
+
+    class CPUOffloadPolicy(original):  # type: ignore[misc, valid-type]
+        """torch's ``CPUOffloadPolicy`` without pinned memory (recallm CPU plugin)."""
+
+        _recallm_cpu = True
+
+        def __init__(self, pin_memory: bool = True) -> None:  # noqa: ARG002 - always False on a CPU
+            super().__init__(pin_memory=False)
+
+    transformer_impl.CPUOffloadPolicy = CPUOffloadPolicy
+
+
+def install() -> None:
+    """Install both patches (idempotent)."""
+    after_import("verl.utils.distributed", _patch_process_group)
+    after_import("verl.workers.engine.fsdp.transformer_impl", _patch_cpu_offload_policy)

@@ -1,0 +1,454 @@
+"""verl's own GRPO trainer on a CPU (``recallm.grpo.cpu``): the ``hf_cpu`` rollout's generation,
+the overrides and environment, and (slow) two real ``verl.trainer.main_ppo`` runs — two steps
+with a checkpoint, then an automatic resume that does a third."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from recallm.errors import RecallmError
+from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env, cpu_overrides
+from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator
+from recallm.recall import find_spans
+from recallm.tokens import END_RECALL, START_RECALL, RecallTokenIds, load_tokenizer
+
+PROMPTS = [
+    "find the value of key 2 in the list below\n1: bazo\n2: kelu\n3: mifa\n4: zuno",
+    "what is the value of key 7\n7: lomi\n8: rade\n9: sepa\nthe answer is",
+    "key value table\n11: dafo 12: kise 13: muvo",
+]
+
+
+def _is_subsequence(span: list[int], context: list[int]) -> bool:
+    n = len(span)
+    return n == 0 or any(context[i : i + n] == span for i in range(len(context) - n + 1))
+
+
+def _masked_log_probs(model, prompt: list[int], response: list[int], temperature: float) -> torch.Tensor:
+    """What verl's actor computes: the masked model's forward on prompt + response, logits / T."""
+    seq = torch.tensor([prompt + response])
+    with torch.no_grad():
+        logits = model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float()
+    log_probs = torch.log_softmax(logits / temperature, dim=-1)[len(prompt) - 1 : -1]
+    return log_probs.gather(1, torch.tensor(response)[:, None]).squeeze(1)
+
+
+@pytest.fixture(scope="module")
+def generator(tiny_dir):
+    return HFGenerator.from_pretrained(tiny_dir, HFCPUSettings(force_every=6, force_length=4))
+
+
+def test_generation_spans_verbatim_and_processed_log_probs(generator, tiny_dir):
+    """Batched, left-padded, sampled generation with forced spans: every span is a verbatim copy
+    of its context, and the log-probs equal the masked model's forward log-probs (verl's actor)."""
+    tokenizer = load_tokenizer(tiny_dir)
+    ids = RecallTokenIds.from_config(generator.model.config)
+    assert generator.recall  # a RecaLLM model: recall constrained by default
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    temperature = 0.7
+    requests = [
+        generator.make_request(p, {"max_tokens": 40, "temperature": temperature, "top_p": 1.0, "top_k": -1})
+        for p in prompts
+        for _ in range(2)  # n=2, as verl sends it: the same prompt twice
+    ]
+    torch.manual_seed(0)
+    results = generator.generate(requests)
+    n_spans = 0
+    for request, result in zip(requests, results, strict=True):
+        prompt, response = list(request.prompt_ids), result.token_ids
+        assert 1 <= len(response) <= 40 and len(result.log_probs) == len(response)
+        assert all(t not in generator.eos_token_ids for t in response[:-1])
+        seq = prompt + response
+        spans = [s for s in find_spans(seq, ids.start, ids.end) if s.start >= len(prompt)]
+        n_spans += len(spans)
+        for span in spans:
+            assert span.verbatim
+            assert _is_subsequence(list(span.tokens), seq[: span.start])
+        expected = _masked_log_probs(generator.model, prompt, response, temperature)
+        assert torch.allclose(torch.tensor(result.log_probs), expected, atol=1e-4), (result.log_probs, expected)
+    assert n_spans >= len(requests)  # forced every 6 tokens outside spans
+
+
+def test_greedy_top_k_and_plain_decoding(tiny_dir):
+    """Greedy is deterministic and equals batch-of-one decoding; top-k log-probs are renormalised
+    over the k best (vLLM's processed log-probs), and stay finite for forced tokens; ``recall=false``
+    decodes without the mask."""
+    tokenizer = load_tokenizer(tiny_dir)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    forced = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings(force_every=5, force_length=3))
+    greedy = [forced.make_request(p, {"max_tokens": 24, "temperature": 0}) for p in prompts]
+    batched = forced.generate(greedy)
+    single = [forced.generate([r])[0] for r in greedy]
+    for a, b in zip(batched, single, strict=True):
+        assert a.token_ids == b.token_ids
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) < 1e-4
+    top_k = forced.generate([forced.make_request(prompts[0], {"max_tokens": 24, "temperature": 1.0, "top_k": 3})])[0]
+    assert all(math.isfinite(lp) for lp in top_k.log_probs)
+
+    free = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings())
+    request = free.make_request(prompts[1], {"max_tokens": 16, "temperature": 0.9, "top_k": 3})
+    out = free.generate([request])[0]
+    seq = torch.tensor([list(request.prompt_ids) + out.token_ids])
+    with torch.no_grad():
+        logits = free.model(input_ids=seq, attention_mask=torch.ones_like(seq)).logits[0].float() / 0.9
+    logits = logits[len(request.prompt_ids) - 1 : -1]
+    kth = logits.topk(3, dim=-1).values[:, -1:]
+    expected = torch.log_softmax(logits.masked_fill(logits < kth, float("-inf")), -1)
+    expected = expected.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
+    assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
+
+    plain = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings(recall=False))
+    assert not plain.recall
+    out = plain.generate([plain.make_request(prompts[0], {"max_tokens": 12, "temperature": 1.0})])[0]
+    assert len(out.token_ids) == len(out.log_probs) >= 1
+
+
+def test_weight_update(tiny_dir):
+    """``load_weights`` + ``finish_weight_update`` (what the adapter sends each step) replace every
+    weight; a partial or foreign update is refused."""
+    from transformers import AutoModelForCausalLM
+
+    gen = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings())
+    other = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    state = list(other.state_dict().items())
+    gen.load_weights(state[: len(state) // 2])
+    gen.load_weights(state[len(state) // 2 :])
+    gen.finish_weight_update()
+    for name, tensor in other.state_dict().items():
+        assert torch.equal(gen.model.state_dict()[name], tensor), name
+    gen.load_weights(state[:3])
+    with pytest.raises(RuntimeError, match="were not sent"):
+        gen.finish_weight_update()
+    with pytest.raises(RuntimeError, match="does not have"):
+        gen.load_weights([("model.nope.weight", torch.zeros(1))])
+
+
+def test_settings_and_requests(generator):
+    with pytest.raises(RecallmError, match="unknown key.*force_evry"):
+        HFCPUSettings.from_engine_kwargs({"force_evry": 3})
+    with pytest.raises(RecallmError, match="force_every must be an integer >= 1"):
+        HFCPUSettings.from_engine_kwargs({"force_every": 0})
+    with pytest.raises(RecallmError, match="dtype"):
+        HFCPUSettings(dtype="float16")
+    assert HFCPUSettings.from_engine_kwargs(None) == HFCPUSettings()
+    r = generator.make_request([5, 6, 7], {"temperature": 1.0, "top_p": 1, "top_k": -1, "logprobs": True})
+    assert r.max_tokens == generator.max_model_len - 3  # no budget given: up to the context length
+    r = generator.make_request([5, 6, 7], {"max_new_tokens": 9}, default_max_tokens=20)
+    assert r.max_tokens == 9
+    assert generator.make_request([5], {}, default_max_tokens=20).max_tokens == 20
+
+
+def _compose(*overrides: str):
+    import verl.trainer.config
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
+        return compose(config_name="ppo_trainer", overrides=[*cpu_overrides(), *overrides])
+
+
+def test_overrides_compose_and_user_overrides_win():
+    cfg = _compose(
+        "trainer.n_gpus_per_node=1",
+        "ray_kwargs.ray_init.num_cpus=4",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.force_every=8",
+    )
+    assert cfg.actor_rollout_ref.rollout.name == "hf_cpu" and cfg.trainer.use_v1 is False
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.ray_kwargs.ray_init.num_cpus == 4
+    assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
+    assert cfg.actor_rollout_ref.ref.strategy == "fsdp2"  # follows the actor's
+    assert HFCPUSettings.from_engine_kwargs(cfg.actor_rollout_ref.rollout.engine_kwargs.hf_cpu).force_every == 8
+    assert any(o.startswith("trainer.n_gpus_per_node=2") for o in cpu_overrides(workers=2))
+    env = cpu_env({"VERL_USE_EXTERNAL_MODULES": "a.b,recallm.grpo.cpu.plugin", "OMP_NUM_THREADS": "3"})
+    assert env["VERL_USE_EXTERNAL_MODULES"] == f"{PLUGIN_MODULE},a.b"
+    assert env["OMP_NUM_THREADS"] == "3" and env["VERL_PLATFORM"] == "cpu"
+
+
+def test_server_batches_concurrent_requests_and_takes_weights(tiny_dir):
+    """The Ray actor class called directly: requests that arrive together are generated in one
+    batch, answered as verl's ``TokenOutput``; the adapter's weight messages replace the model."""
+    from verl.workers.rollout.replica import RolloutMode
+
+    from recallm.grpo.cpu.rollout import HFCPUServer
+
+    cfg = _compose(
+        f"actor_rollout_ref.model.path={tiny_dir}",
+        "data.max_response_length=20",
+        "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.force_every=5",
+    )
+    threads = torch.get_num_threads()
+    with torch.random.fork_rng():  # the server seeds torch and sets its thread count
+        server = HFCPUServer(cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model, RolloutMode.HYBRID, 0)
+        try:
+            _exercise_server(server, tiny_dir)
+        finally:
+            server._executor.shutdown()
+            torch.set_num_threads(threads)
+
+
+def _exercise_server(server, tiny_dir):
+    import asyncio
+
+    from transformers import AutoModelForCausalLM
+    from verl.workers.rollout.replica import TokenOutput
+
+    assert server.generator.recall and server.settings.force_every == 5
+    batches = []
+    generate = server.generator.generate
+    server.generator.generate = lambda requests: batches.append(len(requests)) or generate(requests)
+    tokenizer = load_tokenizer(tiny_dir)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+
+    async def run():
+        outs = await asyncio.gather(
+            *[server.generate(p, dict(params), f"r{i}") for i, p in enumerate(prompts * 2)],
+            server.generate(prompts[0], {**params, "logprobs": False, "temperature": 0}, "greedy"),
+        )
+        await server.wait_for_requests_to_drain()
+        return outs
+
+    outs = asyncio.run(run())
+    assert batches == [7]  # one batch, generated as two groups (sampled, greedy)
+    for out in outs[:-1]:
+        assert isinstance(out, TokenOutput) and 1 <= len(out.token_ids) <= 20
+        assert len(out.log_probs) == len(out.token_ids) and out.stop_reason == "completed"
+    assert outs[-1].log_probs is None
+
+    other = AutoModelForCausalLM.from_pretrained(tiny_dir)
+    with torch.no_grad():
+        for p in other.parameters():
+            p.mul_(1.5)
+
+    async def sync():
+        await server.sleep()
+        await server.load_weights(list(other.state_dict().items()))
+        await server.finish_weight_update(global_steps=7)
+        await server.wake_up(tags=["weights"])
+        return await server.generate(prompts[0], dict(params), "after")
+
+    out = asyncio.run(sync())
+    assert out.extra_fields["global_steps"] == 7
+    assert torch.equal(server.generator.model.model.embed_tokens.weight, other.model.embed_tokens.weight)
+
+
+@pytest.mark.slow
+def test_activate_registers_platform_patches_and_rollout():
+    """In a fresh process (as a Ray worker would): the plugin is imported with verl."""
+    code = """
+import sys, verl
+from verl.utils.device import get_device_name, get_device_id, get_torch_device
+assert (get_device_name(), get_device_id(), get_torch_device().get_device_name()) == ("cpu", "cpu", "CPU")
+assert "verl.workers.engine.fsdp.transformer_impl" not in sys.modules  # patches wait for their module
+import verl.workers.engine.fsdp.transformer_impl as ti, verl.workers.engine_workers as ew, verl.utils.distributed as d
+from torch.distributed.fsdp import CPUOffloadPolicy
+assert ti.CPUOffloadPolicy(pin_memory=True).pin_memory is False and issubclass(ti.CPUOffloadPolicy, CPUOffloadPolicy)
+assert ew.initialize_global_process_group_ray is d.initialize_global_process_group_ray
+assert ew.initialize_global_process_group_ray._recallm_cpu
+from verl.workers.rollout.replica import get_rollout_replica_class
+from verl.workers.rollout.base import get_rollout_class
+assert get_rollout_replica_class("hf_cpu").__name__ == "HFCPUReplica"
+assert get_rollout_class("hf_cpu").__name__ == "HFCPUServerAdapter"
+from recallm.grpo.cpu import activate; activate(); activate()
+print("ok")
+"""
+    env = {**os.environ, **cpu_env()}
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+# --- two real runs of verl.trainer.main_ppo -----------------------------------------------------
+
+MIX = {
+    "seed": 0,
+    "tolerance": 0.1,
+    "store_prompt_text": True,
+    "train": {
+        "lengths": [256, 384],
+        "entries": [
+            {
+                "task": "kv_retrieval",
+                "count": 12,
+                "params": {"key_type": "toy", "value_type": "toy", "formats": ["lines"]},
+            },
+            {
+                "task": "math_retrieval",
+                "count": 12,
+                "params": {
+                    "key_type": "toy",
+                    "value_type": "toy",
+                    "formats": ["lines"],
+                    "problem_types": ["arithmetic"],
+                },
+            },
+        ],
+    },
+}
+
+_METRIC = re.compile(r"([\w/@.\-]+):(?:np\.\w+\()?([-+0-9.eE]+|nan|inf)\)?")
+
+
+def step_metrics(log: str) -> dict[int, dict[str, float]]:
+    """verl's console logger lines ``step:N - key:value - ...`` as {N: {key: value}}."""
+    steps: dict[int, dict[str, float]] = {}
+    for line in log.splitlines():
+        m = re.search(r"(?:^|\s)step:(\d+) - ", line)
+        if not m:
+            continue
+        steps[int(m.group(1))] = {k: float(v) for k, v in _METRIC.findall(line[m.start() :])}
+    return steps
+
+
+def grpo_command(model: Path, data: Path, ckpt: Path, rollouts: Path, *extra: str) -> list[str]:
+    """``recallm-grpo`` (the launcher: tiny_cpu recipe, CPU plugin, reward manager, external_lib, metrics)."""
+    arr = "actor_rollout_ref"
+    return [
+        sys.executable,
+        "-m",
+        "recallm.cli.grpo",
+        f"data.train_files={data}",
+        f"data.val_files={data}",
+        "data.train_batch_size=4",
+        "data.max_prompt_length=512",
+        "data.max_response_length=48",
+        "data.shuffle=False",
+        f"{arr}.model.path={model}",
+        f"{arr}.model.enable_gradient_checkpointing=False",
+        f"{arr}.actor.ppo_mini_batch_size=4",
+        f"{arr}.actor.ppo_micro_batch_size_per_gpu=8",
+        f"{arr}.actor.optim.lr=1e-3",
+        f"{arr}.actor.entropy_coeff=0.01",  # a gradient every step: a stale rollout model would show
+        f"{arr}.rollout.n=4",
+        f"+{arr}.rollout.engine_kwargs.hf_cpu.force_every=8",
+        f"+{arr}.rollout.engine_kwargs.hf_cpu.force_length=6",
+        "trainer.project_name=recallm_test",
+        "trainer.experiment_name=grpo_cpu",
+        f"trainer.default_local_dir={ckpt}",
+        f"trainer.rollout_data_dir={rollouts}",
+        "trainer.val_before_train=False",
+        "trainer.test_freq=-1",
+        "trainer.save_freq=2",
+        "trainer.total_training_steps=2",
+        *extra,
+    ]
+
+
+def run_grpo(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+    env = {**os.environ, **cpu_env(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)  # a local Ray cluster of its own, shut down when the driver exits
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
+        out, _ = proc.communicate()
+        pytest.fail(f"verl did not finish in {timeout}s:\n{out[-5000:]}")
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def check_spans(rollouts: Path, step: int) -> int:
+    """Spans in the dumped rollouts (text decoded without special tokens: a token-level copy is
+    still a text-level one) are verbatim copies of their context; returns how many there are."""
+    count = 0
+    for line in (rollouts / f"{step}.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        context, output = row["input"], row["output"]
+        for m in re.finditer(re.escape(START_RECALL) + r"(.*?)(?:" + re.escape(END_RECALL) + r"|$)", output, re.S):
+            span = m.group(1)
+            assert START_RECALL not in span
+            assert span in context + output[: m.start()], (span, output)
+            count += 1
+    return count
+
+
+@pytest.mark.slow
+def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path):
+    from data_gen.generate import plan_from_config, run_plan
+
+    data_dir = tmp_path / "data"
+    run_plan(plan_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+    data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
+    cmd = grpo_command(tiny_dir, data, ckpt, rollouts)
+
+    first = run_grpo(cmd, tmp_path)
+    assert first.returncode == 0, first.stdout[-8000:]
+    assert (ckpt / "global_step_2" / "actor").is_dir()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    metrics = step_metrics(first.stdout)
+    assert sorted(metrics) == [1, 2], first.stdout[-4000:]
+    for step, m in metrics.items():
+        assert math.isfinite(m["critic/score/mean"])
+        assert m["training/rollout_probs_diff_valid"] == 1
+        # the rollout's processed log-probs and the masked actor's agree
+        assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m["training/rollout_probs_diff_max"])
+        assert m["training/rollout_actor_probs_pearson_corr"] > 0.999
+        assert m["actor/grad_norm"] > 0
+        assert check_spans(rollouts, step) >= 4  # forced every 8 tokens: spans in every step
+        # the RecaLLM metrics: reward breakdown, verbatim spans, log-prob agreement inside spans
+        assert m["recallm/spans_verbatim"] == 1.0 and m["recallm/spans_per_response"] > 0
+        assert m["recallm/logprob_gap_in_spans"] <= 1e-3 and m["recallm/logprob_gap_outside_spans"] <= 1e-3
+        for key in (
+            "score",
+            "format",
+            "answer",
+            "recall",
+            "recall_overlap",
+            "density_penalty",
+            "correctness_penalty",
+            "n_spans",
+            "used_recall",
+        ):
+            assert math.isfinite(m[f"recallm/reward/{key}"]), key
+
+    second = run_grpo(cmd + ["trainer.total_training_steps=3"], tmp_path)
+    assert second.returncode == 0, second.stdout[-8000:]
+    assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
+    metrics = step_metrics(second.stdout)
+    assert sorted(metrics) == [3], second.stdout[-4000:]  # steps 1-2 not redone
+    assert metrics[3]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
+    assert (ckpt / "global_step_3" / "actor").is_dir()
+
+    # export: a Hugging Face RecaLLM directory that generates with constrained recall
+    from transformers import AutoModelForCausalLM
+
+    from recallm.grpo.export import export_checkpoint
+    from recallm.modeling import vllm_hf_overrides
+    from recallm.recall import ForceRecallSpans
+
+    out = export_checkpoint(ckpt, tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(out)
+    assert type(model).__name__ == "RecallQwen2ForCausalLM"
+    assert vllm_hf_overrides(model.config) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    tokenizer = load_tokenizer(out)
+    ids = RecallTokenIds.from_pretrained(model.config, tokenizer)
+    enc = tokenizer(PROMPTS[0], return_tensors="pt")
+    generated = model.generate(
+        **enc,
+        logits_processor=[ForceRecallSpans(ids.start, ids.end, every=3, length=4)],
+        max_new_tokens=20,
+        do_sample=True,
+        top_k=0,
+    )[0].tolist()
+    spans = find_spans(generated, ids.start, ids.end)
+    assert spans and all(span.verbatim for span in spans)
+    from recallm.errors import RecallmError as _Err
+
+    with pytest.raises(_Err, match="is not empty"):
+        export_checkpoint(ckpt, out)
