@@ -30,7 +30,9 @@ category. Every file is written atomically.
 
 Everything in the configuration is checked before the first request; an endpoint that cannot be
 reached is named in a one-line ``RecallmError``. The API key is read from the environment
-variable that ``api_key_env`` names and is never logged nor written.
+variable that ``api_key_env`` names and is never logged nor written. The endpoint settings and
+the HTTP client (``EndpointConfig``, ``ChatClient``, ``ChatError``) live in ``recallm.clients``
+(re-exported here).
 """
 
 from __future__ import annotations
@@ -38,10 +40,8 @@ from __future__ import annotations
 import difflib
 import json
 import logging
-import os
 import random
 import re
-import threading
 import time
 from collections import Counter, defaultdict
 from collections.abc import Callable, Mapping, Sequence
@@ -51,6 +51,9 @@ from pathlib import Path
 from typing import Any
 
 from data_gen.base import Row
+from recallm.clients import ChatClient, ChatError, EndpointConfig
+from recallm.clients import as_number as _number
+from recallm.clients import check_range as _check_range
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -130,106 +133,11 @@ DEFAULT_ANNOTATOR_USER = """\
 
 Rewrite the trace as instructed."""
 
-_LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
 _FENCE = re.compile(r"^```[\w-]*\n(.*)\n```$", re.DOTALL)
 _TEMPLATE_FIELD = re.compile(r"\{(context|trace)\}")
 
 
 # --------------------------------------------------------------------------- settings
-
-
-def _number(value: Any, name: str, kind: type = float) -> Any:
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise RecallmError(f"{name} must be a number, got {value!r}") from None
-
-
-def _check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
-    if not (lo <= value < hi if hi_open else lo <= value <= hi):
-        raise RecallmError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value}")
-
-
-def is_local_url(url: str) -> bool:
-    """Whether ``url`` points at this machine (such a server needs no API key)."""
-    import httpx
-
-    host = httpx.URL(url).host
-    return host in _LOCAL_HOSTS or host.endswith(".localhost")
-
-
-@dataclass(frozen=True)
-class EndpointConfig:
-    """One OpenAI-compatible chat endpoint and how to call it."""
-
-    base_url: str
-    model: str
-    api_key_env: str | None = "OPENAI_API_KEY"
-    temperature: float = 0.0
-    top_p: float | None = None
-    max_tokens: int = 4096
-    timeout: float = 300.0
-    concurrency: int = 8
-    retries: int = 4
-    backoff: float = 1.0
-    extra_body: Mapping[str, Any] = field(default_factory=dict)
-
-    @classmethod
-    def from_mapping(cls, cfg: Mapping[str, Any], role: str) -> EndpointConfig:
-        """Build and check (``role`` names the config section in error messages)."""
-        import httpx
-
-        model = cfg.get("model")
-        if not model or not isinstance(model, str):
-            raise RecallmError(f"{role}.model is required (the model name the endpoint serves), got {model!r}")
-        base_url = str(cfg.get("base_url") or "").rstrip("/")
-        try:
-            url = httpx.URL(base_url)
-        except Exception:  # httpx raises InvalidURL and others for garbage
-            url = None
-        if url is None or url.scheme not in ("http", "https") or not url.host:
-            raise RecallmError(
-                f"{role}.base_url must be an http(s) URL such as http://127.0.0.1:8000/v1, got {base_url!r}"
-            )
-        env = cfg.get("api_key_env")
-        if env is not None and (not isinstance(env, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", env)):
-            raise RecallmError(f"{role}.api_key_env must be the NAME of an environment variable or null, got {env!r}")
-        extra = cfg.get("extra_body") or {}
-        if not isinstance(extra, Mapping):
-            raise RecallmError(f"{role}.extra_body must be a mapping, got {type(extra).__name__}")
-        config = cls(
-            base_url=base_url,
-            model=model,
-            api_key_env=env or None,
-            temperature=_number(cfg.get("temperature", 0.0), f"{role}.temperature"),
-            top_p=None if cfg.get("top_p") is None else _number(cfg.get("top_p"), f"{role}.top_p"),
-            max_tokens=_number(cfg.get("max_tokens", 4096), f"{role}.max_tokens", int),
-            timeout=_number(cfg.get("timeout", 300.0), f"{role}.timeout"),
-            concurrency=_number(cfg.get("concurrency", 8), f"{role}.concurrency", int),
-            retries=_number(cfg.get("retries", 4), f"{role}.retries", int),
-            backoff=_number(cfg.get("backoff", 1.0), f"{role}.backoff"),
-            extra_body=dict(extra),
-        )
-        _check_range(config.temperature, f"{role}.temperature", 0.0, 2.0)
-        if config.top_p is not None:
-            _check_range(config.top_p, f"{role}.top_p", 0.0, 1.0)
-        for name in ("max_tokens", "concurrency"):
-            if getattr(config, name) < 1:
-                raise RecallmError(f"{role}.{name} must be >= 1, got {getattr(config, name)}")
-        if config.timeout <= 0:
-            raise RecallmError(f"{role}.timeout must be > 0 seconds, got {config.timeout}")
-        if config.retries < 0 or config.backoff < 0:
-            raise RecallmError(
-                f"{role}.retries and {role}.backoff must be >= 0, got {config.retries}, {config.backoff}"
-            )
-        if config.api_key_env and not os.environ.get(config.api_key_env) and not is_local_url(base_url):
-            raise RecallmError(
-                f"{role}: environment variable {config.api_key_env} is not set, and {base_url} is not local "
-                f"(set it, or {role}.api_key_env=null for a server without a key)"
-            )
-        return config
 
 
 @dataclass(frozen=True)
@@ -270,140 +178,6 @@ class Prompts:
         missing = [f for f in ("{context}", "{trace}") if f not in self.annotator_user]
         if missing:
             raise RecallmError(f"annotator.user_template must contain {' and '.join(missing)}")
-
-
-# --------------------------------------------------------------------------- chat client
-
-
-class ChatError(Exception):
-    """One request failed for good (after retries, or with a non-retryable status)."""
-
-
-class ChatClient:
-    """A thread-safe client of one OpenAI-compatible chat endpoint: bounded concurrency (a
-    semaphore of ``concurrency`` slots), retries with exponential backoff (and ``Retry-After``)
-    on transport errors, 429 and 5xx. 401/403/404 stop the whole run (a wrong key, URL or model
-    fails every request); other failures are ``ChatError``s that drop one trace."""
-
-    def __init__(self, config: EndpointConfig, role: str = "teacher", *, sleep: Callable[[float], None] = time.sleep):
-        import httpx
-
-        self.config, self.role, self._sleep = config, role, sleep
-        self._key = os.environ.get(config.api_key_env) if config.api_key_env else None
-        headers = {"Authorization": f"Bearer {self._key}"} if self._key else {}
-        self._http = httpx.Client(
-            base_url=config.base_url + "/",
-            headers=headers,
-            timeout=httpx.Timeout(config.timeout, connect=min(config.timeout, 10.0)),
-            limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
-        )
-        self._slots = threading.BoundedSemaphore(config.concurrency)
-
-    @property
-    def url(self) -> str:
-        return f"{self.config.base_url}/chat/completions"
-
-    def _redact(self, text: str) -> str:
-        return text.replace(self._key, "***") if self._key else text
-
-    def close(self) -> None:
-        self._http.close()
-
-    def __enter__(self) -> ChatClient:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
-
-    def ping(self) -> None:
-        """Fail with the endpoint's name if nothing answers at ``base_url`` (any HTTP status
-        counts as up, except 401/403: a key the server refuses)."""
-        import httpx
-
-        try:
-            resp = self._http.get("models", timeout=min(self.config.timeout, 10.0))
-        except httpx.TransportError as exc:
-            raise RecallmError(
-                f"{self.role} endpoint {self.config.base_url} is not reachable "
-                f"({type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}); is the server running?"
-            ) from None
-        if resp.status_code in (401, 403):
-            raise RecallmError(self._refused(resp.status_code))
-
-    def _refused(self, status: int) -> str:
-        key = f"the key in ${self.config.api_key_env}" if self.config.api_key_env else "an API key (set api_key_env)"
-        return f"{self.role} endpoint {self.config.base_url} refused the request (HTTP {status}): check {key}"
-
-    def complete(self, messages: list[dict[str, str]], *, with_reasoning: bool = False) -> str:
-        """The assistant message of one chat completion. With ``with_reasoning``, reasoning the
-        server returned apart (``reasoning_content``, vLLM's reasoning parser) is put back in front
-        of the content, closed by ``</think>``; without, it is ignored."""
-        import httpx
-
-        cfg = self.config
-        payload: dict[str, Any] = {
-            "model": cfg.model,
-            "messages": messages,
-            "temperature": cfg.temperature,
-            "max_tokens": cfg.max_tokens,
-            **cfg.extra_body,
-        }
-        if cfg.top_p is not None:
-            payload["top_p"] = cfg.top_p
-        last = "no attempt"
-        for attempt in range(cfg.retries + 1):
-            delay = min(60.0, cfg.backoff * 2**attempt * random.uniform(0.75, 1.0))
-            try:
-                with self._slots:
-                    resp = self._http.post("chat/completions", json=payload)
-            except httpx.TransportError as exc:
-                last = f"{type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}"
-            else:
-                status = resp.status_code
-                if status == 429 or status >= 500:
-                    last = f"HTTP {status}"
-                    retry_after = resp.headers.get("retry-after", "")
-                    if retry_after.replace(".", "", 1).isdigit():
-                        delay = min(60.0, float(retry_after))
-                elif status in (401, 403):
-                    raise RecallmError(self._refused(status))
-                elif status == 404:
-                    raise RecallmError(
-                        f"{self.role} endpoint {self.url} answered HTTP 404 ({self._body(resp)}): check "
-                        f"{self.role}.base_url (it usually ends in /v1) and {self.role}.model={cfg.model!r}"
-                    )
-                elif status >= 400:
-                    raise ChatError(f"HTTP {status}: {self._body(resp)}")
-                else:
-                    return self._content(resp, with_reasoning)
-            if attempt < cfg.retries:
-                log.debug(
-                    "%s request failed (%s); retry %d/%d in %.2fs", self.role, last, attempt + 1, cfg.retries, delay
-                )
-                self._sleep(delay)
-        raise ChatError(f"gave up after {cfg.retries + 1} attempt(s): {last}")
-
-    def _body(self, resp) -> str:
-        text = " ".join(resp.text.split())
-        return self._redact(text[:200]) or "empty body"
-
-    def _content(self, resp, with_reasoning: bool) -> str:
-        try:
-            choice = resp.json()["choices"][0]
-            message = choice["message"]
-            content = message.get("content") or ""
-            if isinstance(content, list):  # content parts
-                content = "".join(part.get("text") or "" for part in content if isinstance(part, dict))
-        except (ValueError, KeyError, IndexError, TypeError):
-            raise ChatError(f"not a chat completion: {self._body(resp)}") from None
-        if choice.get("finish_reason") == "length":
-            raise ChatError(f"the completion was cut off at max_tokens={self.config.max_tokens}")
-        reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
-        if with_reasoning and reasoning and "</think>" not in content:
-            content = f"{reasoning.strip()}\n</think>\n\n{content.strip()}"
-        if not content.strip():
-            raise ChatError("empty completion")
-        return content
 
 
 # --------------------------------------------------------------------------- traces

@@ -1,0 +1,176 @@
+"""`recallm-eval`: evaluate a model on the benchmark suites, or compare runs in a report.
+
+    recallm-eval                                        # tiny suite, tiny default model, HF on the CPU
+    recallm-eval eval=paper model_path=/runs/recallm-qwen backend.name=vllm out_dir=/runs/eval/recallm-qwen
+    recallm-eval eval=paper model_path=/models/recallm-qwen backend.name=openai backend.served_model=recallm \\
+        backend.base_url=http://gpu-node:8000/v1 out_dir=/runs/eval/served
+    recallm-eval backend.recall_constrained=false out_dir=outputs/eval/no-mask     # the "no logit masking" ablation
+    recallm-eval benchmarks=[ruler] eval.benchmarks.ruler.per_cell=5                 # one benchmark of the suite
+    recallm-eval mode=report runs=[outputs/eval/a,outputs/eval/b] report_dir=outputs/eval/report
+
+Everything is checked before the first token is generated: the suite and benchmark settings
+(unknown benchmark, bad length), the validation parquet files, the model directory (and its
+recall tokens when decoding is constrained), that every task reaches its shortest and longest
+length, the out_dir (a different configuration's results are never mixed in) and, for a server,
+that it answers. Mistakes are one ``error: ...`` line and exit code 2. A rerun resumes.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import hydra
+from omegaconf import DictConfig, OmegaConf
+
+from recallm.errors import RecallmError, cli_errors
+from recallm.paths import CONFIG_DIR
+
+log = logging.getLogger(__name__)
+
+#: backend keys that change what a model writes (the rest - batch size, device, timeouts - do not)
+_FINGERPRINT_BACKEND_KEYS = (
+    "name",
+    "recall_constrained",
+    "dtype",
+    "length_extension",
+    "length_extension_kwargs",
+    "force_recall_every",
+    "force_recall_length",
+    "served_model",
+    "api",
+    "extra_body",
+    "engine_kwargs",
+)
+
+
+def resolve_model(spec: str, models_dir: Path) -> Path:
+    """A model directory: ``tiny`` is the embedded tiny default (seed 0, tied), built under ``models_dir``
+    where ``recallm-sft`` builds it too."""
+    if spec == "tiny":
+        path = models_dir / "tiny-seed0-tied"
+        if not (path / "config.json").is_file():
+            from recallm.tiny import create_tiny
+
+            create_tiny(path, tied=True, seed=0)
+        return path
+    return Path(spec)
+
+
+def _print_summary(summary: dict[str, Any]) -> None:
+    for name, bench in summary["benchmarks"].items():
+        cells = bench["by_length"]
+        row = "  ".join(f"{n}: {100 * cells[n]['all']['score']:.1f}" for n in cells)
+        usage = bench["overall"]["recall_usage"]
+        print(f"{name:16} score (%) by length  {row}   | recall usage {100 * usage:.0f}%")
+    if not summary.get("complete", True):
+        print(f"incomplete: {summary['n_examples']} of {summary['planned']} examples done; rerun to continue")
+
+
+def run_report(cfg: DictConfig) -> Path:
+    from recallm.eval.report import build_report
+
+    runs = OmegaConf.to_container(cfg.runs, resolve=True) if cfg.runs is not None else []
+    report = build_report(runs, Path(cfg.report_dir))
+    print(f"wrote {report}")
+    return report
+
+
+@cli_errors
+def run(cfg: DictConfig) -> dict[str, Any] | Path:
+    if cfg.mode == "report":
+        return run_report(cfg)
+    if cfg.mode != "run":
+        raise RecallmError(f"mode must be run or report, got {cfg.mode!r}")
+    from data_gen.fit import PromptRenderer
+    from recallm.eval.backends import BACKENDS, check_model_dir, make_backend
+    from recallm.eval.benchmarks import make_benchmarks
+    from recallm.eval.report import build_report
+    from recallm.eval.runner import preflight, prepare_out_dir, run_eval
+    from recallm.tokens import load_tokenizer
+
+    suite = OmegaConf.to_container(cfg.eval, resolve=True)
+    backend_cfg = OmegaConf.to_container(cfg.backend, resolve=True)
+    reward_cfg = OmegaConf.to_container(cfg.reward, resolve=True)
+    only = cfg.benchmarks
+    if only is not None:
+        only = OmegaConf.to_container(only, resolve=True) if OmegaConf.is_list(only) else [str(only)]
+    if backend_cfg.get("name") not in BACKENDS:
+        raise RecallmError(f"unknown backend {backend_cfg.get('name')!r}; expected one of {', '.join(BACKENDS)}")
+    benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg)
+    specs = [s for b in benchmarks for s in b.specs()]
+    model_path = resolve_model(str(cfg.model_path), Path(cfg.models_dir))
+    constrained = bool(backend_cfg.get("recall_constrained", True))
+    if backend_cfg["name"] in ("hf", "vllm"):
+        info = check_model_dir(model_path, constrained=constrained)
+        positions = info["max_position_embeddings"]
+        longest = max(s.length for s in specs)
+        if positions and longest > positions and not backend_cfg.get("length_extension"):
+            raise RecallmError(
+                f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
+                "backend.length_extension)"
+            )
+    tokenizer = load_tokenizer(Path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path)
+    renderer = PromptRenderer(tokenizer, suite.get("system_prompt"))
+    log.info("checking that every task reaches its lengths")
+    preflight(benchmarks, specs, renderer)
+    out_dir = Path(cfg.out_dir)
+    fingerprint = {
+        "model_path": str(model_path.resolve()) if model_path.exists() else str(model_path),
+        "tokenizer": str(Path(cfg.tokenizer_path).resolve()) if cfg.tokenizer_path else None,
+        "backend": {k: backend_cfg.get(k) for k in _FINGERPRINT_BACKEND_KEYS},
+        "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
+        "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
+        "reward": reward_cfg if any(b.name == "in_domain" for b in benchmarks) else None,
+    }
+    prepare_out_dir(out_dir, fingerprint, overwrite=bool(cfg.overwrite))
+    run_info = {
+        "name": cfg.run_name or out_dir.name,
+        "model_path": str(cfg.model_path),
+        "backend": backend_cfg["name"],
+        "recall_constrained": constrained,
+        "suite": suite.get("name"),
+    }
+    print(
+        f"evaluating {model_path} ({backend_cfg['name']}) on {', '.join(b.name for b in benchmarks)}: "
+        f"{len(specs)} examples into {out_dir}"
+    )
+    backend = make_backend(backend_cfg, model_path, tokenizer)
+    try:
+        summary = run_eval(
+            benchmarks,
+            backend,
+            renderer,
+            out_dir,
+            batch_size=int(backend_cfg.get("batch_size", 4)),
+            fingerprint=fingerprint,
+            run_info=run_info,
+            progress=bool(cfg.progress),
+            limit=cfg.limit,
+            specs=specs,
+        )
+    finally:
+        backend.close()
+    _print_summary(summary)
+    if cfg.report:
+        report = build_report({run_info["name"]: out_dir}, out_dir)
+        print(f"wrote {out_dir / 'summary.json'} and {report}")
+    return summary
+
+
+@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
+def _hydra_main(cfg: DictConfig) -> None:
+    for name in ("transformers", "httpx", "httpcore", "matplotlib"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    run(cfg)
+
+
+def main() -> None:
+    _hydra_main()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

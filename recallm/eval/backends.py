@@ -1,0 +1,578 @@
+"""Generation backends: Hugging Face ``generate``, vLLM, and any OpenAI-compatible server.
+
+Every backend takes ``GenRequest``s (the chat-templated prompt text, the chat messages, an
+optional assistant ``prefix`` to continue from, a token budget and a seed) and returns one
+``Generation`` per request, in order: the output text *with* the recall tokens, its length in
+tokens, why it stopped (``stop`` / ``length``) and, when the backend saw the token ids, its
+recall spans judged by the matcher (``recallm.recall.find_spans``: verbatim or not).
+
+* ``HFBackend`` - ``model.generate`` on left-padded batches. A ``Recall*ForCausalLM`` adds the
+  recall constraint itself; ``recall_constrained=False`` turns it off (the "no logit masking"
+  ablation). A ``length_extension`` hook (below) can wrap every ``generate`` call.
+* ``VLLMBackend`` - ``vllm.LLM`` with the V1 recall processor
+  (``recallm.recall.vllm.V1_PROCESSOR_FQCN``) and ``hf_overrides`` from
+  ``recallm.modeling.vllm_hf_overrides``; per-request opt-out when unconstrained. GPU nodes only;
+  vLLM is imported when the backend is built.
+* ``OpenAIBackend`` - a server through ``recallm.clients.ChatClient``: chat completions of the
+  messages (``api=chat``) or text completions of the rendered prompt (``api=completions``).
+  Continuations (a ``prefix``) always use text completions of ``prompt_text + prefix``. The
+  server must keep the recall tokens in its output text (vLLM does: they are not special
+  tokens); recall spans are then judged on text by the runner.
+
+Length extension (HF)
+---------------------
+``length_extension="pkg.module:factory"`` (with ``length_extension_kwargs``) plugs an
+inference-time context-extension method into the HF backend without touching it. The factory
+is called once, ``factory(model=model, tokenizer=tokenizer, **kwargs)``, and returns a callable
+``ext(*, input_ids, attention_mask, prompt_lengths, max_new_tokens)`` that returns a context
+manager; every ``generate`` call runs inside it. The context manager may patch the model for the
+duration of the call (rotary scaling, attention windows, position remapping) and may yield a
+mapping of extra ``generate`` keyword arguments (or None). ``prompt_lengths`` are the unpadded
+prompt lengths of the batch rows (the batch is left-padded to ``input_ids.shape[1]``). With an
+extension the prompt may be longer than the model's ``max_position_embeddings``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+from recallm.eval.types import Generation, GenerationSettings, GenRequest, SpanStats
+
+__all__ = [
+    "BACKENDS",
+    "Backend",
+    "HFBackend",
+    "VLLMBackend",
+    "OpenAIBackend",
+    "LengthExtension",
+    "load_object",
+    "check_model_dir",
+    "make_backend",
+]
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("hf", "vllm", "openai")
+
+#: ``ext(*, input_ids, attention_mask, prompt_lengths, max_new_tokens) -> ContextManager[Mapping | None]``
+LengthExtension = Callable[..., contextlib.AbstractContextManager]
+
+
+class Backend(ABC):
+    """Generates text for requests; ``close`` frees what it holds."""
+
+    name: str = "backend"
+
+    @abstractmethod
+    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]: ...
+
+    def close(self) -> None:  # noqa: B027  (optional)
+        pass
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies this backend's outputs (for the run's fingerprint)."""
+        return {"backend": self.name}
+
+
+def load_object(spec: str, what: str) -> Any:
+    """``pkg.module:attr`` -> the object, or a one-line ``RecallmError``."""
+    module_name, sep, attr = str(spec).partition(":")
+    if not sep or not module_name or not attr:
+        raise RecallmError(f"{what} must be 'package.module:name', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise RecallmError(f"{what} {spec!r}: cannot import {module_name} ({exc})") from None
+    try:
+        return getattr(module, attr)
+    except AttributeError:
+        raise RecallmError(f"{what} {spec!r}: {module_name} has no {attr!r}") from None
+
+
+def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
+    """Cheap checks of a model directory before anything is generated (no weights are loaded):
+    it exists and holds a config; with ``constrained`` it must be a RecaLLM model whose config
+    and tokenizer carry the recall tokens. Returns ``{"model_type", "max_position_embeddings",
+    "recall": bool}``."""
+    from transformers import AutoConfig
+
+    import recallm  # noqa: F401  (registers recallm_<base>)
+    from recallm.tokens import RecallTokenIds
+
+    path = Path(path)
+    if not path.is_dir():
+        raise RecallmError(f"model directory {path} does not exist")
+    if not (path / "config.json").is_file():
+        raise RecallmError(f"{path} is not a Hugging Face model directory (no config.json)")
+    try:
+        config = AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:
+        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from None
+    has_recall = getattr(config, "recall_start_token_id", None) is not None
+    if constrained:
+        if not has_recall:
+            raise RecallmError(
+                f"{path} ({config.model_type}) has no recall tokens, so constrained recall is impossible; convert it "
+                "with `recallm-create-model --base PATH --out PATH`, or evaluate it with backend.recall_constrained=false"
+            )
+        from recallm.tokens import load_tokenizer
+
+        RecallTokenIds.from_pretrained(config, load_tokenizer(path))
+    return {
+        "model_type": config.model_type,
+        "max_position_embeddings": getattr(config, "max_position_embeddings", None),
+        "recall": has_recall,
+    }
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    gen = getattr(model, "generation_config", None)
+    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if eos is None:
+        eos = getattr(model.config, "eos_token_id", None)
+    if eos is None:
+        eos = tokenizer.eos_token_id
+    if eos is None:
+        return []
+    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+
+
+def _token_spans(prompt_ids: Sequence[int], generated: Sequence[int], recall) -> SpanStats | None:
+    """Spans of the generated part judged by the matcher (searchable context: prompt + output)."""
+    if recall is None:
+        return None
+    from recallm.recall import find_spans
+
+    start_id, end_id, max_recall_tokens = recall
+    spans = [
+        s
+        for s in find_spans(list(prompt_ids) + list(generated), start_id, end_id, max_recall_tokens=max_recall_tokens)
+        if s.start >= len(prompt_ids)
+    ]
+    return SpanStats(count=len(spans), verbatim=sum(s.verbatim for s in spans), source="tokens")
+
+
+def _cut(tokens: list[int], limit: int, eos: set[int]) -> tuple[list[int], str]:
+    """The generated tokens up to the first end-of-sequence token (kept) and the finish reason."""
+    tokens = tokens[:limit]
+    for j, token in enumerate(tokens):
+        if token in eos:
+            return tokens[: j + 1], "stop"
+    return tokens, "length"
+
+
+class HFBackend(Backend):
+    """``model.generate`` on left-padded batches of ``batch_size`` requests (see module doc).
+
+    Raises ``RecallmError`` when the model has no recall tokens but ``recall_constrained`` is
+    asked for, and when a ``length_extension`` cannot be loaded.
+    """
+
+    name = "hf"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer,
+        *,
+        recall_constrained: bool = True,
+        batch_size: int = 4,
+        dtype: str = "auto",
+        device: str = "auto",
+        length_extension: str | Callable[..., LengthExtension] | None = None,
+        length_extension_kwargs: Mapping[str, Any] | None = None,
+        force_recall_every: int | None = None,
+        force_recall_length: int = 8,
+        model=None,
+    ) -> None:
+        import torch
+        from transformers import AutoModelForCausalLM
+
+        import recallm  # noqa: F401  (registers recallm_<base>)
+
+        if batch_size < 1:
+            raise RecallmError(f"backend.batch_size must be >= 1, got {batch_size}")
+        self.tokenizer = tokenizer
+        self.batch_size = int(batch_size)
+        self.recall_constrained = bool(recall_constrained)
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        self.device = torch.device(device)
+        if model is None:
+            dtypes = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+            if dtype not in dtypes:
+                raise RecallmError(f"backend.dtype must be one of {sorted(dtypes)}, got {dtype!r}")
+            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtypes[dtype])
+        self.model = model.to(self.device).eval()
+        config = self.model.config
+        self.recall = None
+        if getattr(config, "recall_start_token_id", None) is not None:
+            from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
+
+            ids = RecallTokenIds.from_config(config)
+            self.recall = (ids.start, ids.end, getattr(config, "max_recall_tokens", None) or DEFAULT_MAX_RECALL_TOKENS)
+        elif self.recall_constrained:
+            raise RecallmError(
+                f"model {model_path} has no recall tokens: constrained recall is impossible "
+                "(set backend.recall_constrained=false to evaluate it without)"
+            )
+        self.eos_ids = _eos_ids(self.model, tokenizer)
+        pad = getattr(self.model.generation_config, "pad_token_id", None)
+        if pad is None:
+            pad = tokenizer.pad_token_id
+        if pad is None:
+            pad = self.eos_ids[0] if self.eos_ids else 0
+        self.pad_id = int(pad)
+        self.max_positions = getattr(config, "max_position_embeddings", None)
+        if isinstance(length_extension, str):
+            length_extension = load_object(length_extension, "backend.length_extension")
+        self.length_extension_name = getattr(length_extension, "__qualname__", None) if length_extension else None
+        self.extension: LengthExtension | None = (
+            length_extension(model=self.model, tokenizer=tokenizer, **dict(length_extension_kwargs or {}))
+            if length_extension is not None
+            else None
+        )
+        if force_recall_every is not None and self.recall is None:
+            raise RecallmError("backend.force_recall_every needs a model with recall tokens")
+        self.force = (int(force_recall_every), int(force_recall_length)) if force_recall_every is not None else None
+        self._warned_room = False
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "backend": self.name,
+            "recall_constrained": self.recall_constrained,
+            "length_extension": self.length_extension_name,
+            "force_recall": list(self.force) if self.force else None,
+        }
+
+    def _encode(self, text: str) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=False, return_attention_mask=False)["input_ids"])
+
+    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]:
+        out: list[Generation] = []
+        for start in range(0, len(requests), self.batch_size):
+            out.extend(self._generate_batch(list(requests[start : start + self.batch_size]), settings))
+        return out
+
+    def _generation_config(self, settings: GenerationSettings, max_new: int):
+        from transformers import GenerationConfig
+
+        kwargs: dict[str, Any] = {
+            "max_new_tokens": max_new,
+            "do_sample": not settings.greedy,
+            "eos_token_id": self.eos_ids or None,
+            "pad_token_id": self.pad_id,
+            "bos_token_id": getattr(self.model.generation_config, "bos_token_id", None),
+            "num_beams": 1,
+            "repetition_penalty": 1.0,
+        }
+        if not settings.greedy:  # all explicit: an unset value would come from the model's generation_config
+            kwargs.update(temperature=settings.temperature, top_p=settings.top_p, top_k=settings.top_k)
+        return GenerationConfig(**kwargs)
+
+    def _generate_batch(self, requests: list[GenRequest], settings: GenerationSettings) -> list[Generation]:
+        import torch
+        from transformers import LogitsProcessorList
+
+        prompts = [self._encode(r.prompt_text + r.prefix) for r in requests]
+        width = max(len(p) for p in prompts)
+        max_new = max(r.max_new_tokens for r in requests)
+        if self.max_positions and self.extension is None and width + max_new > self.max_positions:
+            room = self.max_positions - width
+            if room < 1:
+                raise RecallmError(
+                    f"a prompt of {width} tokens does not fit the model's {self.max_positions} positions "
+                    "(use shorter lengths or a backend.length_extension)"
+                )
+            if not self._warned_room:
+                log.warning("generation capped at %d tokens by the model's %d positions", room, self.max_positions)
+                self._warned_room = True
+            max_new = room
+        input_ids = torch.full((len(prompts), width), self.pad_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)
+        for row, ids in enumerate(prompts):  # left padding
+            input_ids[row, width - len(ids) :] = torch.tensor(ids, dtype=torch.long)
+            attention_mask[row, width - len(ids) :] = 1
+        input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+        kwargs: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "generation_config": self._generation_config(settings, max_new),
+        }
+        from recallm.modeling import RecallMaskMixin
+
+        if isinstance(self.model, RecallMaskMixin):
+            kwargs["recall_constrained"] = self.recall_constrained
+        if self.force is not None:
+            from recallm.recall.hf import ForceRecallSpans
+
+            start_id, end_id, _ = self.recall
+            every, length = self.force
+            kwargs["logits_processor"] = LogitsProcessorList(
+                [ForceRecallSpans(start_id, end_id, every=every, length=length)]
+            )
+        extension = (
+            self.extension(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                prompt_lengths=[len(p) for p in prompts],
+                max_new_tokens=max_new,
+            )
+            if self.extension is not None
+            else contextlib.nullcontext()
+        )
+        devices = [torch.cuda.current_device()] if self.device.type == "cuda" else []
+        with torch.inference_mode(), torch.random.fork_rng(devices=devices):
+            if not settings.greedy:
+                torch.manual_seed(requests[0].seed)
+            with extension as extra:
+                if extra:
+                    kwargs.update(extra)
+                sequences = self.model.generate(**kwargs)
+        generated = sequences[:, width:].tolist()
+        eos = set(self.eos_ids)
+        results = []
+        for row, request in enumerate(requests):
+            tokens, reason = _cut(generated[row], request.max_new_tokens, eos)
+            body = tokens[:-1] if reason == "stop" else tokens
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            results.append(Generation(text, len(tokens), reason, _token_spans(prompts[row], body, self.recall)))
+        return results
+
+
+class VLLMBackend(Backend):
+    """``vllm.LLM`` with the recall processor (GPU nodes; see module doc).
+
+    Raises ``RecallmError`` when vLLM is not installed or when ``recall_constrained`` is asked
+    of a model without recall tokens.
+    """
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        model_path: str | Path,
+        tokenizer,
+        *,
+        recall_constrained: bool = True,
+        dtype: str = "auto",
+        tensor_parallel_size: int = 1,
+        gpu_memory_utilization: float = 0.9,
+        max_model_len: int | None = None,
+        seed: int = 0,
+        engine_kwargs: Mapping[str, Any] | None = None,
+    ) -> None:
+        try:
+            from vllm import LLM
+        except ImportError:
+            raise RecallmError(
+                "backend=vllm needs vLLM, which is not installed here; on a GPU node `pip install -e '.[gpu]'`, "
+                "elsewhere use backend=hf or backend=openai"
+            ) from None
+        from transformers import AutoConfig
+
+        import recallm  # noqa: F401
+        from recallm.modeling import vllm_hf_overrides
+        from recallm.recall.vllm import V1_PROCESSOR_FQCN
+        from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
+
+        config = AutoConfig.from_pretrained(str(model_path))
+        self.tokenizer = tokenizer
+        self.recall_constrained = bool(recall_constrained)
+        self.recall = None
+        kwargs: dict[str, Any] = {
+            "model": str(model_path),
+            "tokenizer": str(model_path),
+            "dtype": dtype,
+            "tensor_parallel_size": int(tensor_parallel_size),
+            "gpu_memory_utilization": float(gpu_memory_utilization),
+            "seed": int(seed),
+        }
+        if max_model_len is not None:
+            kwargs["max_model_len"] = int(max_model_len)
+        if getattr(config, "recall_start_token_id", None) is not None:
+            ids = RecallTokenIds.from_config(config)
+            self.recall = (ids.start, ids.end, getattr(config, "max_recall_tokens", None) or DEFAULT_MAX_RECALL_TOKENS)
+            kwargs["hf_overrides"] = vllm_hf_overrides(config)
+            kwargs["logits_processors"] = [V1_PROCESSOR_FQCN]
+        elif self.recall_constrained:
+            raise RecallmError(
+                f"model {model_path} has no recall tokens: constrained recall is impossible "
+                "(set backend.recall_constrained=false to evaluate it without)"
+            )
+        kwargs.update(dict(engine_kwargs or {}))
+        self.llm = LLM(**kwargs)
+        self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
+        self.eos_ids: set[int] = set()
+        for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None), _generation_eos(model_path)):
+            if isinstance(value, int):
+                self.eos_ids.add(value)
+            elif isinstance(value, (list, tuple)):
+                self.eos_ids.update(int(v) for v in value)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "recall_constrained": self.recall_constrained}
+
+    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]:
+        from vllm import SamplingParams
+
+        from recallm.recall.vllm import EXTRA_ARG
+
+        prompts, params = [], []
+        for request in requests:
+            ids = list(self.tokenizer(request.prompt_text + request.prefix, add_special_tokens=False)["input_ids"])
+            room = self.max_model_len - len(ids)
+            if room < 1:
+                raise RecallmError(
+                    f"a prompt of {len(ids)} tokens does not fit vLLM's max_model_len={self.max_model_len}"
+                )
+            prompts.append({"prompt_token_ids": ids})
+            sampling: dict[str, Any] = {
+                "max_tokens": min(request.max_new_tokens, room),
+                "temperature": settings.temperature,
+                "top_p": settings.top_p,
+                "skip_special_tokens": False,
+            }
+            if settings.top_k:
+                sampling["top_k"] = settings.top_k
+            if not settings.greedy:
+                sampling["seed"] = request.seed
+            if self.recall is not None and not self.recall_constrained:
+                sampling["extra_args"] = {EXTRA_ARG: False}
+            params.append(SamplingParams(**sampling))
+        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        results = []
+        for prompt, output in zip(prompts, outputs, strict=True):
+            completion = output.outputs[0]
+            tokens = list(completion.token_ids)
+            body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
+            reason = "length" if completion.finish_reason == "length" else "stop"
+            text = self.tokenizer.decode(body, skip_special_tokens=False)
+            results.append(
+                Generation(text, len(tokens), reason, _token_spans(prompt["prompt_token_ids"], body, self.recall))
+            )
+        return results
+
+
+def _generation_eos(model_path) -> Any:
+    """``eos_token_id`` of a model directory's ``generation_config.json`` (None without one)."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(model_path)).eos_token_id
+    except OSError:
+        return None
+
+
+class OpenAIBackend(Backend):
+    """A model behind an OpenAI-compatible server (see module doc). The server is pinged when
+    the backend is built: one that is down is a ``RecallmError`` naming its URL."""
+
+    name = "openai"
+
+    def __init__(self, endpoint, tokenizer, *, api: str = "chat", client=None) -> None:
+        from recallm.clients import ChatClient
+
+        if api not in ("chat", "completions"):
+            raise RecallmError(f"backend.api must be chat or completions, got {api!r}")
+        self.api = api
+        self.tokenizer = tokenizer
+        self.client = client or ChatClient(endpoint, "backend")
+        self.client.ping()
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, "api": self.api, "served_model": self.client.config.model}
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _one(self, request: GenRequest, settings: GenerationSettings) -> Generation:
+        from recallm.clients import ChatError
+
+        options: dict[str, Any] = {
+            "max_tokens": request.max_new_tokens,
+            "temperature": settings.temperature,
+            "top_p": settings.top_p,
+            "top_k": settings.top_k or None,
+            "seed": None if settings.greedy else request.seed,
+        }
+        try:
+            if self.api == "chat" and not request.prefix and request.messages is not None:
+                completion = self.client.chat([dict(m) for m in request.messages], with_reasoning=True, **options)
+            else:
+                completion = self.client.complete_text(request.prompt_text + request.prefix, **options)
+        except ChatError as exc:
+            raise RecallmError(
+                f"backend endpoint {self.client.config.base_url}: a request failed for good ({exc}); "
+                "finished examples are saved, rerun to resume"
+            ) from None
+        n_tokens = completion.completion_tokens
+        if n_tokens is None:
+            n_tokens = len(self.tokenizer(completion.text, add_special_tokens=False)["input_ids"])
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Generation(completion.text, int(n_tokens), reason, None)
+
+    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]:
+        workers = max(1, min(self.client.config.concurrency, len(requests)))
+        with ThreadPoolExecutor(max_workers=workers) as pool:
+            return list(pool.map(lambda r: self._one(r, settings), requests))
+
+
+def make_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> Backend:
+    """Build the backend that ``cfg`` (the ``backend`` section of ``configs/eval.yaml``) names."""
+    name = cfg.get("name")
+    if name not in BACKENDS:
+        raise RecallmError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
+    constrained = bool(cfg.get("recall_constrained", True))
+    if name == "hf":
+        return HFBackend(
+            model_path,
+            tokenizer,
+            recall_constrained=constrained,
+            batch_size=int(cfg.get("batch_size", 4)),
+            dtype=str(cfg.get("dtype", "auto")),
+            device=str(cfg.get("device", "auto")),
+            length_extension=cfg.get("length_extension"),
+            length_extension_kwargs=cfg.get("length_extension_kwargs") or {},
+            force_recall_every=cfg.get("force_recall_every"),
+            force_recall_length=int(cfg.get("force_recall_length", 8)),
+        )
+    if name == "vllm":
+        return VLLMBackend(
+            model_path,
+            tokenizer,
+            recall_constrained=constrained,
+            dtype=str(cfg.get("dtype", "auto")),
+            tensor_parallel_size=int(cfg.get("tensor_parallel_size", 1)),
+            gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.9)),
+            max_model_len=cfg.get("max_model_len"),
+            seed=int(cfg.get("seed", 0) or 0),
+            engine_kwargs=cfg.get("engine_kwargs") or {},
+        )
+    from recallm.clients import EndpointConfig
+
+    served = cfg.get("served_model")
+    if not served:
+        raise RecallmError("backend=openai needs backend.served_model (the model name the server serves)")
+    endpoint = EndpointConfig.from_mapping(
+        {
+            "base_url": cfg.get("base_url"),
+            "model": served,
+            "api_key_env": cfg.get("api_key_env"),
+            "timeout": cfg.get("timeout", 600),
+            "concurrency": cfg.get("concurrency", 8),
+            "retries": cfg.get("retries", 4),
+            "backoff": cfg.get("backoff", 2.0),
+            "extra_body": cfg.get("extra_body") or {},
+        },
+        "backend",
+    )
+    return OpenAIBackend(endpoint, tokenizer, api=str(cfg.get("api", "chat")))

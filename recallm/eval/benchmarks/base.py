@@ -1,0 +1,165 @@
+"""The benchmark interface and what the generated benchmarks share.
+
+A benchmark plans its examples cheaply (``specs``: ids, tasks, lengths; every config check
+happens here, before anything is generated), builds one example on demand (``build``: a prompt
+fitted to its length with the model's tokenizer and chat template, deterministic in the run's
+seed and the example's id), may ask for a second generation that continues the first
+(``followup``: the lost-in-thought injection), scores an output (``score``) and may add its own
+tables to the summary (``summarize``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from data_gen.base import Draft, Row, Task
+from data_gen.fit import PromptRenderer
+from recallm.errors import RecallmError
+from recallm.eval.scoring import ANSWER_REGIONS
+from recallm.eval.types import Example, Generation, GenerationSettings, Score, Spec, parse_length
+
+__all__ = ["Benchmark", "BenchmarkSettings", "Followup", "EvalTask", "example_seed"]
+
+COMMON_KEYS = ("enabled", "lengths", "per_cell", "generation")
+
+
+@dataclass(frozen=True)
+class BenchmarkSettings:
+    """Suite-wide settings every benchmark receives."""
+
+    seed: int = 0
+    answer_region: str = "after_think"
+    tolerance: float = 0.05
+    generation: Mapping[str, Any] | None = None  # the suite's generation settings (a benchmark may override keys)
+    reward_config: Any = None  # rewards.RewardConfig (in-domain scoring)
+
+    def __post_init__(self) -> None:
+        if self.answer_region not in ANSWER_REGIONS:
+            raise RecallmError(f"answer_region must be one of {', '.join(ANSWER_REGIONS)}, got {self.answer_region!r}")
+        if not 0 <= self.tolerance < 0.5:
+            raise RecallmError(f"tolerance must be in [0, 0.5), got {self.tolerance}")
+
+
+@dataclass(frozen=True)
+class Followup:
+    """A second generation that continues an output: the model reads the prompt, then
+    ``prefix`` (assistant text), and writes at most ``max_new_tokens``."""
+
+    prefix: str
+    max_new_tokens: int
+
+
+class EvalTask(Task):
+    """A ``data_gen`` task stand-in so that ``build_row`` can fit benchmark drafts (never registered)."""
+
+    category = "retrieval"
+
+    def __init__(self, name: str, category: str = "retrieval", min_tokens: int = 64) -> None:
+        self.name = name
+        self.category = category
+        self.min_tokens = min_tokens
+        super().__init__(name)
+
+    def draft(self, rng: random.Random) -> Draft:  # pragma: no cover - drafts are made by the benchmark
+        raise NotImplementedError
+
+
+def example_seed(*parts: Any) -> int:
+    """A 63-bit seed from the run's seed and an example's coordinates."""
+    digest = hashlib.sha256("|".join(str(p) for p in parts).encode()).digest()
+    return int.from_bytes(digest[:8], "little") & (2**63 - 1)
+
+
+class Benchmark(ABC):
+    """One benchmark (see module doc). Subclasses set ``name``, ``options`` (their own config
+    keys with defaults) and ``min_length``, and write ``specs``, ``build`` and ``score``.
+
+    Config keys every benchmark has: ``enabled``; ``lengths`` (target prompt lengths in tokens:
+    integers or ``4K``-style strings); ``per_cell`` (examples per task and length);
+    ``generation`` (keys that override the suite's generation settings, e.g. ``max_new_tokens``).
+    """
+
+    name: ClassVar[str]
+    options: ClassVar[Mapping[str, Any]] = {}
+    min_length: ClassVar[int] = 128
+    needs_lengths: ClassVar[bool] = True
+
+    def __init__(self, cfg: Mapping[str, Any], settings: BenchmarkSettings) -> None:
+        cfg = dict(cfg or {})
+        unknown = sorted(set(cfg) - set(COMMON_KEYS) - set(self.options))
+        if unknown:
+            raise RecallmError(
+                f"benchmark {self.name}: unknown keys {unknown}; known: {sorted(set(COMMON_KEYS) | set(self.options))}"
+            )
+        self.settings = settings
+        self.cfg = {**self.options, **{k: v for k, v in cfg.items() if k in self.options}}
+        self.lengths = self._lengths(cfg.get("lengths"))
+        per_cell = cfg.get("per_cell")
+        if per_cell is not None and (isinstance(per_cell, bool) or not isinstance(per_cell, int) or per_cell < 1):
+            raise RecallmError(f"benchmark {self.name}: per_cell must be a positive integer, got {per_cell!r}")
+        self.per_cell = per_cell
+        generation = dict(settings.generation or {})
+        generation.update(dict(cfg.get("generation") or {}))
+        self.generation = GenerationSettings.from_mapping(generation, f"benchmark {self.name}: generation")
+
+    def _lengths(self, value) -> list[int]:
+        if value is None:
+            if self.needs_lengths:
+                raise RecallmError(f"benchmark {self.name}: lengths is required (e.g. [4096, 8192])")
+            return []
+        if isinstance(value, (str, int)):
+            value = [value]
+        lengths = [parse_length(v, f"benchmark {self.name}: lengths") for v in value]
+        small = [n for n in lengths if n < self.min_length]
+        if small:
+            raise RecallmError(
+                f"benchmark {self.name}: bad length {small[0]}; it needs at least {self.min_length} tokens"
+            )
+        if len(set(lengths)) != len(lengths):
+            raise RecallmError(f"benchmark {self.name}: lengths repeat: {lengths}")
+        return sorted(lengths)
+
+    # --- the interface -----------------------------------------------------------------------
+
+    @abstractmethod
+    def specs(self) -> list[Spec]:
+        """Every example of the benchmark, cheaply (ids only); raises for bad settings."""
+
+    @abstractmethod
+    def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
+        """The example of ``spec``, deterministically."""
+
+    @abstractmethod
+    def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
+        """Score one output (and its follow-up, if ``followup`` asked for one)."""
+
+    def followup(self, example: Example, generation: Generation) -> Followup | None:
+        """A continuation of ``generation`` to generate before scoring, or None."""
+        return None
+
+    def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        """Benchmark-specific tables for ``summary.json`` (the generic metrics are the runner's)."""
+        return {}
+
+    def describe(self) -> dict[str, Any]:
+        """What identifies this benchmark's examples (for the run's fingerprint)."""
+        return {"lengths": self.lengths, "per_cell": self.per_cell, **self.cfg}
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def rng(self, *parts: Any) -> random.Random:
+        return random.Random(example_seed(self.settings.seed, self.name, *parts))
+
+    def example_from_row(self, spec: Spec, row: Row, reference: dict[str, Any]) -> Example:
+        return Example(
+            spec=spec,
+            messages=list(row.messages),
+            prompt_text=row.prompt_text,
+            prompt_tokens=int(row.prompt_tokens),
+            reference=reference,
+        )

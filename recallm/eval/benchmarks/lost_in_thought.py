@@ -1,0 +1,251 @@
+"""Lost in thought (paper §2, App. A): retrieval before and after reasoning, on the same dictionary.
+
+Every example is a *pair* of prompts over one key-value dictionary (CSV, JSON or lines; the
+query before or after it; the layouts and generators of ``data_gen.tasks.kv``):
+
+* **retrieval** - the key is given; the model must give its value;
+* **reasoning retrieval** - a math problem (a linear equation or an arithmetic expression,
+  ``data_gen.tasks.kv.PROBLEM_TYPES``) whose integer answer is the key; keys next to the answer
+  are always in the dictionary, so a reasoning slip lands on a real but wrong entry.
+
+The reasoning-retrieval prompt is fitted to the target length; the retrieval prompt then shows
+the very same dictionary lines in the same order, with its own question.
+
+Per output: **accuracy** (the final answer contains the value: the training reward's subEM);
+for reasoning retrieval also **math** (the output states the key as a whole number) and, when
+the math is right, **injected**: the output is cut right after the first place it states the
+key (a recall span left open there is closed), the injection text is appended - by default a
+short line restating the key and ending with the entry's exact lexical prefix in the dictionary
+(``{key}: `` for lines, ``{key},`` for CSV, ``"{key}": "`` for JSON) - and the model continues;
+injected is 1 when the value comes next. The summary's ``lost_in_thought`` table gives per
+length and for the paper's short (<= 32K) and long (>= 64K) buckets: retrieval, reasoning
+retrieval, reasoning retrieval given correct math, injected, math accuracy, the relative gap
+(retrieval - reasoning retrieval) / retrieval, the extra output tokens of reasoning, and recall
+usage (Table 4, Figure 2).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from data_gen.base import Draft, Piece
+from data_gen.fit import PromptRenderer, build_row
+from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, _check_choice, _Dictionary
+from recallm.errors import RecallmError
+from recallm.eval.benchmarks.base import Benchmark, EvalTask, Followup
+from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, value_follows
+from recallm.eval.types import Example, Generation, Score, Spec
+
+__all__ = ["LostInThought", "SHORT_MAX", "LONG_MIN"]
+
+RETRIEVAL, REASONING = "retrieval", "reasoning_retrieval"
+SHORT_MAX, LONG_MIN = 32768, 65536  # the paper's buckets: short = 4K-32K, long = 64K-128K
+_FORMAT_NAMES = {"lines": "line-by-line", "csv": "CSV", "json": "JSON"}
+
+RETRIEVAL_INSTRUCTION = (
+    "Below is a dictionary of key-value pairs in {fmt} format. Find the value stored under the key that the "
+    "question gives and copy it exactly. Finish with a final line of the form `Answer: <value>`."
+)
+REASONING_INSTRUCTION = (
+    "Below is a dictionary of key-value pairs in {fmt} format. The key you need is not given directly: it is the "
+    "integer answer of the math problem. Solve the problem step by step, look its answer up as a key in the "
+    "dictionary, and finish with a final line of the form `Answer: <value>`."
+)
+RETRIEVAL_QUESTION = "Key: {key}. What is the value stored under this key?"
+REASONING_QUESTION = {
+    "linear": "Math problem: solve for x: {problem}. The value of x is the key. What is the value stored under it?",
+    "arithmetic": "Math problem: compute {problem}. The result is the key. What is the value stored under it?",
+}
+
+
+class LostInThought(Benchmark):
+    """See module doc. Options: ``formats``, ``query_positions`` (beginning / end), ``problem_types``,
+    ``key_type`` (int / toy), ``value_type``, ``key_digits``, ``near_keys``, ``injection`` (on/off),
+    ``injection_template`` (with ``{key}`` and ``{prefix}``), ``injection_max_new_tokens``."""
+
+    name = "lost_in_thought"
+    min_length = 128
+    options = {
+        "formats": list(KV_FORMATS),
+        "query_positions": ["beginning", "end"],
+        "problem_types": list(PROBLEM_TYPES),
+        "key_type": "int",
+        "value_type": "alnum",
+        "key_digits": 5,
+        "near_keys": 6,
+        "injection": True,
+        "injection_template": "\nLooking up key {key} in the dictionary: {prefix}",
+        "injection_max_new_tokens": 32,
+    }
+
+    def __init__(self, cfg, settings) -> None:
+        super().__init__(cfg, settings)
+        c = self.cfg
+        self.formats = _check_choice("lost_in_thought.formats", c["formats"], KV_FORMATS)
+        self.positions = _check_choice("lost_in_thought.query_positions", c["query_positions"], ("beginning", "end"))
+        self.problem_types = _check_choice("lost_in_thought.problem_types", c["problem_types"], tuple(PROBLEM_TYPES))
+        _check_choice("lost_in_thought.key_type", c["key_type"], ("int", "toy"))
+        _check_choice("lost_in_thought.value_type", c["value_type"], VALUE_TYPES)
+        if not 2 <= int(c["key_digits"]) <= 12:
+            raise RecallmError(f"lost_in_thought.key_digits must be in [2, 12], got {c['key_digits']}")
+        self.dictionary = _Dictionary(c["key_type"], c["value_type"], int(c["key_digits"]))
+        self.near = int(c["near_keys"])
+        if not 0 <= self.near <= 50 or self.dictionary.key_hi - self.dictionary.key_lo < 4 * self.near + 4:
+            raise RecallmError(
+                f"lost_in_thought.near_keys must be in [0, 50] and small for the key range, got {self.near}"
+            )
+        template = str(c["injection_template"])
+        if "{prefix}" not in template:
+            raise RecallmError("lost_in_thought.injection_template must contain {prefix}")
+        if int(c["injection_max_new_tokens"]) < 1:
+            raise RecallmError("lost_in_thought.injection_max_new_tokens must be >= 1")
+        self._pairs: OrderedDict[tuple[int, int], dict[str, Example]] = OrderedDict()
+        self._task = EvalTask(self.name, "reasoning_retrieval", min_tokens=self.min_length)
+
+    def specs(self) -> list[Spec]:
+        if self.per_cell is None:
+            raise RecallmError(f"benchmark {self.name}: per_cell is required")
+        return [
+            Spec(length, self.name, index, task)
+            for length in self.lengths
+            for index in range(self.per_cell)
+            for task in (RETRIEVAL, REASONING)
+        ]
+
+    def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
+        key = (spec.length, spec.index)
+        if key not in self._pairs:
+            self._pairs[key] = self._build_pair(spec.length, spec.index, renderer)
+            while len(self._pairs) > 4:
+                self._pairs.popitem(last=False)
+        return self._pairs[key][spec.task]
+
+    def _build_pair(self, length: int, index: int, renderer: PromptRenderer) -> dict[str, Example]:
+        rng = self.rng("pair", length, index)
+        d = self.dictionary
+        fmt = self.formats[index % len(self.formats)]
+        position = self.positions[(index // len(self.formats)) % len(self.positions)]
+        kind = rng.choice(self.problem_types)
+        x = rng.randint(max(d.key_lo, self.near + 1), d.key_hi - self.near)
+        problem, _ = PROBLEM_TYPES[kind](rng, x)
+        key, value = str(x), d.value(rng)
+        used = {key}
+        placed = [Piece(d.line(fmt, key, value), gold=True, meta={"key": key})]
+        for delta in range(1, self.near + 1):
+            for k in (x - delta, x + delta):
+                if d.key_lo <= k <= d.key_hi and str(k) not in used:
+                    used.add(str(k))
+                    placed.append(Piece(d.line(fmt, str(k), d.value(rng)), meta={"key": str(k)}))
+        header, sep, footer = d.frame(fmt)
+        final: dict[str, list[Piece]] = {}
+
+        def keep(pieces: list[Piece]) -> dict[str, Any]:
+            final["pieces"] = [Piece(p.text, p.gold, meta=dict(p.meta)) for p in pieces]
+            return {}
+
+        augment = {"kv_format": fmt, "query_position": position, "problem_type": kind}
+        common = {"header": header, "separator": sep, "footer": footer, "question_position": position}
+        reasoning = Draft(
+            instruction=REASONING_INSTRUCTION.format(fmt=_FORMAT_NAMES[fmt]),
+            question=REASONING_QUESTION[kind].format(problem=problem),
+            placed=placed,
+            distractors=d.entries(rng, fmt, used),
+            answers=[value],
+            augmentations=augment,
+            finalize=keep,
+            **common,
+        )
+        seed = rng.getrandbits(63)
+        tol = self.settings.tolerance
+        row_rr = build_row(self._task, reasoning, renderer, length, rng, seed=seed, tolerance=tol)
+        retrieval = Draft(
+            instruction=RETRIEVAL_INSTRUCTION.format(fmt=_FORMAT_NAMES[fmt]),
+            question=RETRIEVAL_QUESTION.format(key=key),
+            placed=[],
+            distractors=iter(final["pieces"]),
+            answers=[value],
+            augmentations=augment,
+            keep_order=True,
+            fit_length=False,
+            **common,
+        )
+        row_r = build_row(self._task, retrieval, renderer, 2 * length + 4096, rng, seed=seed, tolerance=tol)
+        reference = {"key": key, "value": value, "format": fmt, "pair": f"{length}/{index}", **augment}
+        return {
+            REASONING: self.example_from_row(Spec(length, self.name, index, REASONING), row_rr, dict(reference)),
+            RETRIEVAL: self.example_from_row(Spec(length, self.name, index, RETRIEVAL), row_r, dict(reference)),
+        }
+
+    def followup(self, example: Example, generation: Generation) -> Followup | None:
+        if example.spec.task != REASONING or not self.cfg["injection"]:
+            return None
+        ref = example.reference
+        found = find_key(generation.text, ref["key"])
+        if found is None:
+            return None
+        prefix = injection_prefix(ref["format"], ref["key"])
+        text = close_open_span(generation.text[: found.end()]) + str(self.cfg["injection_template"]).format(
+            key=ref["key"], prefix=prefix
+        )
+        return Followup(text, int(self.cfg["injection_max_new_tokens"]))
+
+    def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
+        from rewards.metrics import sub_em
+
+        ref = example.reference
+        answer = final_answer(generation.text, self.settings.answer_region)
+        correct = sub_em(answer, [ref["value"]]) == 1.0
+        metrics: dict[str, float] = {"accuracy": float(correct)}
+        if example.spec.task == REASONING:
+            math = find_key(generation.text, ref["key"]) is not None
+            metrics["math"] = float(math)
+            if math:
+                metrics["accuracy_given_math"] = float(correct)
+                if followup is not None:
+                    metrics["injected"] = float(value_follows(followup.text, ref["value"]))
+        return Score(score=float(correct), correct=correct, answer=answer, metrics=metrics)
+
+    def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        cells: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
+        for r in records:
+            cells.setdefault(int(r["length"]), {}).setdefault(r["task"], []).append(r)
+        by_length = {str(length): _table_row(tasks) for length, tasks in sorted(cells.items())}
+        buckets = {}
+        for name, keep in (("short", lambda n: n <= SHORT_MAX), ("long", lambda n: n >= LONG_MIN)):
+            rows = [by_length[str(n)] for n in sorted(cells) if keep(n)]
+            if rows:
+                buckets[name] = {
+                    k: _mean([row[k] for row in rows if row.get(k) is not None]) for k in rows[0] if k != "pairs"
+                } | {"pairs": sum(row["pairs"] for row in rows)}
+        return {"by_length": by_length, "buckets": buckets}
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _metric(records: Sequence[Mapping[str, Any]], name: str) -> float | None:
+    return _mean([float(r["metrics"][name]) for r in records if name in (r.get("metrics") or {})])
+
+
+def _table_row(tasks: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+    retr, reas = tasks.get(RETRIEVAL, []), tasks.get(REASONING, [])
+    r_acc, rr_acc = _metric(retr, "accuracy"), _metric(reas, "accuracy")
+    gap = (r_acc - rr_acc) / r_acc * 100 if r_acc and rr_acc is not None else None
+    extra = None
+    if retr and reas:
+        extra = _mean([r["output_tokens"] for r in reas]) - _mean([r["output_tokens"] for r in retr])
+    return {
+        "retrieval": r_acc,
+        "reasoning_retrieval": rr_acc,
+        "reasoning_retrieval_given_math": _metric(reas, "accuracy_given_math"),
+        "injected": _metric(reas, "injected"),
+        "math": _metric(reas, "math"),
+        "relative_gap_pct": gap,
+        "reasoning_tokens": extra,
+        "recall_usage_retrieval": _mean([float(r["spans"]["count"] > 0) for r in retr]),
+        "recall_usage_reasoning": _mean([float(r["spans"]["count"] > 0) for r in reas]),
+        "pairs": min(len(retr), len(reas)) if retr and reas else max(len(retr), len(reas)),
+    }

@@ -1,0 +1,327 @@
+"""The evaluation loop: examples -> batched generation -> scores -> JSONL, resumable; the summary.
+
+``run_eval`` plans every example of the benchmarks (ids only), skips the ones already in
+``<out_dir>/results.jsonl``, and for each batch of pending examples (one benchmark per batch,
+sorted by length): builds the prompts, generates, generates the follow-ups the benchmark asks
+for (the lost-in-thought injection), scores, and appends one JSON line per example - flushed and
+fsynced once per batch. A crash loses at most the batch in flight; a partial last line (the
+process died mid-write) is cut off on the next start, never parsed. A rerun with the same
+configuration does only what is left and writes the same ``summary.json``; a rerun with another
+configuration (model, backend, generation settings, benchmark settings, tokenizer) in the same
+``out_dir`` is refused (``overwrite=True`` starts over).
+
+Files in ``out_dir``: ``results.jsonl`` (per example: benchmark, task, example id, length,
+prompt tokens, prompt id (a hash of the prompt text), output, output tokens, finish reason,
+parsed answer, score, correct, metrics, recall spans (count, verbatim), follow-up), ``run.json``
+(the fingerprint) and ``summary.json`` (``summarize``).
+
+Summary: per benchmark, per length and task (category for in-domain) and for all tasks of a
+length: ``n``, ``score`` (mean), ``correct`` (share), every metric the benchmark reports (mean
+over the examples that have it), ``recall_usage`` (share of outputs with at least one recall
+span), ``spans_per_output``, ``span_verbatim_rate`` (verbatim spans / spans; null without
+spans), ``output_tokens`` (mean), ``truncated`` (share cut at max_new_tokens); the same per task
+over all lengths and overall; plus the benchmark's own tables (``extra``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+from recallm.eval.backends import Backend
+from recallm.eval.benchmarks.base import Benchmark, example_seed
+from recallm.eval.scoring import text_span_stats
+from recallm.eval.types import Example, Generation, GenRequest, Spec
+
+__all__ = [
+    "RESULTS_FILE",
+    "SUMMARY_FILE",
+    "RUN_FILE",
+    "preflight",
+    "run_eval",
+    "load_records",
+    "summarize",
+    "cell_metrics",
+]
+
+log = logging.getLogger(__name__)
+
+RESULTS_FILE, SUMMARY_FILE, RUN_FILE = "results.jsonl", "summary.json", "run.json"
+
+
+def load_records(path: str | Path) -> list[dict[str, Any]]:
+    """The finished records of a results file. Bytes after its last newline are a line cut short
+    by a crash: they are removed from the file (so that appending continues cleanly). Any other
+    line that is not JSON is a ``RecallmError`` naming it."""
+    path = Path(path)
+    if not path.is_file():
+        return []
+    data = path.read_bytes()
+    end = data.rfind(b"\n") + 1
+    if end < len(data):
+        log.warning("%s: dropping a partial last line (%d bytes) left by an interrupted run", path, len(data) - end)
+        with path.open("r+b") as f:
+            f.truncate(end)
+    records = []
+    for number, line in enumerate(data[:end].splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            records.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg}); the results file is damaged") from None
+    return records
+
+
+def _atomic_json(path: Path, value: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
+    os.replace(tmp, path)
+
+
+def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False) -> None:
+    """Refuse an ``out_dir`` holding results of another configuration (``overwrite`` deletes them);
+    record ``fingerprint`` in ``run.json``."""
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    run_file = out_dir / RUN_FILE
+    results = out_dir / RESULTS_FILE
+    fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+    if overwrite:
+        for name in (RESULTS_FILE, SUMMARY_FILE, RUN_FILE):
+            (out_dir / name).unlink(missing_ok=True)
+    elif run_file.is_file() and results.is_file():
+        try:
+            previous = json.loads(run_file.read_text()).get("fingerprint")
+        except json.JSONDecodeError:
+            previous = None
+        if previous != fingerprint:
+            keys = sorted(_diff(previous or {}, fingerprint)) or ["(unreadable run.json)"]
+            raise RecallmError(
+                f"{out_dir} holds results of another configuration (differs in {', '.join(keys[:6])}); "
+                "use another out_dir, or overwrite=true to start over"
+            )
+    _atomic_json(run_file, {"fingerprint": fingerprint})
+
+
+def _diff(a: Any, b: Any, prefix: str = "") -> set[str]:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        out: set[str] = set()
+        for key in set(a) | set(b):
+            out |= _diff(a.get(key), b.get(key), f"{prefix}{key}.")
+        return out
+    return set() if a == b else {prefix.rstrip(".") or "(all)"}
+
+
+def _batches(specs: Sequence[Spec], size: int) -> Iterable[list[Spec]]:
+    batch: list[Spec] = []
+    for spec in specs:
+        if batch and (len(batch) >= size or spec.benchmark != batch[0].benchmark):
+            yield batch
+            batch = []
+        batch.append(spec)
+    if batch:
+        yield batch
+
+
+def _seed(base: int, example_id: str, stage: int = 0) -> int:
+    return example_seed(base, example_id, stage) % (2**31 - 1)
+
+
+def _record(
+    example: Example, generation: Generation, score, followup, followup_generation: Generation | None
+) -> dict[str, Any]:
+    spans = generation.spans or text_span_stats(generation.text, example.prompt_text)
+    spec = example.spec
+    return {
+        "benchmark": spec.benchmark,
+        "task": spec.task,
+        "example_id": spec.example_id,
+        "length": spec.length,
+        "index": spec.index,
+        "prompt_tokens": example.prompt_tokens,
+        "prompt_id": hashlib.sha1(example.prompt_text.encode()).hexdigest()[:16],
+        "output": generation.text,
+        "output_tokens": generation.n_tokens,
+        "finish_reason": generation.finish_reason,
+        "answer": score.answer,
+        "score": float(score.score),
+        "correct": bool(score.correct),
+        "metrics": {k: float(v) for k, v in score.metrics.items()},
+        "spans": spans.as_dict(),
+        "followup": None
+        if followup is None
+        else {
+            "prefix": followup.prefix,
+            "output": followup_generation.text,
+            "output_tokens": followup_generation.n_tokens,
+        },
+    }
+
+
+def preflight(benchmarks: Sequence[Benchmark], specs: Sequence[Spec], renderer) -> int:
+    """Build, for every benchmark and task, the first example at its shortest and its longest
+    length: a length a task cannot reach (too short for its fixed part, or beyond its material)
+    or a data file that does not fit the tokenizer fails here, before anything is generated.
+    Returns the number of examples built."""
+    by_name = {b.name: b for b in benchmarks}
+    firsts: dict[tuple[str, str, int], Spec] = {}
+    for spec in specs:
+        firsts.setdefault((spec.benchmark, spec.task, spec.length), spec)
+    chosen = []
+    for bench, task in sorted({(b, t) for b, t, _ in firsts}):
+        lengths = sorted(n for b, t, n in firsts if (b, t) == (bench, task))
+        chosen += [firsts[(bench, task, n)] for n in sorted({lengths[0], lengths[-1]})]
+    for spec in chosen:
+        by_name[spec.benchmark].build(spec, renderer)
+    return len(chosen)
+
+
+def run_eval(
+    benchmarks: Sequence[Benchmark],
+    backend: Backend,
+    renderer,
+    out_dir: str | Path,
+    *,
+    batch_size: int = 8,
+    fingerprint: Mapping[str, Any] | None = None,
+    run_info: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+    progress: bool = True,
+    limit: int | None = None,
+    specs: Sequence[Spec] | None = None,
+) -> dict[str, Any]:
+    """Run (or finish) an evaluation into ``out_dir``; returns the summary (see module doc).
+
+    ``limit`` stops after that many new examples (smoke runs; the rest is done by a rerun).
+    ``specs``: the plan when the caller already made it (``benchmark.specs()`` of each).
+    """
+    from tqdm import tqdm
+
+    if batch_size < 1:
+        raise RecallmError(f"batch_size must be >= 1, got {batch_size}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    by_name = {b.name: b for b in benchmarks}
+    plan = sorted(specs if specs is not None else [s for b in benchmarks for s in b.specs()])
+    ids = [s.example_id for s in plan]
+    if len(set(ids)) != len(ids):
+        raise RecallmError("two examples share an id; a benchmark is listed twice")
+    prepare_out_dir(out_dir, fingerprint or {}, overwrite)
+    results = out_dir / RESULTS_FILE
+    done = {r["example_id"] for r in load_records(results)}
+    pending = [s for s in plan if s.example_id not in done]
+    if limit is not None:
+        pending = pending[: max(0, int(limit))]
+    log.info("%d examples planned, %d done, %d to run now", len(plan), len(done & set(ids)), len(pending))
+    bar = tqdm(total=len(pending), desc="eval", unit="ex", disable=not progress or not pending)
+    try:
+        with results.open("a") as f:
+            for batch in _batches(pending, batch_size):
+                bench = by_name[batch[0].benchmark]
+                settings = bench.generation
+                examples = [bench.build(spec, renderer) for spec in batch]
+                requests = [
+                    GenRequest(
+                        e.prompt_text, tuple(e.messages), settings.max_new_tokens, _seed(settings.seed, e.example_id)
+                    )
+                    for e in examples
+                ]
+                generations = backend.generate(requests, settings)
+                followups = [bench.followup(e, g) for e, g in zip(examples, generations, strict=True)]
+                asked = [i for i, fu in enumerate(followups) if fu is not None]
+                second: dict[int, Generation] = {}
+                if asked:
+                    extra = [
+                        GenRequest(
+                            examples[i].prompt_text,
+                            None,
+                            followups[i].max_new_tokens,
+                            _seed(settings.seed, examples[i].example_id, 1),
+                            prefix=followups[i].prefix,
+                        )
+                        for i in asked
+                    ]
+                    second = dict(zip(asked, backend.generate(extra, settings), strict=True))
+                lines = []
+                for i, (example, generation) in enumerate(zip(examples, generations, strict=True)):
+                    score = bench.score(example, generation, second.get(i))
+                    lines.append(json.dumps(_record(example, generation, score, followups[i], second.get(i))) + "\n")
+                f.write("".join(lines))
+                f.flush()
+                os.fsync(f.fileno())
+                bar.update(len(batch))
+    finally:
+        bar.close()
+    planned, seen = set(ids), set()
+    records = []
+    for r in load_records(results):  # the planned examples, each once
+        if r["example_id"] in planned and r["example_id"] not in seen:
+            seen.add(r["example_id"])
+            records.append(r)
+    summary = summarize(records, benchmarks, run_info)
+    summary["complete"] = len(records) == len(plan)
+    summary["planned"] = len(plan)
+    _atomic_json(out_dir / SUMMARY_FILE, summary)
+    return summary
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def cell_metrics(records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The generic metrics of a group of records (see module doc)."""
+    spans = sum(int(r["spans"]["count"]) for r in records)
+    verbatim = sum(int(r["spans"]["verbatim"]) for r in records)
+    out: dict[str, Any] = {
+        "n": len(records),
+        "score": _mean([float(r["score"]) for r in records]),
+        "correct": _mean([float(bool(r["correct"])) for r in records]),
+        "recall_usage": _mean([float(int(r["spans"]["count"]) > 0) for r in records]),
+        "spans_per_output": _mean([float(r["spans"]["count"]) for r in records]),
+        "span_verbatim_rate": verbatim / spans if spans else None,
+        "output_tokens": _mean([float(r["output_tokens"]) for r in records]),
+        "truncated": _mean([float(r.get("finish_reason") == "length") for r in records]),
+    }
+    names = sorted({k for r in records for k in (r.get("metrics") or {})})
+    for name in names:
+        if name not in out:
+            out[name] = _mean([float(r["metrics"][name]) for r in records if name in (r.get("metrics") or {})])
+    return out
+
+
+def summarize(
+    records: Sequence[Mapping[str, Any]],
+    benchmarks: Sequence[Benchmark] = (),
+    run_info: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """``summary.json`` of a set of records (a pure function of them and the run's info)."""
+    by_name = {b.name: b for b in benchmarks}
+    groups: dict[str, list[Mapping[str, Any]]] = {}
+    for r in records:
+        groups.setdefault(r["benchmark"], []).append(r)
+    out: dict[str, Any] = {}
+    for name in sorted(groups):
+        recs = groups[name]
+        by_length: dict[str, Any] = {}
+        for length in sorted({int(r["length"]) for r in recs}):
+            at = [r for r in recs if int(r["length"]) == length]
+            cell = {"all": cell_metrics(at)}
+            for task in sorted({r["task"] for r in at}):
+                cell[task] = cell_metrics([r for r in at if r["task"] == task])
+            by_length[str(length)] = cell
+        by_task = {
+            task: cell_metrics([r for r in recs if r["task"] == task]) for task in sorted({r["task"] for r in recs})
+        }
+        entry = {"overall": cell_metrics(recs), "by_length": by_length, "by_task": by_task}
+        if name in by_name:
+            entry["extra"] = by_name[name].summarize(recs)
+        out[name] = entry
+    return {"run": dict(run_info or {}), "n_examples": len(records), "benchmarks": out}
