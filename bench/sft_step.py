@@ -1,12 +1,17 @@
-"""Benchmark: one stage-2 SFT step on the tiny model with the recall mask in the forward vs without.
+"""Benchmark: one stage-2 SFT step on the tiny model — the recall mask's cost, and what computing
+logits only at the labelled (completion) positions saves.
 
 Run: ``.venv/bin/python bench/sft_step.py``.
 
 Same model, same batch (16 programmatic traces of the tiny mixture, recall spans included), same
-optimizer; forward + backward + AdamW step timed with ``config.recall_constrained`` on (the
-masked loss SFT optimises) and off, interleaved, medians compared.
+optimizer; forward + backward + AdamW step timed, interleaved, medians compared:
 
-Last line: ``RESULT mask_overhead=<masked step time / plain step time>``.
+* ``mask_overhead``: full logits with ``config.recall_constrained`` on (the masked loss SFT
+  optimises) / off;
+* ``label_logits_speedup``: masked, full logits / masked, logits at labelled positions only
+  (``model.label_logits_only()``, what ``recallm-sft`` uses); the two losses are checked equal.
+
+Last line: ``RESULT mask_overhead=<ratio> label_logits_speedup=<ratio>``.
 """
 
 from __future__ import annotations
@@ -58,8 +63,9 @@ def main() -> None:
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
 
-    def step(masked: bool) -> float:
+    def step(masked: bool, label_only: bool = False) -> float:
         model.config.recall_constrained = masked
+        model.label_logits_only(label_only)
         t = time.perf_counter()
         loss = model(**batch).loss
         loss.backward()
@@ -67,20 +73,29 @@ def main() -> None:
         optimizer.zero_grad()
         return time.perf_counter() - t
 
-    step(True), step(False)  # warm-up
-    times = {True: [], False: []}
+    with torch.no_grad():
+        full_loss = model(**batch).loss.item()
+        model.label_logits_only(True)
+        label_loss = model(**batch).loss.item()
+    if abs(full_loss - label_loss) > 1e-4 * max(1.0, abs(full_loss)):
+        raise SystemExit(f"label-only loss {label_loss} differs from the full loss {full_loss}")
+    variants = {"masked": (True, False), "plain": (False, False), "label_only": (True, True)}
+    for masked, label_only in variants.values():  # warm-up
+        step(masked, label_only)
+    times = {name: [] for name in variants}
     for _ in range(args.repeats):
-        for masked in (True, False):
-            times[masked].append(step(masked))
+        for name, (masked, label_only) in variants.items():
+            times[name].append(step(masked, label_only))
     tokens = int(batch["attention_mask"].sum())
+    labelled = int((batch["labels"] != -100).sum())
     spans = int((batch["input_ids"] == model.config.recall_start_token_id).sum())
-    masked, plain = statistics.median(times[True]), statistics.median(times[False])
-    print(f"batch: {args.batch} sequences, {tokens} tokens, {spans} recall spans")
+    med = {name: statistics.median(t) for name, t in times.items()}
+    print(f"batch: {args.batch} sequences, {tokens} tokens ({labelled} labelled), {spans} recall spans")
+    for name, value in med.items():
+        print(f"step {name:10s} {value * 1e3:7.1f} ms ({tokens / value:,.0f} tokens/s)")
     print(
-        f"step with mask {masked * 1e3:.1f} ms ({tokens / masked:,.0f} tokens/s), "
-        f"without {plain * 1e3:.1f} ms ({tokens / plain:,.0f} tokens/s)"
+        f"RESULT mask_overhead={med['masked'] / med['plain']:.3f} label_logits_speedup={med['masked'] / med['label_only']:.2f}"
     )
-    print(f"RESULT mask_overhead={masked / plain:.3f}")
 
 
 if __name__ == "__main__":

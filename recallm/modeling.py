@@ -21,6 +21,7 @@ import contextlib
 import logging
 from pathlib import Path
 
+import torch
 from huggingface_hub.dataclasses import strict
 from transformers import (
     AutoConfig,
@@ -91,6 +92,9 @@ class RecallMaskMixin:
         return_dict = kwargs.pop("return_dict", None)
         cached = past_key_values is not None and past_key_values.get_seq_length() > 0
         mask = bool(self.config.recall_constrained) and self._recall_forward_mask and not cached
+        if labels is not None and self.__dict__.get("_label_logits_only") and input_ids is not None:
+            out = self._label_positions_loss(input_ids, attention_mask, position_ids, labels, mask, kwargs)
+            return out if return_dict is not False else out.to_tuple()
         if mask and input_ids is None:
             raise RecallmError("the recall mask needs input_ids; got only inputs_embeds")
         if mask and not isinstance(logits_to_keep, int):
@@ -125,6 +129,48 @@ class RecallMaskMixin:
             )
         out = type(out)(**fields)  # rebuilt so that loss comes first in the tuple form
         return out if return_dict is not False else out.to_tuple()
+
+    def label_logits_only(self, enabled: bool = True) -> None:
+        """With labels, compute logits (and the recall mask) only at the positions that have a
+        label, and return the loss without logits. SFT's loss is on the completion only, so this
+        skips the ``lm_head`` product over the prompt — most of a long-context example — and the
+        ``(batch, length, vocab)`` logits tensor (about 10 GB in float32 for one 16K-token example
+        with a 152K vocabulary). The loss is the same as the full forward's."""
+        self._label_logits_only = bool(enabled)
+
+    def _label_positions_loss(self, input_ids, attention_mask, position_ids, labels, mask: bool, kwargs):
+        from transformers.modeling_outputs import CausalLMOutputWithPast
+
+        from recallm.recall.mask import allowed_positions, apply_recall_mask_rows
+
+        num_items = kwargs.pop("num_items_in_batch", None)
+        body = self.get_decoder()(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+        )
+        hidden = body.last_hidden_state
+        targets = labels[:, 1:].to(hidden.device)
+        b_idx, t_idx = torch.nonzero(targets != -100, as_tuple=True)
+        logits = self.lm_head(hidden[b_idx, t_idx]).float()
+        if mask:
+            ids = self._recall_ids()
+            allowed = allowed_positions(
+                input_ids,
+                ids.start,
+                ids.end,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                max_recall_tokens=self.config.max_recall_tokens,
+                vocab_size=logits.shape[-1],
+            )
+            logits = apply_recall_mask_rows(logits, b_idx.cpu().numpy(), t_idx.cpu().numpy(), allowed)
+        loss = torch.nn.functional.cross_entropy(
+            logits, targets[b_idx, t_idx], reduction="sum" if num_items is not None else "mean"
+        )
+        if num_items is not None:
+            loss = loss / (num_items.to(loss.device) if torch.is_tensor(num_items) else num_items)
+        return CausalLMOutputWithPast(
+            loss=loss, logits=None, hidden_states=body.hidden_states, attentions=body.attentions
+        )
 
     @contextlib.contextmanager
     def recall_mask_in_forward(self, enabled: bool):

@@ -23,7 +23,14 @@ import torch
 
 from recallm.recall.matcher import iter_allowed_sets
 
-__all__ = ["MASK_VALUE", "AllowedPositions", "allowed_positions", "apply_recall_mask", "sequence_segments"]
+__all__ = [
+    "MASK_VALUE",
+    "AllowedPositions",
+    "allowed_positions",
+    "apply_recall_mask",
+    "apply_recall_mask_rows",
+    "sequence_segments",
+]
 
 MASK_VALUE = -1e4
 _ROWS_PER_CHUNK = 1024
@@ -183,3 +190,40 @@ def apply_recall_mask(
         rows = logits[b_idx, t_idx].masked_fill(~keep, mask_value)
         logits[b_idx, t_idx] = rows
     return logits
+
+
+def apply_recall_mask_rows(
+    row_logits: torch.Tensor,
+    row_batch: np.ndarray,
+    row_pos: np.ndarray,
+    allowed: AllowedPositions,
+    *,
+    mask_value: float = MASK_VALUE,
+) -> torch.Tensor:
+    """Mask a gathered subset of a batch's logits: ``row_logits[i]`` (``(N, V)``) are the logits
+    of position ``row_pos[i]`` of sequence row ``row_batch[i]``. Rows that are constrained
+    positions of ``allowed`` get the mask; the others are unchanged. Returns a new tensor
+    (autograd-safe)."""
+    if len(allowed) == 0 or row_logits.shape[0] == 0:
+        return row_logits
+    width = int(max(row_pos.max(initial=0), allowed.pos.max(initial=0))) + 1
+    keys = row_batch.astype(np.int64) * width + row_pos.astype(np.int64)
+    order = np.argsort(keys, kind="stable")
+    wanted = allowed.batch * width + allowed.pos
+    at = np.searchsorted(keys, wanted, sorter=order)
+    found = (at < keys.size) & (keys[order[np.minimum(at, keys.size - 1)]] == wanted)
+    which = np.flatnonzero(found)
+    if which.size == 0:
+        return row_logits
+    rows = order[at[which]]
+    starts, stops = allowed.offsets[which], allowed.offsets[which + 1]
+    lens = stops - starts
+    flat = np.concatenate([allowed.cols[s:e] for s, e in zip(starts, stops, strict=True)])
+    local = np.repeat(np.arange(which.size), lens)
+    device = row_logits.device
+    keep = torch.zeros(which.size, row_logits.shape[1], dtype=torch.bool, device=device)
+    keep[torch.from_numpy(local).to(device), torch.from_numpy(flat).to(device)] = True
+    index = torch.from_numpy(rows).to(device)
+    out = row_logits.clone()
+    out[index] = row_logits[index].masked_fill(~keep, mask_value)
+    return out

@@ -5,6 +5,19 @@ prompt's own ids, see ``data_gen.traces``). An example is ``prompt_ids + complet
 labels ``-100`` on the prompt: the loss is on the completion only, and it is computed under the
 recall mask by the model's forward. Examples longer than ``max_length`` are dropped (and counted)
 rather than truncated: a truncated prompt would cut the context the spans copy from.
+
+Options of the recipe that act here:
+
+* ``strip_spans`` — drop every recall span (``<|start_recall|>`` ... ``<|end_recall|>``) from
+  the completions: the no-recall ablation trains on the same data, traces without spans;
+* ``curriculum`` — order the training draws by prompt length: a schedule of points
+  ``{at, lo, hi}`` (progress fraction of the run -> a window of length quantiles, linearly
+  interpolated); draw ``i`` of ``n`` is uniform over the examples whose length rank lies in
+  the window at ``i / n``. The draws are a fixed sequence (seeded), read in order;
+* ``position_skip`` — positional skip-wise training (PoSE, Zhu et al. 2024) for length
+  extension: each example's position ids jump by a random skip ``u ~ U[0, position_skip - n]``
+  at a random point inside the prompt, so relative distances up to ``position_skip`` are seen
+  while the text stays short; local order on both sides of the jump is unchanged.
 """
 
 from __future__ import annotations
@@ -19,7 +32,7 @@ import torch
 
 from recallm.errors import RecallmError
 
-__all__ = ["SFTDataset", "SFTCollator", "load_sft_file"]
+__all__ = ["SFTDataset", "SFTCollator", "load_sft_file", "strip_recall_spans", "curriculum_order", "check_curriculum"]
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -38,9 +51,13 @@ class SFTDataset(torch.utils.data.Dataset):
 
 @dataclass
 class SFTCollator:
-    """Right-pads a batch; labels are -100 on padding and on the prompt."""
+    """Right-pads a batch; labels are -100 on padding and on the prompt. With ``position_skip``
+    it also returns PoSE position ids (module doc), drawn from ``seed`` and a batch counter."""
 
     pad_token_id: int
+    position_skip: int | None = None
+    seed: int = 0
+    _calls: int = 0
 
     def __call__(self, features: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
         width = max(len(f["input_ids"]) for f in features)
@@ -52,11 +69,89 @@ class SFTCollator:
             ids[b, :n] = torch.tensor(f["input_ids"])
             labels[b, :n] = torch.tensor(f["labels"])
             mask[b, :n] = 1
-        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        batch = {"input_ids": ids, "attention_mask": mask, "labels": labels}
+        if self.position_skip:
+            batch["position_ids"] = self._skip_positions(features, width)
+        self._calls += 1
+        return batch
+
+    def _skip_positions(self, features: list[dict[str, Any]], width: int) -> torch.Tensor:
+        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + self._calls)
+        positions = torch.arange(width).repeat(len(features), 1)
+        for b, f in enumerate(features):
+            n = len(f["input_ids"])
+            prompt = next((i for i, label in enumerate(f["labels"]) if label != IGNORE_INDEX), n)
+            room = self.position_skip - n
+            if room <= 0 or prompt < 2:
+                continue
+            cut = int(torch.randint(1, prompt, (1,), generator=gen))
+            skip = int(torch.randint(0, room + 1, (1,), generator=gen))
+            positions[b, cut:] += skip
+        return positions
 
 
-def load_sft_file(path: str | Path, tokenizer, *, max_length: int, vocab_size: int) -> tuple[SFTDataset, dict]:
-    """Read an SFT JSONL file into a dataset (see module doc); returns it and counts."""
+def strip_recall_spans(completion: list[int], start_id: int, end_id: int) -> list[int]:
+    """``completion`` without its recall spans (markers and contents); an unclosed span is kept."""
+    out: list[int] = []
+    i = 0
+    while i < len(completion):
+        if completion[i] == start_id:
+            try:
+                j = completion.index(end_id, i + 1)
+            except ValueError:
+                out.extend(completion[i:])
+                break
+            i = j + 1
+            continue
+        out.append(completion[i])
+        i += 1
+    return out
+
+
+def check_curriculum(schedule) -> list[tuple[float, float, float]]:
+    """Validate a curriculum schedule (module doc) into sorted ``(at, lo, hi)`` points."""
+    points = []
+    for n, point in enumerate(schedule or []):
+        try:
+            at, lo, hi = (float(point[k]) for k in ("at", "lo", "hi"))
+        except (KeyError, TypeError, ValueError):
+            raise RecallmError(
+                f"sft.curriculum[{n}] must be a mapping with numbers at, lo, hi; got {point!r}"
+            ) from None
+        if not (0 <= at <= 1 and 0 <= lo < hi <= 1):
+            raise RecallmError(f"sft.curriculum[{n}]: need 0 <= at <= 1 and 0 <= lo < hi <= 1, got {point!r}")
+        points.append((at, lo, hi))
+    if not points:
+        raise RecallmError("sft.curriculum must list at least one {at, lo, hi} point")
+    ats = [p[0] for p in points]
+    if ats != sorted(ats):
+        raise RecallmError(f"sft.curriculum points must be in increasing 'at' order, got {ats}")
+    return points
+
+
+def curriculum_order(lengths: list[int], draws: int, schedule, seed: int = 0) -> list[int]:
+    """Example indices for ``draws`` draws following a length curriculum (module doc)."""
+    import numpy as np
+
+    points = check_curriculum(schedule)
+    ats = [p[0] for p in points]
+    los = [p[1] for p in points]
+    his = [p[2] for p in points]
+    by_length = np.argsort(np.asarray(lengths), kind="stable")
+    n = len(by_length)
+    rng = np.random.default_rng(seed)
+    progress = np.arange(draws) / max(draws, 1)
+    lo = np.floor(np.interp(progress, ats, los) * n).astype(int)
+    hi = np.maximum(np.ceil(np.interp(progress, ats, his) * n).astype(int), lo + 1)
+    ranks = lo + np.floor(rng.random(draws) * (hi - lo)).astype(int)
+    return by_length[np.minimum(ranks, n - 1)].tolist()
+
+
+def load_sft_file(
+    path: str | Path, tokenizer, *, max_length: int, vocab_size: int, strip_spans: tuple[int, int] | None = None
+) -> tuple[SFTDataset, dict]:
+    """Read an SFT JSONL file into a dataset (see module doc); returns it and counts.
+    ``strip_spans``: the (start, end) recall token ids whose spans are removed from completions."""
     path = Path(path)
     if not path.is_file():
         raise RecallmError(
@@ -81,6 +176,8 @@ def load_sft_file(path: str | Path, tokenizer, *, max_length: int, vocab_size: i
                     "with this model's tokenizer"
                 )
             checked = True
+        if strip_spans is not None:
+            completion = strip_recall_spans(completion, *strip_spans)
         ids = prompt + completion
         if not completion or max(ids) >= vocab_size or min(ids) < 0:
             raise RecallmError(f"{path}:{number}: token ids out of range for a vocabulary of {vocab_size}")

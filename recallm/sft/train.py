@@ -18,6 +18,11 @@ Features:
   train/eval loss, learning rate, tokens/s; at every evaluation, constrained generation on a few
   validation prompts: recall spans per answer, fraction of spans that are verbatim (1.0 by
   construction), answer accuracy with the reward's own metric;
+* recipe options (``configs/sft/*.yaml``): ``label_logits_only`` (default on: logits and the
+  recall mask only where the loss is, see ``RecallMaskMixin.label_logits_only``), a stage's
+  ``steps`` instead of ``epochs``, ``warmup_steps``, and the data options of
+  ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum``,
+  ``position_skip`` (PoSE length extension);
 * output: ``<out_dir>/<stage>/final``, a Hugging Face directory (model, tokenizer, chat template)
   that ``AutoModelForCausalLM`` loads after ``import recallm``.
 
@@ -198,9 +203,20 @@ def stage_settings(cfg: dict[str, Any]) -> dict[str, Any]:
         raise RecallmError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     recipe = cfg["sft"]
     values = dict(recipe[stage])
+    if values.get("steps") is not None:  # a fixed number of optimizer steps instead of epochs
+        if not int(values["steps"]) > 0:
+            raise RecallmError(f"sft.{stage}.steps must be > 0, got {values['steps']}")
+        values.setdefault("epochs", 1)
     for key in ("epochs", "lr"):
         if not float(values.get(key, 0)) > 0:
             raise RecallmError(f"sft.{stage}.{key} must be > 0, got {values.get(key)}")
+    if recipe.get("curriculum") is not None:
+        from recallm.sft.data import check_curriculum
+
+        check_curriculum(recipe["curriculum"])
+    skip = recipe.get("position_skip")
+    if skip is not None and not int(skip) > int(recipe["max_length"]):
+        raise RecallmError(f"sft.position_skip must exceed sft.max_length={recipe['max_length']}, got {skip}")
     world = _world_size()
     per_device, global_batch = int(recipe["per_device_batch_size"]), int(recipe["global_batch_size"])
     if per_device < 1 or global_batch % (per_device * world):
@@ -283,10 +299,15 @@ def run_sft(cfg: dict[str, Any]) -> Path:
     ids = RecallTokenIds.from_pretrained(model.config, tokenizer)
     vocab = model.get_input_embeddings().weight.shape[0]
     max_length = int(recipe["max_length"])
-    train_set, train_stats = load_sft_file(cfg["train_file"], tokenizer, max_length=max_length, vocab_size=vocab)
+    strip = (ids.start, ids.end) if recipe.get("strip_spans") else None
+    train_set, train_stats = load_sft_file(
+        cfg["train_file"], tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip
+    )
     val_set, val_records = None, []
     if cfg.get("val_file"):
-        val_set, _ = load_sft_file(cfg["val_file"], tokenizer, max_length=max_length, vocab_size=vocab)
+        val_set, _ = load_sft_file(
+            cfg["val_file"], tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip
+        )
         n_prompts = int(recipe["eval"].get("recall_prompts", 0))
         if n_prompts:
             for line in Path(cfg["val_file"]).read_text().splitlines()[:n_prompts]:
@@ -298,7 +319,22 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         weight_decay = float(settings.get("weight_decay", 0.0))
     if recipe.get("gradient_checkpointing"):
         model.config.use_cache = False
-    steps_per_epoch = math.ceil(len(train_set) / int(recipe["global_batch_size"]))
+    if recipe.get("label_logits_only", True):
+        model.label_logits_only(True)
+    global_batch = int(recipe["global_batch_size"])
+    total_steps = settings.get("steps")
+    if total_steps is None:
+        total_steps = math.ceil(len(train_set) / global_batch) * float(settings["epochs"])
+    sampling = "random"
+    if recipe.get("curriculum") is not None:  # the draws, in order, for the whole stage
+        from recallm.sft.data import SFTDataset, curriculum_order
+
+        draws = int(math.ceil(total_steps)) * global_batch
+        lengths = [len(e["input_ids"]) for e in train_set.records]
+        order = curriculum_order(lengths, draws, recipe["curriculum"], seed=int(recipe.get("seed", 0)))
+        train_set = SFTDataset([train_set.records[i] for i in order])
+        sampling = "sequential"
+        settings = {**settings, "epochs": 1, "steps": int(math.ceil(total_steps))}
     eval_cfg = recipe["eval"]
     logger = cfg.get("logger", "console")
     if logger not in ("console", "wandb"):
@@ -308,8 +344,11 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         num_train_epochs=float(settings["epochs"]),
         learning_rate=float(settings["lr"]),
         warmup_steps=int(
-            math.ceil(float(settings.get("warmup_ratio", 0.0)) * steps_per_epoch * float(settings["epochs"]))
+            settings["warmup_steps"]
+            if settings.get("warmup_steps") is not None
+            else math.ceil(float(settings.get("warmup_ratio", 0.0)) * total_steps)
         ),
+        train_sampling_strategy=sampling,
         lr_scheduler_type="cosine_with_min_lr",
         lr_scheduler_kwargs={"min_lr_rate": float(recipe.get("min_lr_ratio", 0.1))},
         per_device_train_batch_size=int(recipe["per_device_batch_size"]),
@@ -335,9 +374,10 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         deepspeed=str(deepspeed) if deepspeed else None,
         use_cpu=not torch.cuda.is_available(),
         remove_unused_columns=False,
+        prediction_loss_only=True,
         include_num_input_tokens_seen=True,
         dataloader_num_workers=0,
-        max_steps=int(cfg.get("max_steps") or -1),
+        max_steps=int(cfg.get("max_steps") or settings.get("steps") or -1),
         **extra_args,
     )
     trainer = RecallTrainer(
@@ -345,7 +385,11 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         args=args,
         train_dataset=train_set,
         eval_dataset=val_set,
-        data_collator=SFTCollator(tokenizer.pad_token_id),
+        data_collator=SFTCollator(
+            tokenizer.pad_token_id,
+            position_skip=int(recipe["position_skip"]) if recipe.get("position_skip") else None,
+            seed=int(recipe.get("seed", 0)),
+        ),
         processing_class=tokenizer,
         recall_eval={"records": val_records, "max_new_tokens": eval_cfg.get("max_new_tokens", 64)},
         callbacks=cfg.get("_callbacks") or None,
