@@ -74,7 +74,7 @@ TOY_WORDS: tuple[str, ...] = tuple(
     solve compute calculate math problem equation result number numbers sum plus minus times
     total x y z q n k v think step first next last final use using need we i you your my our
     text document documents passage passages context read search match correct wrong true false
-    user assistant system json csv format note item items label labels count most frequent vote
+    user assistant system json csv format note item items label labels count most frequent vote Answer
     """.split()
 )
 

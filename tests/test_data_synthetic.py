@@ -199,3 +199,40 @@ def test_128k_prompts(label, renderer):
     row = draft_row(make_task(label), renderer, 131072, random.Random(0))
     assert abs(row.prompt_tokens - 131072) <= 0.02 * 131072
     assert all(row.prompt_text[g["start"] : g["end"]] == g["text"] for g in row.gold)
+
+
+def test_toy_lookup_derives_the_key(renderer):
+    task = make_task("toy_lookup", pairs=[3, 40])
+    for seed in range(20):
+        row = build_row(task, task.draft(random.Random(seed)), renderer, 400, random.Random(seed), seed=seed)
+        key, value = row.trace_info["key"], row.answers[0]
+        assert row.question == f"q = {int(key) - 1} ; key = q + 1"
+        assert re.search(rf"(?<!\d){key}(?!\d)", row.question) is None  # the key must be derived
+        assert row.gold[0]["text"] == f"{key}: {value}"
+        assert row.prompt_text[row.gold[0]["start"] : row.gold[0]["end"]] == f"{key}: {value}"
+        lines = re.findall(r"^(\d+): (\w+)$", row.prompt_text, flags=re.M)
+        assert 3 <= len(lines) <= 40 and len({k for k, _ in lines}) == len(lines) == len({v for _, v in lines})
+        assert dict(lines)[key] == value
+        segments = programmatic_trace(task, row, random.Random(0))
+        example = sft_example(renderer.tokenizer, row, segments, task.answer_text(row))
+        assert (
+            example.completion
+            == f"key = {key} <|start_recall|>{key}: {value}<|end_recall|></think>\nAnswer: {value}<|im_end|>"
+        )
+        assert (
+            score_response(example.completion, row.ground_truth, prompt_text=row.prompt_text, config=CFG).answer == 1.0
+        )
+    again = build_row(task, task.draft(random.Random(7)), renderer, 400, random.Random(7), seed=7)
+    first = build_row(task, task.draft(random.Random(7)), renderer, 400, random.Random(7), seed=7)
+    assert again.prompt_text == first.prompt_text
+
+
+def test_toy_lookup_fitted_to_a_length(renderer):
+    task = make_task("toy_lookup", pairs=None)
+    for target in (360, 1440):
+        row = build_row(task, task.draft(random.Random(target)), renderer, target, random.Random(1), seed=1)
+        assert abs(row.prompt_tokens - target) <= 0.02 * target + 5
+    with pytest.raises(RecallmError, match="cannot reach"):
+        task.check_length(5000)  # 299 keys at most
+    with pytest.raises(RecallmError, match="pairs"):
+        make_task("toy_lookup", pairs=[10, 400])
