@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import re
 from collections import Counter
 
@@ -382,3 +383,76 @@ def test_shipped_suites_build(suite):
     else:
         assert names == {"lost_in_thought", "ruler", "helmet_json_kv"}
         assert all(b.generation.greedy for b in benches)
+
+
+# --------------------------------------------------------------------------- synthetic (any data_gen task)
+
+
+def test_synthetic_task_fresh_prompts_at_any_length(renderer):
+    bench = make("synthetic", task="toy_lookup", params={"pairs": None}, lengths=[360, 1440], per_cell=3)
+    specs = bench.specs()
+    assert [s.example_id for s in specs][:2] == ["synthetic/toy_lookup/360/0", "synthetic/toy_lookup/360/1"]
+    assert len(specs) == 6
+    texts = set()
+    for spec in specs:
+        ex = bench.build(spec, renderer)
+        texts.add(ex.prompt_text)
+        assert abs(ex.prompt_tokens - spec.length) <= bench.settings.tolerance * spec.length + 5
+        q = int(re.search(r"q = (\d+) ; key = q \+ 1", ex.prompt_text).group(1))
+        lines = dict(re.findall(r"^(\d+): (\w+)$", ex.prompt_text, flags=re.M))
+        assert lines[str(q + 1)] == ex.reference["ground_truth"]["answers"][0]
+    assert len(texts) == 6
+    spec = specs[4]
+    same = make("synthetic", task="toy_lookup", params={"pairs": None}, lengths=[360, 1440], per_cell=3)
+    other = make("synthetic", seed=5, task="toy_lookup", params={"pairs": None}, lengths=[360, 1440], per_cell=3)
+    assert same.build(spec, renderer).prompt_text == bench.build(spec, renderer).prompt_text
+    assert other.build(spec, renderer).prompt_text != bench.build(spec, renderer).prompt_text
+
+
+def test_synthetic_task_scores_with_the_training_reward(renderer):
+    bench = make("synthetic", task="toy_lookup", params={"pairs": None}, lengths=[360], per_cell=1)
+    ex = bench.build(bench.specs()[0], renderer)
+    q = int(re.search(r"q = (\d+)", ex.prompt_text).group(1))
+    value = ex.reference["ground_truth"]["answers"][0]
+    right = f"key = {q + 1} {S}{q + 1}: {value}{E}</think>\nAnswer: {value}"
+    scored = bench.score(ex, gen(right, n_tokens=12), None)
+    assert scored.correct and scored.score == 1.0 and scored.answer == value and scored.metrics["recall"] == 1.0
+    wrong_line = f"key = {q} {S}{q}: x{E}</think>\nAnswer: {value}x"
+    scored = bench.score(ex, gen(wrong_line, n_tokens=12), None)
+    assert not scored.correct and scored.score == 0.0 and scored.metrics["recall"] == 0.0
+    no_answer = bench.score(ex, gen(f"key = {q + 1} {S}{q + 1}: {value}{E}", n_tokens=12), None)
+    assert not no_answer.correct and no_answer.answer is None
+
+
+def test_synthetic_task_settings_are_checked():
+    with pytest.raises(RecallmError, match="task is required"):
+        make("synthetic", lengths=[360], per_cell=1)
+    with pytest.raises(RecallmError, match="unknown task|no task|not a registered"):
+        make("synthetic", task="nope", lengths=[360], per_cell=1)
+    with pytest.raises(RecallmError, match="cannot reach"):
+        make("synthetic", task="toy_lookup", params={"pairs": None}, lengths=[5000], per_cell=1)
+    with pytest.raises(RecallmError, match="params must be a mapping"):
+        make("synthetic", task="toy_lookup", params=[1], lengths=[360], per_cell=1)
+    with pytest.raises(RecallmError, match="per_cell is required"):
+        make("synthetic", task="toy_lookup", lengths=[360]).specs()
+
+
+def test_in_domain_reads_natural_length_cells(renderer, tmp_path):
+    from data_gen.base import make_task
+    from data_gen.generate import build_row
+    from data_gen.io import row_record, write_parquet
+    from recallm.eval.benchmarks.in_domain import find_cells
+
+    task = make_task("toy_lookup", pairs=[3, 20])
+    rows = [build_row(task, task.draft(random.Random(i)), renderer, 400, random.Random(i), seed=i) for i in range(3)]
+    records = [row_record(r, i, "val/reasoning_retrieval", store_prompt_text=True) for i, r in enumerate(rows)]
+    write_parquet(records, tmp_path / "val" / "reasoning_retrieval.parquet")
+    longest = max(r.prompt_tokens for r in rows)
+    assert find_cells(tmp_path) == {("reasoning_retrieval", longest): tmp_path / "val" / "reasoning_retrieval.parquet"}
+    bench = make("in_domain", data_dir=str(tmp_path), per_cell=3)
+    specs = bench.specs()
+    assert {s.length for s in specs} == {longest} and len(specs) == 3
+    assert bench.build(specs[2], renderer).prompt_text == rows[2].prompt_text
+    (tmp_path / "val" / "retrieval.parquet").write_bytes(b"not parquet")
+    with pytest.raises(RecallmError, match="retrieval.parquet"):
+        find_cells(tmp_path)

@@ -1,4 +1,5 @@
-"""The benchmarks: lost in thought, in-domain validation cells, RULER (offline subset), HELMET json_kv.
+"""The benchmarks: lost in thought, in-domain validation cells, RULER (offline subset), HELMET json_kv,
+any synthetic data_gen task at new lengths.
 
 ``make_benchmarks(suite, only=..., reward_config=...)`` builds the enabled benchmarks of a suite
 (``configs/eval/<suite>.yaml``) and checks every setting before anything is generated.
@@ -15,10 +16,13 @@ from recallm.eval.benchmarks.helmet import HelmetJsonKV
 from recallm.eval.benchmarks.in_domain import InDomain
 from recallm.eval.benchmarks.lost_in_thought import LostInThought
 from recallm.eval.benchmarks.ruler import Ruler
+from recallm.eval.benchmarks.synthetic import SyntheticTask
 
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkSettings", "Followup", "make_benchmarks"]
 
-BENCHMARKS: dict[str, type[Benchmark]] = {cls.name: cls for cls in (LostInThought, InDomain, Ruler, HelmetJsonKV)}
+BENCHMARKS: dict[str, type[Benchmark]] = {
+    cls.name: cls for cls in (LostInThought, InDomain, Ruler, HelmetJsonKV, SyntheticTask)
+}
 
 _SUITE_KEYS = ("name", "seed", "tolerance", "answer_region", "system_prompt", "generation", "benchmarks")
 

@@ -163,3 +163,31 @@ class Benchmark(ABC):
             prompt_tokens=int(row.prompt_tokens),
             reference=reference,
         )
+
+
+def score_with_reward(example: Example, generation: Generation, reward_config) -> Score:
+    """An output scored by the training reward (``rewards.score_response`` with ``reward_config``,
+    the reference's ``ground_truth`` and ``data_source``): the score is the answer reward R_ans,
+    the composite reward (``reward``) and every component are metrics."""
+    from rewards import parse_response, score_response
+
+    ref = example.reference
+    try:
+        breakdown = score_response(
+            generation.text,
+            ref["ground_truth"],
+            prompt_text=example.prompt_text,
+            n_tokens=generation.n_tokens,
+            data_source=ref["data_source"],
+            config=reward_config,
+        )
+    except ValueError as exc:
+        raise RecallmError(f"{example.spec.benchmark} {example.example_id}: {exc}") from None
+    values: dict[str, Any] = breakdown.as_dict()
+    metrics = {"reward": values.pop("score"), **{k: float(v) for k, v in values.items() if k != "n_tokens"}}
+    return Score(
+        score=float(breakdown.answer),
+        correct=breakdown.answer >= 1.0,
+        answer=parse_response(generation.text).answer,
+        metrics=metrics,
+    )

@@ -20,17 +20,29 @@ from typing import Any
 
 from data_gen.fit import PromptRenderer
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark
+from recallm.eval.benchmarks.base import Benchmark, score_with_reward
 from recallm.eval.types import Example, Generation, Score, Spec
 
 __all__ = ["InDomain", "find_cells"]
 
 _OPEN_FILES = 12  # validation files kept in memory (the paper's mixture has 10 categories)
-_CELL = re.compile(r"^(?P<category>[a-z0-9_]+?)_(?P<length>\d+)\.parquet$")
+_CELL = re.compile(r"^(?P<category>[a-z0-9_]+?)(?:_(?P<length>\d+))?\.parquet$")
+
+
+def _longest_prompt(path: Path) -> int:
+    import pyarrow.parquet as pq
+
+    try:
+        extra = pq.read_table(path, columns=["extra_info"]).column("extra_info").to_pylist()
+        return int(max((e["prompt_tokens"] for e in extra), default=0))
+    except Exception as exc:  # pyarrow raises several types for a damaged file; a row may lack the field
+        raise RecallmError(f"cannot read extra_info.prompt_tokens from {path}: {str(exc).splitlines()[0]}") from None
 
 
 def find_cells(data_dir: Path) -> dict[tuple[str, int], Path]:
-    """``(category, length) -> parquet`` of the validation cells under ``data_dir/val``."""
+    """``(category, length) -> parquet`` of the validation cells under ``data_dir/val``: files
+    ``<category>_<length>.parquet``, and ``<category>.parquet`` (the one cell of natural-length
+    tasks, whose length is taken as its longest prompt)."""
     val = data_dir / "val"
     if not val.is_dir():
         raise RecallmError(
@@ -41,7 +53,8 @@ def find_cells(data_dir: Path) -> dict[tuple[str, int], Path]:
     for path in sorted(val.glob("*.parquet")):
         m = _CELL.match(path.name)
         if m:
-            cells[(m.group("category"), int(m.group("length")))] = path
+            length = int(m.group("length")) if m.group("length") else _longest_prompt(path)
+            cells[(m.group("category"), length)] = path
     if not cells:
         raise RecallmError(f"in_domain: {val} holds no <category>_<length>.parquet files")
     return cells
@@ -143,28 +156,7 @@ class InDomain(Benchmark):
         )
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
-        from rewards import parse_response, score_response
-
-        ref = example.reference
-        try:
-            breakdown = score_response(
-                generation.text,
-                ref["ground_truth"],
-                prompt_text=example.prompt_text,
-                n_tokens=generation.n_tokens,
-                data_source=ref["data_source"],
-                config=self.reward_config,
-            )
-        except ValueError as exc:
-            raise RecallmError(f"in_domain {example.example_id}: {exc}") from None
-        values: dict[str, Any] = breakdown.as_dict()
-        metrics = {"reward": values.pop("score"), **{k: float(v) for k, v in values.items() if k != "n_tokens"}}
-        return Score(
-            score=float(breakdown.answer),
-            correct=breakdown.answer >= 1.0,
-            answer=parse_response(generation.text).answer,
-            metrics=metrics,
-        )
+        return score_with_reward(example, generation, self.reward_config)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "data_dir": str(self.data_dir.resolve())}
