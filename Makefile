@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/recallm-demo
+	$(VENV)/bin/recallm-pipeline experiment=tiny_cpu
 
 test: $(STAMP)
 	$(PY) -m pytest -q

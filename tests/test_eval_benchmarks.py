@@ -363,7 +363,7 @@ def test_make_benchmarks_checks_everything_up_front():
     )
 
 
-@pytest.mark.parametrize("suite", ["tiny", "paper"])
+@pytest.mark.parametrize("suite", ["tiny", "paper", "toy"])
 def test_shipped_suites_build(suite):
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
@@ -380,6 +380,11 @@ def test_shipped_suites_build(suite):
         assert ruler.lengths == [4096, 8192, 16384, 32768, 65536, 131072] and ruler.generation.max_new_tokens == 8192
         lit = next(b for b in benches if b.name == "lost_in_thought")
         assert (lit.generation.max_new_tokens, lit.generation.temperature, lit.generation.top_p) == (10240, 0.6, 0.95)
+    elif suite == "toy":
+        assert names == {"synthetic", "in_domain"}
+        synthetic = next(b for b in benches if b.name == "synthetic")
+        assert synthetic.lengths == [360, 1440] and synthetic.task.name == "toy_lookup"
+        assert all(b.generation.greedy for b in benches)
     else:
         assert names == {"lost_in_thought", "ruler", "helmet_json_kv"}
         assert all(b.generation.greedy for b in benches)

@@ -1,0 +1,397 @@
+"""The whole recipe as one resumable run: ``recallm-pipeline experiment=<name>``.
+
+An experiment (``configs/experiment/*.yaml``) names the pieces — the model, the data mixture,
+the SFT recipe, the GRPO recipe, the evaluation suite — and the *variants* trained side by side
+on the same data with the same budget (the recall model and its no-recall ablation). The
+pipeline runs the project's own commands, in order, under one run directory::
+
+    <run_dir>/model            recallm-create-model --tiny   (or a RecaLLM model directory)
+    <run_dir>/data             recallm-data
+    <run_dir>/sft/<variant>    recallm-sft stage=embed, then stage=full      (variants in parallel)
+    <run_dir>/grpo/<variant>   recallm-grpo                                   (one at a time)
+    <run_dir>/models/<variant> recallm-export (the GRPO checkpoint as a Hugging Face directory)
+    <run_dir>/eval/<run>       recallm-eval (one run per evaluated model and decoding)
+    <run_dir>/report           recallm-eval mode=report (every run side by side)
+    <run_dir>/logs/<job>.log   each command's output
+    <run_dir>/pipeline.json    which jobs are done, and how long each took
+
+A job counts as done once its command exits 0; a rerun skips done jobs and restarts the others,
+which continue from their own checkpoints (data shards, SFT checkpoints, GRPO checkpoints, eval
+results). Jobs whose command cannot resume (export) start from an empty output. Ctrl-C stops the
+running jobs; nothing done is lost. Jobs of one stage run side by side (``parallel``), each with
+its share of the CPU threads.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+
+__all__ = ["Job", "Stage", "Pipeline", "plan_experiment", "result_line"]
+
+STATE_FILE = "pipeline.json"
+_HEARTBEAT_S = 30.0
+
+
+def _tool(name: str) -> list[str]:
+    """The command line of one of our console scripts, run with this interpreter."""
+    module = {
+        "recallm-create-model": "recallm.cli.create_model",
+        "recallm-data": "recallm.cli.data",
+        "recallm-sft": "recallm.cli.sft",
+        "recallm-grpo": "recallm.cli.grpo",
+        "recallm-export": "recallm.cli.export",
+        "recallm-eval": "recallm.cli.eval",
+    }[name]
+    return [sys.executable, "-m", module]
+
+
+@dataclass
+class Job:
+    """One command. ``fresh``: it cannot resume, so ``outputs`` are removed before it reruns."""
+
+    name: str
+    argv: list[str]
+    outputs: list[Path] = field(default_factory=list)
+    fresh: bool = False
+
+
+@dataclass
+class Stage:
+    name: str
+    jobs: list[Job]
+    parallel: int = 1
+
+
+def _state(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / STATE_FILE
+    if not path.is_file():
+        return {"jobs": {}}
+    try:
+        state = json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise RecallmError(f"{path} is corrupt ({exc.msg}); delete it to rerun every stage") from None
+    if not isinstance(state, dict) or not isinstance(state.get("jobs"), dict):
+        raise RecallmError(f"{path} is not a pipeline state file; delete it to rerun every stage")
+    return state
+
+
+def _save_state(run_dir: Path, state: Mapping[str, Any]) -> None:
+    path = run_dir / STATE_FILE
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
+    os.replace(tmp, path)
+
+
+def _last_progress(log: Path) -> str:
+    """The last progress-bar or log line of a job's output (for the heartbeat)."""
+    try:
+        with log.open("rb") as f:
+            f.seek(max(0, log.stat().st_size - 4096))
+            tail = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    pieces = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
+    return pieces[-1][:120] if pieces else ""
+
+
+class Pipeline:
+    """Runs stages of jobs with resume (see module doc)."""
+
+    def __init__(self, run_dir: Path, stages: Sequence[Stage], *, threads: int | None = None) -> None:
+        self.run_dir = Path(run_dir)
+        self.stages = list(stages)
+        self.threads = threads or os.cpu_count() or 1
+        names = [j.name for s in self.stages for j in s.jobs]
+        if len(set(names)) != len(names):
+            raise RecallmError(f"pipeline job names repeat: {names}")
+
+    def status(self) -> dict[str, bool]:
+        done = _state(self.run_dir)["jobs"]
+        return {j.name: bool(done.get(j.name, {}).get("done")) for s in self.stages for j in s.jobs}
+
+    def run(self, *, redo: Sequence[str] = (), only: Sequence[str] | None = None, echo=print) -> dict[str, Any]:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        (self.run_dir / "logs").mkdir(exist_ok=True)
+        state = _state(self.run_dir)
+        known = {s.name for s in self.stages}
+        for name in [*redo, *(only or [])]:
+            if name not in known:
+                raise RecallmError(f"unknown stage {name!r}; the stages are {', '.join(s.name for s in self.stages)}")
+        for stage in self.stages:
+            if stage.name in redo:
+                for job in stage.jobs:
+                    state["jobs"].pop(job.name, None)
+        _save_state(self.run_dir, state)
+        for number, stage in enumerate(self.stages, 1):
+            if only is not None and stage.name not in only:
+                continue
+            todo = [j for j in stage.jobs if not state["jobs"].get(j.name, {}).get("done")]
+            head = f"[{number}/{len(self.stages)}] {stage.name}"
+            if not todo:
+                echo(f"{head}: done earlier, skipped")
+                continue
+            echo(f"{head}: {', '.join(j.name for j in todo)}")
+            started = time.perf_counter()
+            try:
+                self._run_stage(stage, todo, state, echo)
+            finally:  # wall time of the stage, summed over invocations (an interrupted one included)
+                walls = state.setdefault("stage_seconds", {})
+                walls[stage.name] = round(walls.get(stage.name, 0.0) + time.perf_counter() - started, 1)
+                _save_state(self.run_dir, state)
+            echo(f"{head}: finished in {_minutes(time.perf_counter() - started)}")
+        return state
+
+    def _run_stage(self, stage: Stage, todo: list[Job], state: dict[str, Any], echo) -> None:
+        width = max(1, min(stage.parallel, len(todo)))
+        threads = max(1, self.threads // width)
+        queue = list(todo)
+        running: dict[str, tuple[subprocess.Popen, Job, float, Path]] = {}
+        failed: list[tuple[Job, int, Path]] = []
+        last_beat = time.perf_counter()
+        try:
+            while queue or running:
+                while queue and len(running) < width and not failed:
+                    job = queue.pop(0)
+                    running[job.name] = self._start_entry(job, threads)
+                for name, (proc, job, began, log) in list(running.items()):
+                    code = proc.poll()
+                    if code is None:
+                        continue
+                    del running[name]
+                    seconds = time.perf_counter() - began
+                    if code == 0:
+                        state["jobs"][name] = {"done": True, "seconds": round(seconds, 1), "log": str(log)}
+                        _save_state(self.run_dir, state)
+                        echo(f"  {name}: done in {_minutes(seconds)}")
+                    else:
+                        failed.append((job, code, log))
+                if failed and not running:
+                    break
+                now = time.perf_counter()
+                if running and now - last_beat >= _HEARTBEAT_S:
+                    last_beat = now
+                    for name, (_, _, began, log) in running.items():
+                        echo(f"  {name} ({_minutes(now - began)}): {_last_progress(log)}")
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            for proc, _, _, _ in running.values():
+                _stop(proc)
+            raise
+        if failed:
+            job, code, log = failed[0]
+            raise RecallmError(f"stage {stage.name}: {job.name} failed (exit {code}); see {log}: {_last_error(log)}")
+
+    def _start_entry(self, job: Job, threads: int) -> tuple[subprocess.Popen, Job, float, Path]:
+        proc, log = self._start(job, threads)
+        return proc, job, time.perf_counter(), log
+
+    def _start(self, job: Job, threads: int) -> tuple[subprocess.Popen, Path]:
+        if job.fresh:
+            for path in job.outputs:
+                if path.is_dir():
+                    shutil.rmtree(path)
+                elif path.exists():
+                    path.unlink()
+        log = self.run_dir / "logs" / f"{job.name.replace('/', '-')}.log"
+        env = dict(os.environ)
+        env.update(
+            OMP_NUM_THREADS=str(threads),
+            MKL_NUM_THREADS=str(threads),
+            RECALLM_NUM_THREADS=str(threads),
+            TOKENIZERS_PARALLELISM="false",
+            PYTHONUNBUFFERED="1",
+        )
+        with log.open("a") as f:
+            f.write(f"\n$ {shlex.join(job.argv)}\n")
+            f.flush()
+            proc = subprocess.Popen(
+                job.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
+            )
+        return proc, log
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=20)
+    except (ProcessLookupError, subprocess.TimeoutExpired):
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _last_error(log: Path) -> str:
+    try:
+        lines = [ln.strip() for ln in log.read_text(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+    except OSError:
+        return "(no log)"
+    for line in reversed(lines):
+        if line.startswith("error:") or "Error" in line:
+            return line[:300]
+    return lines[-1][:300] if lines else "(empty log)"
+
+
+def _minutes(seconds: float) -> str:
+    return f"{int(seconds // 60)}m{int(seconds % 60):02d}s"
+
+
+# ----------------------------------------------------------------------------- the experiment
+def _overrides(value, where: str) -> list[str]:
+    if value is None:
+        return []
+    if isinstance(value, str) or not isinstance(value, Sequence):
+        raise RecallmError(f"{where} must be a list of Hydra overrides (key=value), got {value!r}")
+    bad = [v for v in value if not isinstance(v, str) or "=" not in v]
+    if bad:
+        raise RecallmError(f"{where}: not a key=value override: {bad[0]!r}")
+    return list(value)
+
+
+def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
+    """The stages of an experiment config (``configs/experiment/*.yaml``), checked up front."""
+    run_dir = Path(run_dir).resolve()
+    for key in ("name", "model", "data", "sft", "variants", "eval"):
+        if key not in exp or exp[key] is None:
+            raise RecallmError(f"experiment: {key} is required")
+    variants = exp["variants"]
+    if not isinstance(variants, Mapping) or not variants:
+        raise RecallmError("experiment.variants must map variant names to their overrides")
+    model_cfg = exp["model"]
+    model_dir = run_dir / "model"
+    stages: list[Stage] = []
+    if model_cfg.get("path"):
+        model_dir = Path(str(model_cfg["path"])).resolve()
+        if not (model_dir / "config.json").is_file():
+            raise RecallmError(f"experiment.model.path {model_dir} is not a model directory")
+    else:
+        argv = [
+            *_tool("recallm-create-model"),
+            "--tiny",
+            "--out",
+            str(model_dir),
+            "--seed",
+            str(model_cfg.get("seed", 0)),
+        ]
+        stages.append(Stage("model", [Job("model", argv, [model_dir], fresh=True)]))
+    data_dir = run_dir / "data"
+    data_argv = [
+        *_tool("recallm-data"),
+        f"data={exp['data']}",
+        f"tokenizer={model_dir}",
+        f"out_dir={data_dir}",
+        f"workers={exp.get('data_workers', 1)}",
+        *_overrides(exp.get("data_overrides"), "experiment.data_overrides"),
+    ]
+    stages.append(Stage("data", [Job("data", data_argv)]))
+    parallel = int(exp.get("parallel", 2))
+    sft_common = [
+        f"sft={exp['sft']}",
+        f"model.path={model_dir}",
+        f"train_file={data_dir / 'sft' / 'train.jsonl'}",
+        f"val_file={data_dir / 'sft' / 'val.jsonl'}",
+        *_overrides(exp.get("sft_overrides"), "experiment.sft_overrides"),
+    ]
+    for stage in ("embed", "full"):
+        jobs = []
+        for name, variant in variants.items():
+            extra = _overrides((variant or {}).get("sft"), f"experiment.variants.{name}.sft")
+            argv = [*_tool("recallm-sft"), *sft_common, f"stage={stage}", f"out_dir={run_dir / 'sft' / name}", *extra]
+            jobs.append(Job(f"sft_{stage}/{name}", argv))
+        stages.append(Stage(f"sft_{stage}", jobs, parallel))
+    final = {name: run_dir / "sft" / name / "full" / "final" for name in variants}
+    grpo = exp.get("grpo")
+    if grpo:
+        jobs, exports = [], []
+        for name, variant in variants.items():
+            ckpt = run_dir / "grpo" / name
+            argv = [
+                *_tool("recallm-grpo"),
+                f"grpo={grpo['recipe']}",
+                f"actor_rollout_ref.model.path={final[name]}",
+                f"data.train_files={data_dir / 'train.parquet'}",
+                f"data.val_files={data_dir / 'val' / str(grpo['val_file'])}",
+                f"trainer.default_local_dir={ckpt}",
+                f"trainer.experiment_name={exp['name']}-{name}",
+                *_overrides(grpo.get("overrides"), "experiment.grpo.overrides"),
+                *_overrides((variant or {}).get("grpo"), f"experiment.variants.{name}.grpo"),
+            ]
+            jobs.append(Job(f"grpo/{name}", argv))
+            out = run_dir / "models" / name
+            exports.append(
+                Job(
+                    f"export/{name}",
+                    [*_tool("recallm-export"), "--checkpoint", str(ckpt), "--out", str(out)],
+                    [out],
+                    True,
+                )
+            )
+            final[name] = out
+        stages.append(Stage("grpo", jobs, 1))  # one Ray cluster at a time
+        stages.append(Stage("export", exports, 1))
+    ev = exp["eval"]
+    runs = ev.get("runs") or {}
+    if not runs:
+        raise RecallmError("experiment.eval.runs must name at least one evaluation run")
+    eval_jobs = []
+    for run_name, spec in runs.items():
+        variant = (spec or {}).get("variant")
+        if variant not in final:
+            raise RecallmError(f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(final)}")
+        argv = [
+            *_tool("recallm-eval"),
+            f"eval={ev['suite']}",
+            f"model_path={final[variant]}",
+            f"out_dir={run_dir / 'eval' / run_name}",
+            f"run_name={run_name}",
+            f"backend.recall_constrained={str(bool(spec.get('recall_constrained', True))).lower()}",
+            f"backend.batch_size={ev.get('batch_size', 8)}",
+            f"eval.benchmarks.in_domain.data_dir={data_dir}",
+            "report=false",
+            "progress=true",
+            *_overrides(ev.get("overrides"), "experiment.eval.overrides"),
+        ]
+        eval_jobs.append(Job(f"eval/{run_name}", argv))
+    stages.append(Stage("eval", eval_jobs, parallel))
+    report_argv = [
+        *_tool("recallm-eval"),
+        "mode=report",
+        f"runs=[{','.join(str(run_dir / 'eval' / r) for r in runs)}]",
+        f"report_dir={run_dir / 'report'}",
+    ]
+    stages.append(Stage("report", [Job("report", report_argv, [run_dir / "report"], True)]))
+    return stages
+
+
+def result_line(exp: Mapping[str, Any], run_dir: Path, state: Mapping[str, Any]) -> str:
+    """``RESULT k=v ...`` from the evaluation summaries (``experiment.result``) and the total
+    wall-clock minutes of the stages (every invocation counted)."""
+    spec = exp.get("result") or {}
+    parts = []
+    for key, ref in (spec.get("metrics") or {}).items():
+        summary_path = Path(run_dir) / "eval" / str(ref["run"]) / "summary.json"
+        try:
+            summary = json.loads(summary_path.read_text())
+            cell = summary["benchmarks"][ref["benchmark"]]["by_length"][str(ref["length"])]["all"]
+            value = cell[ref.get("metric", "correct")]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+            raise RecallmError(
+                f"result {key}: cannot read it from {summary_path} ({type(exc).__name__}: {exc})"
+            ) from None
+        parts.append(f"{key}={float(value):.3f}")
+    minutes = sum(float(v) for v in state.get("stage_seconds", {}).values()) / 60
+    parts.append(f"minutes={minutes:.1f}")
+    return "RESULT " + " ".join(parts)

@@ -1,0 +1,192 @@
+"""The pipeline runner (stages resume after an interruption or a failure) and the experiment plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from recallm.errors import RecallmError
+from recallm.pipeline import Job, Pipeline, Stage, plan_experiment, result_line
+
+
+def py(code: str) -> list[str]:
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def count_job(out: Path, name: str) -> Job:
+    """Appends one line to ``out/<name>.runs`` each time it runs."""
+    return Job(name, py(f"open({str(out / (name + '.runs'))!r}, 'a').write('x\\n')"))
+
+
+def runs(out: Path, name: str) -> int:
+    path = out / f"{name}.runs"
+    return len(path.read_text().splitlines()) if path.exists() else 0
+
+
+def test_failed_stage_resumes_without_redoing_done_jobs(tmp_path):
+    gate = tmp_path / "gate"
+    flaky = Job(
+        "b/flaky",
+        py(f"""
+            import pathlib, sys
+            open({str(tmp_path / "b.runs")!r}, 'a').write('x\\n')
+            if not pathlib.Path({str(gate)!r}).exists():
+                print('ValueError: the gate is closed'); sys.exit(3)
+        """),
+    )
+    stages = [
+        Stage("a", [count_job(tmp_path, "a1"), count_job(tmp_path, "a2")], parallel=2),
+        Stage("b", [flaky, count_job(tmp_path, "b2")], parallel=1),
+        Stage("c", [count_job(tmp_path, "c1")]),
+    ]
+    pipe = Pipeline(tmp_path / "run", stages, threads=2)
+    messages: list[str] = []
+    with pytest.raises(
+        RecallmError, match=r"stage b: b/flaky failed \(exit 3\); see .*b-flaky.log: ValueError: the gate"
+    ):
+        pipe.run(echo=messages.append)
+    assert pipe.status() == {"a1": True, "a2": True, "b/flaky": False, "b2": False, "c1": False}
+    assert runs(tmp_path, "c1") == 0  # nothing after the failed stage ran
+    gate.touch()
+    messages.clear()
+    state = Pipeline(tmp_path / "run", stages, threads=2).run(echo=messages.append)
+    assert "[1/3] a: done earlier, skipped" in messages
+    assert [runs(tmp_path, n) for n in ("a1", "a2", "b", "b2", "c1")] == [1, 1, 2, 1, 1]
+    assert all(pipe.status().values()) and set(state["stage_seconds"]) == {"a", "b", "c"}
+    # redo drops a stage's done marks; only runs just the named stages
+    Pipeline(tmp_path / "run", stages).run(redo=["c"], echo=messages.append)
+    assert [runs(tmp_path, n) for n in ("a1", "b2", "c1")] == [1, 1, 2]
+    Pipeline(tmp_path / "run", stages).run(redo=["a"], only=["a"], echo=messages.append)
+    assert [runs(tmp_path, n) for n in ("a1", "b2", "c1")] == [2, 1, 2]
+    with pytest.raises(RecallmError, match="unknown stage 'd'"):
+        pipe.run(redo=["d"])
+
+
+def test_jobs_share_the_threads_and_fresh_jobs_start_clean(tmp_path):
+    out = tmp_path / "fresh_out"
+    out.mkdir()
+    (out / "stale").write_text("old")
+    jobs = [
+        Job(f"t{i}", py(f"import os; open({str(tmp_path / f't{i}')!r}, 'w').write(os.environ['OMP_NUM_THREADS'])"))
+        for i in range(2)
+    ]
+    check = f"import os, sys; sys.exit(os.path.exists({str(out / 'stale')!r}))"
+    fresh = Job("fresh", py(check), outputs=[out], fresh=True)
+    Pipeline(tmp_path / "run", [Stage("t", jobs, parallel=2), Stage("f", [fresh])], threads=4).run(echo=lambda m: None)
+    assert [(tmp_path / f"t{i}").read_text() for i in range(2)] == ["2", "2"]
+    assert not out.exists()  # a fresh job's outputs are removed before it runs
+
+
+def test_corrupt_state_is_one_line(tmp_path):
+    (tmp_path / "pipeline.json").write_text("{oops")
+    with pytest.raises(RecallmError, match=r"pipeline.json is corrupt .*delete it"):
+        Pipeline(tmp_path, [Stage("a", [count_job(tmp_path, "a")])]).status()
+    with pytest.raises(RecallmError, match="job names repeat"):
+        Pipeline(tmp_path, [Stage("a", [count_job(tmp_path, "a")]), Stage("b", [count_job(tmp_path, "a")])])
+
+
+RUNNER = """
+import sys, time
+from pathlib import Path
+from recallm.pipeline import Job, Pipeline, Stage
+tmp = Path(sys.argv[1])
+slow = "import time, pathlib; pathlib.Path(%r).write_text('started'); time.sleep(60)" % str(tmp / "slow.started")
+if len(sys.argv) > 2:
+    slow = "open(%r, 'w').write('ran')" % str(tmp / "slow.done")
+stages = [
+    Stage("first", [Job("first", [sys.executable, "-c", "open(%r, 'a').write('x')" % str(tmp / "first.runs")])]),
+    Stage("slow", [Job("slow", [sys.executable, "-c", slow])]),
+]
+Pipeline(tmp / "run", stages).run()
+print("FINISHED")
+"""
+
+
+def test_interrupted_pipeline_resumes_stage_by_stage(tmp_path):
+    script = tmp_path / "runner.py"
+    script.write_text(RUNNER)
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    deadline = time.time() + 60
+    while not (tmp_path / "slow.started").exists():
+        assert time.time() < deadline and proc.poll() is None, "the slow job never started"
+        time.sleep(0.1)
+    proc.send_signal(signal.SIGINT)  # Ctrl-C while the second stage runs
+    out, _ = proc.communicate(timeout=60)
+    assert proc.returncode != 0 and "FINISHED" not in out
+    state = json.loads((tmp_path / "run" / "pipeline.json").read_text())
+    assert state["jobs"]["first"]["done"] and "slow" not in state["jobs"]
+    assert state["stage_seconds"]["slow"] > 0  # the interrupted stage's time is counted
+    # the slow job's process group was stopped with the runner
+    time.sleep(0.5)
+    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
+    assert "slow.started" not in ps
+    done = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), "again"], env=env, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert "FINISHED" in done.stdout and "first: done earlier, skipped" in done.stdout
+    assert (tmp_path / "first.runs").read_text() == "x" and (tmp_path / "slow.done").read_text() == "ran"
+
+
+# --------------------------------------------------------------------------- the experiment
+
+
+def experiment(**changes):
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recallm.paths import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="pipeline", overrides=["experiment=tiny_cpu"])
+    exp = OmegaConf.to_container(cfg.experiment, resolve=True)
+    exp.update(changes)
+    return exp
+
+
+def test_tiny_cpu_plan(tmp_path):
+    stages = plan_experiment(experiment(), tmp_path)
+    assert [s.name for s in stages] == ["model", "data", "sft_embed", "sft_full", "grpo", "export", "eval", "report"]
+    jobs = {j.name: j for s in stages for j in s.jobs}
+    assert set(jobs) >= {"sft_full/recall", "sft_full/norecall", "grpo/recall", "export/norecall", "eval/norecall"}
+    assert "sft.strip_spans=true" in jobs["sft_full/norecall"].argv
+    assert "sft.strip_spans=true" not in jobs["sft_full/recall"].argv
+    # both variants train on the same data with the same recipe
+    same = [a for a in jobs["sft_full/recall"].argv if a.startswith(("sft=", "train_file=", "model.path="))]
+    assert same == [a for a in jobs["sft_full/norecall"].argv if a.startswith(("sft=", "train_file=", "model.path="))]
+    assert f"model_path={tmp_path.resolve() / 'models' / 'norecall'}" in jobs["eval/norecall"].argv
+    assert "backend.recall_constrained=false" in jobs["eval/recall_unconstrained"].argv
+    assert jobs["export/recall"].fresh and jobs["report"].fresh
+    no_grpo = plan_experiment(experiment(grpo=None), tmp_path)
+    eval_job = next(j for s in no_grpo for j in s.jobs if j.name == "eval/recall")
+    assert f"model_path={tmp_path.resolve() / 'sft' / 'recall' / 'full' / 'final'}" in eval_job.argv
+    with pytest.raises(RecallmError, match="unknown variant 'other'"):
+        plan_experiment(experiment(eval={"suite": "toy", "runs": {"x": {"variant": "other"}}}), tmp_path)
+    with pytest.raises(RecallmError, match="not a key=value override: 'oops'"):
+        plan_experiment(experiment(sft_overrides=["oops"]), tmp_path)
+    with pytest.raises(RecallmError, match="experiment: variants is required"):
+        plan_experiment(experiment(variants=None), tmp_path)
+    with pytest.raises(RecallmError, match="not a model directory"):
+        plan_experiment(experiment(model={"path": str(tmp_path)}), tmp_path)
+
+
+def test_result_line(tmp_path):
+    exp = experiment()
+    for run, acc in (("recall", {"360": 0.9, "1440": 0.6}), ("norecall", {"360": 0.8, "1440": 0.1})):
+        (tmp_path / "eval" / run).mkdir(parents=True)
+        summary = {"benchmarks": {"synthetic": {"by_length": {k: {"all": {"correct": v}} for k, v in acc.items()}}}}
+        (tmp_path / "eval" / run / "summary.json").write_text(json.dumps(summary))
+    line = result_line(exp, tmp_path, {"stage_seconds": {"a": 60, "b": 1140}})
+    assert line == "RESULT acc_recall_4x=0.600 acc_norecall_4x=0.100 acc_recall_1x=0.900 minutes=20.0"
+    (tmp_path / "eval" / "norecall" / "summary.json").write_text("{}")
+    with pytest.raises(RecallmError, match=r"result acc_norecall_4x: cannot read it from .*norecall/summary.json"):
+        result_line(exp, tmp_path, {})
