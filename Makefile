@@ -35,6 +35,7 @@ bench: $(STAMP)
 	$(PY) bench/sft_step.py
 	$(PY) bench/grpo_step.py
 	$(PY) bench/vllm_mask_batch.py
+	$(PY) bench/rlm_subcalls.py
 
 clean:
 	rm -rf $(VENV) outputs .pytest_cache

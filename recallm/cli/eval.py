@@ -44,6 +44,7 @@ _FINGERPRINT_BACKEND_KEYS = (
     "api",
     "extra_body",
     "engine_kwargs",
+    "rlm",  # backend=rlm: the RLM's models, depth, limits and budget
 )
 
 
@@ -121,7 +122,11 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
     fingerprint = {
         "model_path": str(model_path.resolve()) if model_path.exists() else str(model_path),
         "tokenizer": str(Path(cfg.tokenizer_path).resolve()) if cfg.tokenizer_path else None,
-        "backend": {k: backend_cfg.get(k) for k in _FINGERPRINT_BACKEND_KEYS},
+        "backend": {
+            k: backend_cfg.get(k)
+            for k in _FINGERPRINT_BACKEND_KEYS
+            if k != "rlm" or backend_cfg.get("rlm") is not None  # (runs of other backends keep their fingerprint)
+        },
         "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
         "reward": reward_cfg if any(b.name == "in_domain" for b in benchmarks) else None,

@@ -60,7 +60,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("hf", "vllm", "openai")
+BACKENDS = ("hf", "vllm", "openai", "rlm")  # rlm: a Recursive Language Model (recallm.rlm.eval_backend)
 
 #: ``ext(*, input_ids, attention_mask, prompt_lengths, max_new_tokens) -> ContextManager[Mapping | None]``
 LengthExtension = Callable[..., contextlib.AbstractContextManager]
@@ -532,6 +532,10 @@ def make_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> B
     if name not in BACKENDS:
         raise RecallmError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
     constrained = bool(cfg.get("recall_constrained", True))
+    if name == "rlm":
+        from recallm.rlm.eval_backend import make_rlm_backend
+
+        return make_rlm_backend(cfg, model_path, tokenizer)
     if name == "hf":
         return HFBackend(
             model_path,

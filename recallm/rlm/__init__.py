@@ -1,0 +1,38 @@
+"""Recursive Language Models (Zhang, Kraska & Khattab, 2025): the prompt lives in a sandboxed
+Python REPL; a root model explores it with code and calls sub-models from that code.
+
+* ``runner`` - the root loop (``RLM``, ``RLMSettings``, ``RLMResult``); depth 0-3;
+* ``sandbox`` + ``worker`` + ``protocol`` - the REPL process, its limits and isolation
+  (bubblewrap when available), and the pipe protocol its sub-calls travel over;
+* ``subcalls`` + ``budget`` - concurrent, timed, retried sub-calls under a per-task budget;
+* ``models`` - the evaluation backends (HF, vLLM, OpenAI-compatible) and a scripted model;
+* ``trajectory`` / ``show`` / ``export`` - JSONL trajectories, their HTML pages, SFT data;
+* ``tasks`` / ``evaluate`` - S-NIAH, OOLONG-like and OOLONG-Pairs-like tasks with scorers,
+  and a resumable task-set runner; ``eval_backend`` - ``recallm-eval backend.name=rlm``.
+
+CLI: ``recallm-rlm`` (``recallm.cli.rlm``).
+"""
+
+from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits
+from recallm.rlm.models import BackendModel, ChatModel, Reply, ScriptedModel, make_model
+from recallm.rlm.runner import RLM, RLMResult, RLMSettings
+from recallm.rlm.sandbox import Sandbox, SandboxLimits, detect_isolation
+from recallm.rlm.subcalls import SubCallSettings
+
+__all__ = [
+    "RLM",
+    "RLMResult",
+    "RLMSettings",
+    "Budget",
+    "BudgetExhausted",
+    "BudgetLimits",
+    "ChatModel",
+    "BackendModel",
+    "ScriptedModel",
+    "Reply",
+    "make_model",
+    "Sandbox",
+    "SandboxLimits",
+    "detect_isolation",
+    "SubCallSettings",
+]

@@ -1,0 +1,156 @@
+"""The budget of one task: total tokens, sub-calls and wall time, shared by every level of an RLM.
+
+One ``Budget`` is made per task and handed to the root RLM, its sub-calls and every recursive
+RLM below it (threads included). It is checked *before* each model call and charged after it:
+
+* ``max_tokens`` - prompt + completion tokens of every model call (root turns and sub-calls);
+  a call is refused once the total reaches the cap, and a call's ``max_new_tokens`` is cut to
+  what is left, so calls already in flight can overshoot by at most their prompt tokens;
+* ``max_subcalls`` - sub-calls (each prompt of a batch counts once; a recursive ``rlm_query``
+  counts once, and its own model calls count as well);
+* ``max_wall_s`` - seconds since the task started; every wait (a cell, a sub-call, a root
+  turn) is bounded by what is left, so a spent budget ends the task instead of hanging it.
+
+Once spent the budget stays spent (``reason`` says which cap), and every later check raises
+``BudgetExhausted``. ``None`` turns a cap off.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from recallm.clients import as_number
+from recallm.errors import RecallmError
+
+__all__ = ["BudgetLimits", "Budget", "BudgetExhausted"]
+
+
+class BudgetExhausted(Exception):
+    """The task's budget is spent; ``reason`` names the cap."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"budget exhausted: {reason}")
+        self.reason = reason
+
+
+@dataclass(frozen=True)
+class BudgetLimits:
+    """Caps per task (``None``: no cap)."""
+
+    max_tokens: int | None = 2_000_000
+    """prompt + completion tokens of every model call of the task (root and sub-calls)"""
+    max_subcalls: int | None = 1000
+    """sub-calls of the task, all depths together"""
+    max_wall_s: float | None = 3600.0
+    """wall-clock seconds of the task"""
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "budget") -> BudgetLimits:
+        cfg = dict(cfg or {})
+        known = {"max_tokens", "max_subcalls", "max_wall_s"}
+        unknown = sorted(set(cfg) - known)
+        if unknown:
+            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
+        values: dict[str, Any] = {}
+        for name, kind in (("max_tokens", int), ("max_subcalls", int), ("max_wall_s", float)):
+            if name not in cfg:
+                continue
+            value = cfg[name]
+            if value is not None:
+                value = as_number(value, f"{where}.{name}", kind)
+                if value <= 0 if name != "max_subcalls" else value < 0:
+                    raise RecallmError(f"{where}.{name} must be positive (or null for no cap), got {value}")
+            values[name] = value
+        return cls(**values)
+
+
+class Budget:
+    """A task's running totals against its ``BudgetLimits`` (thread-safe; see module doc)."""
+
+    def __init__(self, limits: BudgetLimits | None = None, *, clock=time.monotonic) -> None:
+        self.limits = limits or BudgetLimits()
+        self._clock = clock
+        self.started = clock()
+        self._lock = threading.Lock()
+        self.tokens = 0
+        self.subcalls = 0
+        self.reason: str | None = None
+
+    # --- checks --------------------------------------------------------------------------------
+
+    def elapsed(self) -> float:
+        return self._clock() - self.started
+
+    def remaining_s(self) -> float | None:
+        if self.limits.max_wall_s is None:
+            return None
+        return max(0.0, self.limits.max_wall_s - self.elapsed())
+
+    def remaining_tokens(self) -> int | None:
+        if self.limits.max_tokens is None:
+            return None
+        return max(0, self.limits.max_tokens - self.tokens)
+
+    def _spent(self) -> str | None:
+        limits = self.limits
+        if self.reason is None:
+            if limits.max_wall_s is not None and self.elapsed() >= limits.max_wall_s:
+                self.reason = f"wall time reached max_wall_s={limits.max_wall_s:g}s"
+            elif limits.max_tokens is not None and self.tokens >= limits.max_tokens:
+                self.reason = f"{self.tokens} tokens reached max_tokens={limits.max_tokens}"
+        return self.reason
+
+    @property
+    def exhausted(self) -> bool:
+        with self._lock:
+            return self._spent() is not None
+
+    def check(self) -> None:
+        """Raise ``BudgetExhausted`` if a cap is reached."""
+        with self._lock:
+            reason = self._spent()
+        if reason is not None:
+            raise BudgetExhausted(reason)
+
+    def start_subcalls(self, n: int = 1) -> None:
+        """Count ``n`` sub-calls about to start; raises (counting none) if that passes a cap."""
+        with self._lock:
+            reason = self._spent()
+            cap = self.limits.max_subcalls
+            if reason is None and cap is not None and self.subcalls + n > cap:
+                left = cap - self.subcalls
+                reason = f"{self.subcalls} sub-calls made, {n} more asked, max_subcalls={cap}"
+                if left <= 0:
+                    self.reason = reason
+            if reason is not None:
+                raise BudgetExhausted(reason)
+            self.subcalls += n
+
+    def charge(self, prompt_tokens: int, completion_tokens: int) -> None:
+        with self._lock:
+            self.tokens += max(0, int(prompt_tokens)) + max(0, int(completion_tokens))
+
+    def cap_new_tokens(self, wanted: int) -> int:
+        """``wanted`` cut to the tokens left (at least 1; ``check`` refuses a spent budget)."""
+        left = self.remaining_tokens()
+        return wanted if left is None else max(1, min(wanted, left))
+
+    def timeout(self, wanted: float | None) -> float | None:
+        """``wanted`` seconds cut to the wall time left."""
+        left = self.remaining_s()
+        if left is None:
+            return wanted
+        return left if wanted is None else min(wanted, left)
+
+    def usage(self) -> dict[str, Any]:
+        with self._lock:
+            return {
+                "tokens": self.tokens,
+                "subcalls": self.subcalls,
+                "wall_s": round(self.elapsed(), 3),
+                "exhausted": self.reason,
+            }

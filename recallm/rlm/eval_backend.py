@@ -1,0 +1,135 @@
+"""``recallm-eval backend.name=rlm``: an RLM as an evaluation backend, so that the same runner,
+benchmarks (lost in thought, RULER, ...) and report put RecaLLM models and RLMs side by side.
+
+For each request the RLM gets the benchmark's prompt (its system and user messages, joined) as
+``context`` and no separate query: the root is told the instructions are inside the context.
+The ``Generation`` it returns is shaped like a reasoning model's output, which is how every
+benchmark reads answers: the root's visible replies (its "reasoning"), ``</think>``, then
+``Answer: <the RLM's answer>`` (nothing after ``</think>`` when the RLM ended without one);
+``n_tokens`` is the root's completion tokens; ``finish_reason`` is ``stop`` when the RLM ended
+with an answer of its own (``final`` or ``plain_text``) and ``length`` otherwise.
+
+A request with a ``prefix`` (lost in thought's injected continuation) cannot be an RLM task: it
+is answered by the root model continuing the rendered prompt directly, so ``injected`` measures
+the root model, not the RLM.
+
+Settings come from ``backend.rlm`` (add keys with ``+backend.rlm.<key>=...``; see
+``configs/rlm.yaml`` for their meaning): ``root`` (default: the evaluated model through HF, with
+``backend.recall_constrained``, ``dtype`` and ``device``), ``sub`` (default: the root), ``rlm``,
+``subcalls``, ``sandbox``, ``budget``, ``trajectory_dir`` (default
+``outputs/rlm/eval_trajectories``) and ``parallel`` (RLM runs at once within a batch).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+from collections.abc import Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+from recallm.eval.backends import Backend
+from recallm.eval.types import Generation, GenerationSettings, GenRequest
+from recallm.rlm.budget import BudgetLimits
+from recallm.rlm.models import make_model
+from recallm.rlm.runner import RLM, RLMResult, RLMSettings
+from recallm.rlm.sandbox import SandboxLimits
+from recallm.rlm.subcalls import SubCallSettings
+from recallm.tokens import THINK_END
+
+__all__ = ["RLMBackend", "make_rlm_backend", "rlm_output"]
+
+log = logging.getLogger(__name__)
+_KEYS = {"root", "sub", "rlm", "subcalls", "sandbox", "budget", "trajectory_dir", "parallel", "models_dir"}
+
+
+def rlm_output(result: RLMResult) -> tuple[str, int]:
+    """(the generation text of an RLM run, the root's completion tokens); see module doc."""
+    turns = [e for e in result.events if e.get("event") == "turn" and e.get("rlm") == "0"]
+    reasoning = "\n\n".join(str(e.get("visible", "")) for e in turns).strip()
+    tokens = sum(int(e.get("completion_tokens") or 0) for e in turns)
+    answer = f"\n\nAnswer: {result.answer}" if result.answer is not None else ""
+    return f"{reasoning}\n{THINK_END}{answer}", tokens
+
+
+def _context(request: GenRequest) -> str:
+    if request.messages:
+        parts = [str(m.get("content", "")) for m in request.messages if m.get("role") in ("system", "user")]
+        return "\n\n".join(p for p in parts if p)
+    return request.prompt_text
+
+
+class RLMBackend(Backend):
+    """An RLM behind the evaluation ``Backend`` interface (see module doc)."""
+
+    name = "rlm"
+
+    def __init__(self, rlm: RLM, *, trajectory_dir: str | Path | None = None, parallel: int = 1) -> None:
+        if parallel < 1:
+            raise RecallmError(f"backend.rlm.parallel must be >= 1, got {parallel}")
+        self.rlm = rlm
+        self.trajectory_dir = Path(trajectory_dir) if trajectory_dir is not None else None
+        self.parallel = int(parallel)
+
+    def describe(self) -> dict[str, Any]:
+        return {"backend": self.name, **self.rlm.describe()}
+
+    def close(self) -> None:
+        self.rlm.root_model.close()
+        if self.rlm.sub_model is not self.rlm.root_model:
+            self.rlm.sub_model.close()
+
+    def _one(self, request: GenRequest) -> Generation:
+        if request.prefix:
+            reply = self.rlm.root_model.continue_text(
+                request.prompt_text, request.prefix, max_new_tokens=request.max_new_tokens, seed=request.seed
+            )
+            return Generation(reply.text, reply.completion_tokens, reply.finish_reason)
+        context = _context(request)
+        key = hashlib.sha1(request.prompt_text.encode()).hexdigest()[:16]
+        path = self.trajectory_dir / f"{key}.jsonl" if self.trajectory_dir is not None else None
+        result = self.rlm.run(context, None, task_id=key, trajectory=path)
+        if result.outcome == "error":
+            log.warning("RLM run %s ended with an error: %s", key, result.reason)
+        text, tokens = rlm_output(result)
+        reason = "stop" if result.outcome in ("final", "plain_text") else "length"
+        return Generation(text, tokens, reason)
+
+    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]:
+        if self.parallel == 1 or len(requests) == 1:
+            return [self._one(r) for r in requests]
+        with ThreadPoolExecutor(max_workers=min(self.parallel, len(requests))) as pool:
+            return list(pool.map(self._one, requests))
+
+
+def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> RLMBackend:
+    """The ``rlm`` backend of ``recallm-eval`` from its ``backend`` section (module doc)."""
+    section = dict(cfg.get("rlm") or {})
+    unknown = sorted(set(section) - _KEYS)
+    if unknown:
+        raise RecallmError(f"backend.rlm has unknown keys {unknown}; known: {sorted(_KEYS)}")
+    settings = RLMSettings.from_mapping(section.get("rlm"), "backend.rlm.rlm")
+    subcalls = SubCallSettings.from_mapping(section.get("subcalls"), "backend.rlm.subcalls")
+    sandbox = SandboxLimits.from_mapping(section.get("sandbox"), "backend.rlm.sandbox")
+    budget = BudgetLimits.from_mapping(section.get("budget"), "backend.rlm.budget")
+    models_dir = section.get("models_dir") or "outputs/models"
+    root_cfg = dict(section.get("root") or {})
+    if not root_cfg.get("name"):
+        root_cfg = {
+            "name": "hf",
+            "recall_constrained": bool(cfg.get("recall_constrained", False)),
+            "dtype": cfg.get("dtype", "auto"),
+            "device": cfg.get("device", "auto"),
+            "batch_size": 1,
+            **{k: v for k, v in root_cfg.items() if k != "name"},
+        }
+    root = make_model(root_cfg, "backend.rlm.root", models_dir=models_dir, tokenizer=tokenizer, model_path=model_path)
+    sub_cfg = dict(section.get("sub") or {})
+    sub = None
+    if sub_cfg.get("name"):
+        sub = make_model(sub_cfg, "backend.rlm.sub", models_dir=models_dir, tokenizer=tokenizer, model_path=model_path)
+    rlm = RLM(root, sub, settings=settings, subcalls=subcalls, sandbox=sandbox, budget=budget)
+    trajectory_dir = section.get("trajectory_dir", "outputs/rlm/eval_trajectories")
+    return RLMBackend(rlm, trajectory_dir=trajectory_dir, parallel=int(section.get("parallel", 1)))

@@ -1,0 +1,230 @@
+"""RLM tasks: generators (deterministic, fitted to length, gold consistent with the context) and
+scorers against hand-computed cases; an RLM with a perfect scripted classifier solves them."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from recallm.errors import RecallmError
+from recallm.rlm.models import ScriptedModel
+from recallm.rlm.runner import RLM, RLMSettings
+from recallm.rlm.sandbox import SandboxLimits
+from recallm.rlm.subcalls import SubCallSettings
+from recallm.rlm.tasks import (
+    LABELS,
+    TASKS,
+    TokenCounter,
+    label_of,
+    make_task,
+    numeric_partial_credit,
+    pairs_f1,
+    parse_pairs,
+    score_answer,
+    task_specs,
+)
+
+
+def records(context):
+    out = []
+    for line in context.split("\n"):
+        m = re.fullmatch(r"Date: \w{3} \d\d, \d{4} \|\| User: (\d+) \|\| Instance: (.+)", line)
+        assert m, line
+        out.append((int(m.group(1)), label_of(m.group(2))))
+    return out
+
+
+# --- scorers, hand-computed -----------------------------------------------------------------------
+
+
+def test_numeric_partial_credit_is_0_75_to_the_error():
+    ref = {"kind": "count", "label": "human", "value": 10}
+    assert score_answer("oolong", "There are 10 such instances.", ref).score == 1.0
+    assert score_answer("oolong", "12", ref).score == pytest.approx(0.5625)  # 0.75 ** 2
+    assert score_answer("oolong", "I counted 7", ref).score == pytest.approx(0.421875)  # 0.75 ** 3
+    assert score_answer("oolong", "Answer: 1,010", ref).score == pytest.approx(0.75**1000)
+    assert score_answer("oolong", "no idea", ref).score == 0.0
+    assert score_answer("oolong", None, ref).score == 0.0
+    assert score_answer("oolong", "12", ref).metrics == {"abs_error": 2.0}
+    assert numeric_partial_credit(4.0, 4) == 1.0 and numeric_partial_credit(None, 4) == 0.0
+
+
+def test_comparison_and_label_answers_are_exact():
+    ref = {"kind": "compare", "labels": ["human", "entity"], "value": "less common"}
+    assert score_answer("oolong", "It is less common.", ref).correct
+    assert not score_answer("oolong", "more common", ref).correct
+    assert not score_answer("oolong", "less common or more common", ref).correct  # hedging is wrong
+    label = {"kind": "label", "value": "location"}
+    assert score_answer("oolong", "The most common label is LOCATION.", label).score == 1.0
+    assert score_answer("oolong", "location or numeric", label).score == 0.0
+
+
+def test_pairs_are_scored_by_f1():
+    ref = {"kind": "pairs", "pairs": [[1, 2], [1, 3], [2, 3]]}
+    # predicted {(1,2), (1,4)}: precision 1/2, recall 1/3, F1 = 2 * (1/6) / (5/6) = 0.4
+    scored = score_answer("oolong_pairs", "(2, 1)\n(1,4)", ref)
+    assert scored.score == pytest.approx(0.4) and not scored.correct
+    assert scored.metrics["precision"] == pytest.approx(0.5) and scored.metrics["recall"] == pytest.approx(1 / 3)
+    assert score_answer("oolong_pairs", "[1, 2], (3, 1)\n2, 3", ref).score == 1.0
+    assert score_answer("oolong_pairs", "none", ref).score == 0.0
+    assert score_answer("oolong_pairs", "", {"kind": "pairs", "pairs": []}).score == 1.0
+    assert parse_pairs("(5, 5) (7, 3)") == {(3, 7)}
+
+
+def test_niah_needs_the_whole_number():
+    ref = {"value": "1234567"}
+    assert score_answer("s_niah", "The number is 1234567.", ref).score == 1.0
+    assert score_answer("s_niah", "12345678", ref).score == 0.0
+    assert score_answer("s_niah", None, ref).score == 0.0
+
+
+@given(st.sets(st.tuples(st.integers(1, 99999), st.integers(1, 99999)).filter(lambda p: p[0] != p[1]), max_size=30))
+def test_formatted_pairs_parse_back_and_score_one(pairs):
+    gold = {(min(a, b), max(a, b)) for a, b in pairs}
+    text = "\n".join(f"({b}, {a})" for a, b in sorted(gold))
+    assert parse_pairs(text) == gold
+    assert pairs_f1(parse_pairs(text), gold) == (1.0, 1.0, 1.0)
+
+
+@given(
+    st.sets(st.tuples(st.integers(0, 9), st.integers(10, 19))),
+    st.sets(st.tuples(st.integers(0, 9), st.integers(10, 19))),
+)
+def test_f1_is_bounded_and_symmetric(a, b):
+    p, r, f = pairs_f1(a, b)
+    assert 0.0 <= f <= 1.0 and (f == 1.0) == (a == b)
+    assert pairs_f1(b, a)[2] == pytest.approx(f)
+
+
+# --- generators ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("task", TASKS)
+def test_tasks_are_deterministic_and_fit_their_length(task):
+    a, b = make_task(task, 8192, 1, seed=3), make_task(task, 8192, 1, seed=3)
+    assert a.context == b.context and a.query == b.query and a.reference == b.reference
+    assert make_task(task, 8192, 2, seed=3).context != a.context
+    assert make_task(task, 8192, 1, seed=4).context != a.context
+    assert 0.98 * 8192 <= a.tokens <= 1.02 * 8192 and a.tokens == TokenCounter().count(a.context)
+    assert a.task_id == f"{task}/8192/1"
+
+
+def test_niah_hides_one_needle():
+    ex = make_task("s_niah", 8192, 0)
+    needle = f"The special magic number for {ex.reference['key']} is {ex.reference['value']}."
+    assert ex.context.count(needle) == 1 and ex.context.count("special magic number") == 1
+    assert ex.reference["key"] in ex.query and ex.reference["value"] not in ex.query
+
+
+@pytest.mark.parametrize("index", [0, 1, 2])
+def test_oolong_gold_matches_the_labels_in_the_context(index):
+    ex = make_task("oolong", 8192, index)
+    counts = Counter(label for _, label in records(ex.context))
+    assert ex.reference["counts_by_label"] == {label: counts[label] for label in LABELS}
+    ref = ex.reference
+    if ref["kind"] == "count":
+        assert ref["value"] == counts[ref["label"]] and ref["label"] in ex.query
+    elif ref["kind"] == "compare":
+        a, b = ref["labels"]
+        expected = (
+            "more common" if counts[a] > counts[b] else "less common" if counts[a] < counts[b] else "same frequency"
+        )
+        assert ref["value"] == expected
+    else:
+        assert ref["value"] == counts.most_common(1)[0][0]
+    assert not any(f"label: {label}" in ex.context.lower() for label in LABELS)  # labels must be inferred
+
+
+@pytest.mark.parametrize("index", [0, 1])
+def test_oolong_pairs_gold_is_every_pair_meeting_the_condition(index):
+    ex = make_task("oolong_pairs", 8192, index)
+    has: dict[int, set[str]] = {}
+    for user, label in records(ex.context):
+        has.setdefault(user, set()).add(label)
+    need = ex.reference["condition"]
+    meeting = sorted(u for u, labels in has.items() if set(need) <= labels)
+    assert len(meeting) >= 3 and ex.reference["users"] == meeting
+    assert {tuple(p) for p in ex.reference["pairs"]} == {
+        (a, b) for i, a in enumerate(meeting) for b in meeting[i + 1 :]
+    }
+    assert all(f"'{label}'" in ex.query for label in need)
+
+
+def test_a_million_tokens_with_a_bounded_gold_set():
+    ex = make_task("oolong_pairs", 1 << 20, 0)
+    assert 0.98 * (1 << 20) <= ex.tokens <= 1.02 * (1 << 20)
+    assert len(ex.reference["pairs"]) == 40 * 39 // 2
+
+
+def test_a_tokenizer_counts_when_given():
+    class Words:  # one token per whitespace-separated word
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": text.split()}
+
+    ex = make_task("s_niah", 2048, 0, counter=TokenCounter(Words()))
+    assert 0.98 * 2048 <= len(ex.context.split()) <= 1.02 * 2048
+
+
+def test_bad_task_settings_are_one_line_errors():
+    with pytest.raises(RecallmError, match="unknown RLM task 'niah'; known: s_niah, oolong, oolong_pairs"):
+        make_task("niah", 8192, 0)
+    with pytest.raises(RecallmError, match="bad length 100 for task oolong"):
+        make_task("oolong", 100, 0)
+    with pytest.raises(RecallmError, match="tasks.lengths: bad length 'eight'"):
+        task_specs(["oolong"], ["eight"], 1)
+    with pytest.raises(RecallmError, match="per_cell must be a positive integer"):
+        task_specs(["oolong"], ["8K"], 0)
+    assert task_specs("s_niah", ["8K", "1M"], 2) == [
+        ("s_niah", 8192, 0),
+        ("s_niah", 8192, 1),
+        ("s_niah", 1 << 20, 0),
+        ("s_niah", 1 << 20, 1),
+    ]
+
+
+# --- an RLM solves them with a perfect (scripted) classifier ---------------------------------------
+
+LABEL_CODE = """```repl
+rows = [line.split(' || ') for line in context.split('\\n')]
+questions = [r[2].removeprefix('Instance: ') for r in rows]
+labels = llm_query_batched(['Label this question: ' + q for q in questions])
+users = [int(r[1].removeprefix('User: ')) for r in rows]
+print(len(rows), labels[:3])
+```"""
+PAIRS_CODE = """```repl
+import re
+need = re.findall(r"label '(\\w+)'", query)
+has = {}
+for u, lab in zip(users, labels):
+    has.setdefault(u, set()).add(lab)
+ok = sorted(u for u, s in has.items() if set(need) <= s)
+answer = '\\n'.join(f'({a}, {b})' for i, a in enumerate(ok) for b in ok[i + 1:])
+print(len(ok))
+```
+FINAL_VAR(answer)"""
+COUNT_CODE = """```repl
+import re
+label = re.search(r"the label '(\\w+)'", query).group(1)
+answer = labels.count(label)
+```
+FINAL_VAR(answer)"""
+
+
+@pytest.mark.parametrize("task, index, second", [("oolong_pairs", 1, PAIRS_CODE), ("oolong", 0, COUNT_CODE)])
+def test_an_rlm_with_a_perfect_classifier_scores_one(task, index, second):
+    ex = make_task(task, 8192, index)
+    sub = ScriptedModel(lambda m: label_of(m[-1]["content"].removeprefix("Label this question: ")))
+    rlm = RLM(
+        ScriptedModel([LABEL_CODE, second]),
+        sub,
+        settings=RLMSettings(max_depth=1, max_iterations=4),
+        subcalls=SubCallSettings(pool_size=16, retries=0),
+        sandbox=SandboxLimits(wall_s=20, memory_mb=512),
+    )
+    result = rlm.run(ex.context, ex.query)
+    assert result.outcome == "final" and len(sub.calls) == len(ex.context.split("\n"))
+    assert score_answer(task, result.answer, ex.reference).score == 1.0

@@ -1,0 +1,205 @@
+"""RLM trajectories: the HTML page, the SFT export (the paper's filtering) and the `recallm-rlm` CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from recallm.errors import RecallmError
+from recallm.rlm.export import export_sft
+from recallm.rlm.models import ScriptedModel
+from recallm.rlm.runner import RLM, RLMSettings
+from recallm.rlm.sandbox import SandboxLimits
+from recallm.rlm.show import render_html, write_html
+from recallm.rlm.subcalls import SubCallSettings
+from recallm.rlm.trajectory import append_event, load_trajectory
+
+LIMITS = SandboxLimits(cpu_s=5, wall_s=2, memory_mb=512)
+
+
+def run(tmp_path, name, replies, *, sub=None, score=None, **settings):
+    settings.setdefault("max_iterations", 4)
+    rlm = RLM(
+        ScriptedModel(replies),
+        sub,
+        settings=RLMSettings(**settings),
+        subcalls=SubCallSettings(retries=0),
+        sandbox=LIMITS,
+    )
+    path = tmp_path / f"{name}.jsonl"
+    result = rlm.run("the context " * 20, "the question?", task_id=name, trajectory=path)
+    if score is not None:
+        append_event(path, {"event": "score", "rlm": "0", "task": "s_niah", "score": score, "correct": score == 1,
+                            "metrics": {}, "reference": {"value": "42"}})  # fmt: skip
+    return path, result
+
+
+def test_the_page_shows_turns_cells_subcalls_and_children_escaped(tmp_path):
+    def sub(messages):
+        if messages[0]["role"] == "system":
+            return "```repl\nleaf = llm_query('inner <b>question</b>')\n```\nFINAL_VAR(leaf)"
+        return "leaf answer"
+
+    replies = [
+        "<think>plan it</think>Exploring.\n```repl\nprint('<script>alert(1)</script>')\n1/0\n```",
+        "```repl\nr = rlm_query(context[:50], 'what is inside?')\n```\nFINAL_VAR(r)",
+    ]
+    path, result = run(tmp_path, "page", replies, sub=ScriptedModel(sub), score=1.0, max_depth=2)
+    assert result.answer == "leaf answer"
+    page = render_html(load_trajectory(path))
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert "ZeroDivisionError" in page and "<summary>reasoning</summary>" in page and "plan it" in page
+    assert "RLM 0.1 (depth 1)" in page and "rlm_query" in page and "inner &lt;b&gt;question&lt;/b&gt;" in page
+    assert "ended by FINAL_VAR(r)" in page and "<th>score</th><td>1.0 (correct: True)" in page
+    assert ("no network" in page) or ("NONE (" in page)  # the isolation, whichever it was
+    out = write_html(path)
+    assert out == path.with_suffix(".html") and out.read_text() == render_html(
+        load_trajectory(path), title=f"RLM trajectory: {path.name}"
+    )
+    with pytest.raises(RecallmError, match="does not exist"):
+        write_html(tmp_path / "missing.jsonl")
+    (tmp_path / "bad.jsonl").write_text('{"event": "turn"}\n')
+    with pytest.raises(RecallmError, match="not an RLM trajectory"):
+        load_trajectory(tmp_path / "bad.jsonl")
+
+
+def test_export_keeps_scored_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_dir):
+    from recallm.sft.data import load_sft_file
+    from recallm.tokens import THINK_END, load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_dir)
+    two_turns = ["```repl\nx = 42\n```", "<think>\ndone</think>FINAL_VAR(x)"]
+    run(tmp_path, "good", two_turns, score=1.0)
+    run(tmp_path, "partial", two_turns, score=0.25)
+    run(tmp_path, "zero", two_turns, score=0.0)
+    run(tmp_path, "single", ["FINAL(42)"], score=1.0)
+    run(tmp_path, "unscored", two_turns)
+    long_turn = ["```repl\nprint('y' * 3000)\n```", "FINAL(42)"]
+    run(tmp_path, "long", long_turn, score=1.0, max_observation_chars=5000)
+    out = tmp_path / "sft" / "train.jsonl"
+    counts = export_sft([tmp_path], tokenizer, out, min_turns=2, max_turn_chars=5000)
+    assert counts == {
+        "trajectories": 6,
+        "kept": 3,
+        "records": 5,  # good: 2, partial: 2, long: 1 (its second turn read 3000+ characters more)
+        "turns_too_long": 1,
+        "dropped_score_zero": 1,
+        "dropped_too_few_turns": 1,
+        "dropped_unscored": 1,
+    }
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [(r["trajectory"].rsplit("/", 1)[1], r["turn"]) for r in rows] == [
+        ("good.jsonl", 1),
+        ("good.jsonl", 2),
+        ("long.jsonl", 1),
+        ("partial.jsonl", 1),
+        ("partial.jsonl", 2),
+    ]
+    first, second = rows[0], rows[1]
+    assert first["messages"][0]["role"] == "system" and len(first["messages"]) == 2
+    assert [m["role"] for m in second["messages"]] == ["system", "user", "assistant", "user"]
+    assert second["messages"][2]["content"] == "```repl\nx = 42\n```"  # history holds the visible reply
+    assert first["prompt_text"].endswith("<think>\n")  # the tiny template opens the think block, so:
+    assert second["completion"] == "done</think>FINAL_VAR(x)" + tokenizer.eos_token  # the reply continues it
+    assert first["completion"].startswith(THINK_END + "\n```repl")  # no reasoning: the block is closed first
+    assert first["completion_ids"][-1] == tokenizer.eos_token_id
+    assert first["data_source"] == "rlm/s_niah" and json.loads(first["ground_truth"]) == {"value": "42"}
+    from transformers import AutoConfig
+
+    dataset, stats = load_sft_file(
+        out, tokenizer, max_length=100_000, vocab_size=AutoConfig.from_pretrained(tiny_dir).vocab_size
+    )
+    assert stats["examples"] == 5 and len(dataset) == 5
+    with pytest.raises(RecallmError, match="train.jsonl:1: not a trajectory event"):
+        export_sft([tmp_path / "sft"], tokenizer, tmp_path / "x.jsonl")  # SFT rows are no trajectory
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(RecallmError, match="no trajectory files"):
+        export_sft([tmp_path / "empty"], tokenizer, tmp_path / "x.jsonl")
+
+
+# --- the CLI -----------------------------------------------------------------------------------
+
+
+def compose(*overrides):
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from recallm.paths import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        return hydra_compose(config_name="rlm", overrides=list(overrides))
+
+
+def cli(*args, replies=None):
+    """The CLI on ``args``; ``replies`` (code with newlines, awkward on a command line) are set on
+    the composed config as a scripted root's."""
+    from omegaconf import OmegaConf
+
+    from recallm.cli.rlm import rewrite_argv, run
+
+    cfg = compose("progress=false", *rewrite_argv(list(args)))
+    if replies is not None:
+        OmegaConf.update(cfg, "root.name", "scripted")
+        OmegaConf.update(cfg, "root.replies", replies, force_add=True)
+    return run(cfg)
+
+
+def fail(capsys, *args) -> str:
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exc:
+        cli(*args)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("error: ")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+SOLVE = (
+    "```repl\nimport re\nkey = re.search(r'number for (\\S+) mentioned', query).group(1)\n"
+    "answer = re.search(re.escape(key) + r' is (\\d+)', context).group(1)\n```"
+)
+
+
+def test_cli_runs_resumes_shows_and_exports(tmp_path, tiny_dir, capsys):
+    out = tmp_path / "run"
+    common = (f"out_dir={out}", "tasks.names=[s_niah]", "tasks.lengths=[1K,2K]", "sandbox.wall_s=5")
+    replies = [SOLVE, "FINAL_VAR(answer)"]
+    summary = cli(*common, replies=replies)
+    assert summary["complete"] and summary["tasks"]["s_niah"]["overall"]["score"] == 1.0
+    assert summary["tasks"]["s_niah"]["overall"]["outcomes"] == {"final": 2}
+    results = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert [r["task_id"] for r in results] == ["s_niah/1024/0", "s_niah/2048/0"]
+    assert all((out / r["trajectory"]).is_file() for r in results)
+    assert cli(*common, replies=replies)["complete"]  # a rerun does nothing new
+    assert len((out / "results.jsonl").read_text().splitlines()) == 2
+    other = fail(capsys, *common, "root.name=scripted", "+root.replies=['FINAL(x)']")
+    assert "holds results of another configuration (differs in root.replies)" in other
+
+    page = cli("show", str(out / "trajectories" / "s_niah-1024-0.jsonl"))
+    assert page.suffix == ".html" and "FINAL_VAR(answer)" in page.read_text()
+    counts = cli("export", f"out_dir={out}", f"export.tokenizer_path={tiny_dir}")
+    assert counts["records"] == 4 and (out / "sft.jsonl").is_file()
+
+    tasks = cli("generate", f"out_dir={tmp_path / 'gen'}", "tasks.lengths=[1K]")
+    rows = [json.loads(line) for line in tasks.read_text().splitlines()]
+    assert [r["task_id"] for r in rows] == ["s_niah/1024/0", "oolong/1024/0", "oolong_pairs/1024/0"]
+
+
+def test_cli_errors_are_one_line(tmp_path, capsys):
+    assert "mode must be one of run, generate, show, export" in fail(capsys, "mode=train")
+    assert "show needs a trajectory" in fail(capsys, "show")
+    assert "unknown RLM task 'needle'" in fail(capsys, f"out_dir={tmp_path}", "tasks.names=[needle]")
+    assert "rlm.max_depth must be in [0, 3], got 5" in fail(capsys, f"out_dir={tmp_path}", "rlm.max_depth=5")
+    assert "root.replies must be a non-empty list" in fail(capsys, f"out_dir={tmp_path}", "root.name=scripted")
+    assert "trajectory file" in fail(capsys, "show", str(tmp_path / "nope.jsonl"))
+
+
+def test_rewrite_argv():
+    from recallm.cli.rlm import rewrite_argv
+
+    assert rewrite_argv(["show", "a/b.jsonl", "html=x.html"]) == ["mode=show", "trajectory=a/b.jsonl", "html=x.html"]
+    assert rewrite_argv(["show", "my run/a b.jsonl"]) == ["mode=show", "trajectory='my run/a b.jsonl'"]
+    assert rewrite_argv(["export", "out_dir=o"]) == ["mode=export", "out_dir=o"]
+    assert rewrite_argv(["tasks.per_cell=2"]) == ["tasks.per_cell=2"]
