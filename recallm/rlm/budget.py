@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from recallm.clients import as_number
+from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
 
 __all__ = ["BudgetLimits", "Budget", "BudgetExhausted"]
@@ -50,22 +50,12 @@ class BudgetLimits:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "budget") -> BudgetLimits:
-        cfg = dict(cfg or {})
-        known = {"max_tokens", "max_subcalls", "max_wall_s"}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
-        values: dict[str, Any] = {}
-        for name, kind in (("max_tokens", int), ("max_subcalls", int), ("max_wall_s", float)):
-            if name not in cfg:
-                continue
-            value = cfg[name]
-            if value is not None:
-                value = as_number(value, f"{where}.{name}", kind)
-                if value <= 0 if name != "max_subcalls" else value < 0:
-                    raise RecallmError(f"{where}.{name} must be positive (or null for no cap), got {value}")
-            values[name] = value
-        return cls(**values)
+        limits = cls(**dataclass_values(cls, cfg, where))
+        for name in ("max_tokens", "max_subcalls", "max_wall_s"):
+            value = getattr(limits, name)
+            if value is not None and (value <= 0 if name != "max_subcalls" else value < 0):
+                raise RecallmError(f"{where}.{name} must be positive (or null for no cap), got {value}")
+        return limits
 
 
 class Budget:

@@ -43,7 +43,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.clients import as_number
+from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm import prompts
 from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits
@@ -91,31 +91,7 @@ class RLMSettings:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "rlm") -> RLMSettings:
-        cfg = dict(cfg or {})
-        known = {f for f in cls.__dataclass_fields__}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
-        values: dict[str, Any] = {}
-        for name in (
-            "max_depth",
-            "max_iterations",
-            "max_observation_chars",
-            "preview_chars",
-            "root_max_new_tokens",
-            "plain_text_retries",
-            "trajectory_text_chars",
-        ):
-            if name in cfg:
-                values[name] = as_number(cfg[name], f"{where}.{name}", int)
-        if cfg.get("root_timeout_s") is not None:
-            values["root_timeout_s"] = as_number(cfg["root_timeout_s"], f"{where}.root_timeout_s")
-        for name in ("answer_var", "child_model", "isolation"):
-            if name in cfg:
-                values[name] = str(cfg[name])
-        if "site_packages" in cfg:
-            values["site_packages"] = bool(cfg["site_packages"])
-        settings = cls(**values)
+        settings = cls(**dataclass_values(cls, cfg, where))
         settings.check(where)
         return settings
 

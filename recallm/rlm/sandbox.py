@@ -49,7 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recallm.clients import as_number
+from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm.budget import BudgetExhausted
 from recallm.rlm.protocol import LineReader, ProtocolError, write_message
@@ -89,23 +89,8 @@ class SandboxLimits:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "sandbox") -> SandboxLimits:
-        cfg = dict(cfg or {})
-        kinds = {
-            "cpu_s": float,
-            "wall_s": float,
-            "memory_mb": int,
-            "max_output_chars": int,
-            "max_file_mb": int,
-            "tmp_mb": int,
-            "kill_grace_s": float,
-            "startup_timeout_s": float,
-        }
-        unknown = sorted(set(cfg) - set(kinds))
-        if unknown:
-            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(kinds)}")
-        values = {k: as_number(cfg[k], f"{where}.{k}", kind) for k, kind in kinds.items() if k in cfg}
-        limits = cls(**values)
-        for name in kinds:
+        limits = cls(**dataclass_values(cls, cfg, where))
+        for name in limits.__dataclass_fields__:
             if getattr(limits, name) <= 0:
                 raise RecallmError(f"{where}.{name} must be > 0, got {getattr(limits, name)}")
         if limits.memory_mb < 64:

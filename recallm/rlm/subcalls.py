@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from recallm.clients import as_number
+from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm.budget import Budget, BudgetExhausted
 from recallm.rlm.models import ChatModel
@@ -60,19 +60,7 @@ class SubCallSettings:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "subcalls") -> SubCallSettings:
-        cfg = dict(cfg or {})
-        kinds = {
-            "pool_size": int,
-            "timeout_s": float,
-            "retries": int,
-            "backoff_s": float,
-            "max_new_tokens": int,
-            "max_prompt_chars": int,
-        }
-        unknown = sorted(set(cfg) - set(kinds))
-        if unknown:
-            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(kinds)}")
-        settings = cls(**{k: as_number(cfg[k], f"{where}.{k}", kind) for k, kind in kinds.items() if k in cfg})
+        settings = cls(**dataclass_values(cls, cfg, where))
         for name in ("pool_size", "timeout_s", "max_new_tokens", "max_prompt_chars"):
             if getattr(settings, name) <= 0:
                 raise RecallmError(f"{where}.{name} must be > 0, got {getattr(settings, name)}")
