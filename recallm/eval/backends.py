@@ -134,15 +134,11 @@ def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
-    gen = getattr(model, "generation_config", None)
-    eos = getattr(gen, "eos_token_id", None) if gen is not None else None
-    if eos is None:
-        eos = getattr(model.config, "eos_token_id", None)
-    if eos is None:
-        eos = tokenizer.eos_token_id
-    if eos is None:
-        return []
-    return [int(e) for e in (eos if isinstance(eos, (list, tuple)) else [eos])]
+    from recallm.tokens import eos_token_ids
+
+    return eos_token_ids(
+        tokenizer=tokenizer, config=model.config, generation_config=getattr(model, "generation_config", None)
+    )
 
 
 def _token_spans(prompt_ids: Sequence[int], generated: Sequence[int], recall) -> SpanStats | None:
@@ -225,12 +221,11 @@ class HFBackend(Backend):
                 "(set backend.recall_constrained=false to evaluate it without)"
             )
         self.eos_ids = _eos_ids(self.model, tokenizer)
-        pad = getattr(self.model.generation_config, "pad_token_id", None)
-        if pad is None:
-            pad = tokenizer.pad_token_id
-        if pad is None:
-            pad = self.eos_ids[0] if self.eos_ids else 0
-        self.pad_id = int(pad)
+        from recallm.tokens import pad_token_id
+
+        self.pad_id = pad_token_id(
+            tokenizer=tokenizer, config=config, generation_config=getattr(self.model, "generation_config", None)
+        )
         self.max_positions = getattr(config, "max_position_embeddings", None)
         if isinstance(length_extension, str):
             length_extension = load_object(length_extension, "backend.length_extension")

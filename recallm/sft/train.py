@@ -142,6 +142,11 @@ def recall_metrics(model, tokenizer, records: list[dict], *, max_new_tokens: int
     spans = verbatim = 0
     correct = 0.0
     device = next(model.parameters()).device
+    from recallm.tokens import eos_token_ids, pad_token_id
+
+    gen_config = getattr(model, "generation_config", None)
+    eos = eos_token_ids(tokenizer=tokenizer, config=model.config, generation_config=gen_config)
+    pad = pad_token_id(tokenizer=tokenizer, config=model.config, generation_config=gen_config)
     for record in records:
         prompt = torch.tensor([record["prompt_ids"]], device=device)
         out = model.generate(
@@ -149,14 +154,14 @@ def recall_metrics(model, tokenizer, records: list[dict], *, max_new_tokens: int
             attention_mask=torch.ones_like(prompt),
             max_new_tokens=max_new_tokens,
             do_sample=False,
-            pad_token_id=tokenizer.pad_token_id,
-            eos_token_id=tokenizer.eos_token_id,
+            pad_token_id=pad,
+            eos_token_id=eos or None,
         )[0].tolist()
         generated = out[len(record["prompt_ids"]) :]
         found = [s for s in find_spans(out, ids.start, ids.end) if s.start >= len(record["prompt_ids"])]
         spans += len(found)
         verbatim += sum(s.verbatim for s in found)
-        text = tokenizer.decode([t for t in generated if t != tokenizer.eos_token_id], skip_special_tokens=False)
+        text = tokenizer.decode([t for t in generated if t not in eos], skip_special_tokens=False)
         score = score_response(
             text,
             record["ground_truth"],
@@ -279,7 +284,7 @@ def run_sft(cfg: dict[str, Any]) -> Path:
     from recallm.modeling import check_recallm_model
     from recallm.sft.data import SFTCollator, load_sft_file
     from recallm.sft.freeze import freeze_all_but_token_rows
-    from recallm.tokens import RecallTokenIds, load_tokenizer
+    from recallm.tokens import RecallTokenIds, load_tokenizer, pad_token_id
 
     settings = stage_settings(cfg)
     stage = cfg["stage"]
@@ -386,7 +391,7 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         train_dataset=train_set,
         eval_dataset=val_set,
         data_collator=SFTCollator(
-            tokenizer.pad_token_id,
+            pad_token_id(tokenizer=tokenizer, config=model.config),
             position_skip=int(recipe["position_skip"]) if recipe.get("position_skip") else None,
             seed=int(recipe.get("seed", 0)),
         ),

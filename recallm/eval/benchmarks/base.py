@@ -165,11 +165,19 @@ class Benchmark(ABC):
         )
 
 
-def score_with_reward(example: Example, generation: Generation, reward_config) -> Score:
+def score_with_reward(
+    example: Example, generation: Generation, reward_config, answer_region: str = "after_think"
+) -> Score:
     """An output scored by the training reward (``rewards.score_response`` with ``reward_config``,
     the reference's ``ground_truth`` and ``data_source``): the score is the answer reward R_ans,
-    the composite reward (``reward``) and every component are metrics."""
+    the composite reward (``reward``) and every component are metrics.
+
+    With ``answer_region="full"`` (models that do not think, e.g. an untrained base) the answer is
+    read from the whole output (``recallm.eval.scoring.final_answer``: after its last ``Answer:``
+    marker, else all of it) and scored with the category's answer metric; the composite reward and
+    its components stay as the training reward computes them."""
     from rewards import parse_response, score_response
+    from rewards.score import answer_reward
 
     ref = example.reference
     try:
@@ -185,9 +193,13 @@ def score_with_reward(example: Example, generation: Generation, reward_config) -
         raise RecallmError(f"{example.spec.benchmark} {example.example_id}: {exc}") from None
     values: dict[str, Any] = breakdown.as_dict()
     metrics = {"reward": values.pop("score"), **{k: float(v) for k, v in values.items() if k != "n_tokens"}}
-    return Score(
-        score=float(breakdown.answer),
-        correct=breakdown.answer >= 1.0,
-        answer=parse_response(generation.text).answer,
-        metrics=metrics,
-    )
+    answer, score = parse_response(generation.text).answer, float(breakdown.answer)
+    if answer_region == "full":
+        from recallm.eval.scoring import final_answer
+        from rewards.config import as_ground_truth, check_ground_truth
+
+        ground_truth = as_ground_truth(ref["ground_truth"])
+        row = check_ground_truth(ground_truth, ref["data_source"], reward_config)
+        answer = final_answer(generation.text, "full")
+        score = float(answer_reward(answer, row, ground_truth))
+    return Score(score=score, correct=score >= 1.0, answer=answer, metrics=metrics)

@@ -156,7 +156,7 @@ class InDomain(Benchmark):
         )
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
-        return score_with_reward(example, generation, self.reward_config)
+        return score_with_reward(example, generation, self.reward_config, self.settings.answer_region)
 
     def describe(self) -> dict[str, Any]:
         return {**super().describe(), "data_dir": str(self.data_dir.resolve())}

@@ -1,4 +1,4 @@
-"""Any registered ``data_gen`` task, generated afresh at chosen lengths and scored like in-domain.
+"""Registered ``data_gen`` tasks, generated afresh at chosen lengths and scored like in-domain.
 
 The in-domain benchmark reads validation cells written at data time; this one builds prompts of
 a synthetic task (``task`` and its ``params``, as in a mixture entry) at the benchmark's
@@ -7,6 +7,8 @@ data, whose rows are seeded from the data run's seed) and can be longer than any
 on (length generalisation: the tiny pipeline's 1x and 4x cells). Scored with
 ``rewards.score_response`` and the run's reward config, the training reward's own settings: the
 example's score is the answer reward, the composite reward and its components are metrics.
+One task (``task``, ``params``) or several (``tasks: [{task, params}, ...]``, ``per_cell`` prompts
+of each at every length: a mixture benchmark, e.g. the SmolLM2 experiment's retrieval tasks).
 """
 
 from __future__ import annotations
@@ -26,38 +28,57 @@ class SyntheticTask(Benchmark):
 
     name = "synthetic"
     min_length = 16
-    options = {"task": None, "params": {}}
+    options = {"task": None, "params": {}, "tasks": None}
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
         from data_gen.base import make_task
         from rewards import load_reward_config
 
-        if not self.cfg["task"]:
-            raise RecallmError("benchmark synthetic: task is required (a data_gen task name, e.g. toy_lookup)")
-        params = self.cfg["params"] or {}
-        if not isinstance(params, Mapping):
-            raise RecallmError(f"benchmark synthetic: params must be a mapping, got {params!r}")
-        self.task = make_task(str(self.cfg["task"]), **dict(params))
-        for length in self.lengths:
-            self.task.check_length(length)
+        entries = self.cfg["tasks"]
+        if entries is None:
+            if not self.cfg["task"]:
+                raise RecallmError("benchmark synthetic: task (or tasks) is required (a data_gen task name, e.g. toy_lookup)")
+            entries = [{"task": self.cfg["task"], "params": self.cfg["params"]}]
+        elif self.cfg["task"]:
+            raise RecallmError("benchmark synthetic: give task or tasks, not both")
+        if not isinstance(entries, (list, tuple)) or not entries:
+            raise RecallmError(f"benchmark synthetic: tasks must be a non-empty list of {{task, params}}, got {entries!r}")
         self.reward_config = load_reward_config(settings.reward_config)
-        if self.task.category not in self.reward_config.categories:
-            raise RecallmError(f"benchmark synthetic: the reward config has no category {self.task.category!r}")
+        self.tasks = {}
+        for entry in entries:
+            if not isinstance(entry, Mapping) or not entry.get("task") or set(entry) - {"task", "params"}:
+                raise RecallmError(f"benchmark synthetic: each of tasks must be {{task, params}}, got {entry!r}")
+            params = entry.get("params") or {}
+            if not isinstance(params, Mapping):
+                raise RecallmError(f"benchmark synthetic: params must be a mapping, got {params!r}")
+            task = make_task(str(entry["task"]), **dict(params))
+            if task.name in self.tasks:
+                raise RecallmError(f"benchmark synthetic: task {task.name!r} is listed twice")
+            for length in self.lengths:
+                task.check_length(length)
+            if task.category not in self.reward_config.categories:
+                raise RecallmError(f"benchmark synthetic: the reward config has no category {task.category!r}")
+            self.tasks[task.name] = task
+
+    @property
+    def task(self):
+        """The task, when there is one (the single-task form)."""
+        return next(iter(self.tasks.values()))
 
     def specs(self) -> list[Spec]:
         if self.per_cell is None:
             raise RecallmError("benchmark synthetic: per_cell is required")
-        return [Spec(n, self.name, i, self.task.name) for n in self.lengths for i in range(self.per_cell)]
+        return [Spec(n, self.name, i, name) for name in self.tasks for n in self.lengths for i in range(self.per_cell)]
 
     def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
         from data_gen.generate import draft_row
 
         rng = self.rng(spec.task, spec.length, spec.index)
         row = draft_row(
-            self.task, renderer, spec.length, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance
+            self.tasks[spec.task], renderer, spec.length, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance
         )
         return self.example_from_row(spec, row, {"ground_truth": row.ground_truth, "data_source": row.data_source})
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
-        return score_with_reward(example, generation, self.reward_config)
+        return score_with_reward(example, generation, self.reward_config, self.settings.answer_region)

@@ -186,19 +186,15 @@ class HFGenerator:
         self.model = model.eval()
         config = model.config
         gen = getattr(model, "generation_config", None)
+        from recallm import tokens
+
         if eos_token_ids is None:
-            eos_token_ids = getattr(gen, "eos_token_id", None)
-            if eos_token_ids is None:
-                eos_token_ids = config.eos_token_id
+            eos_token_ids = tokens.eos_token_ids(config=config, generation_config=gen)
         if isinstance(eos_token_ids, int):
             eos_token_ids = [eos_token_ids]
         self.eos_token_ids: list[int] = [int(i) for i in (eos_token_ids or [])]
         if pad_token_id is None:
-            pad_token_id = getattr(gen, "pad_token_id", None)
-            if pad_token_id is None:
-                pad_token_id = getattr(config, "pad_token_id", None)
-            if pad_token_id is None:
-                pad_token_id = self.eos_token_ids[0] if self.eos_token_ids else 0
+            pad_token_id = tokens.pad_token_id(config=config, generation_config=gen)
         self.pad_token_id = int(pad_token_id)
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 1 << 30))
         # generate() fills every unset option from model.generation_config: keep only the token ids
