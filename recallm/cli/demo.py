@@ -43,6 +43,7 @@ def _show_spans(tokenizer, ids: list[int], start_id: int, end_id: int, max_recal
 
 def _generate(model, tokenizer, prompt: str, cfg: DictConfig, ids, *, constrained: bool, seed: int) -> list[int]:
     from recallm.recall import ForceRecallSpans
+    from recallm.tokens import pad_token_id
 
     enc = tokenizer(prompt, return_tensors="pt")
     force = ForceRecallSpans(ids.start, ids.end, every=cfg.generation.force_every, length=cfg.generation.force_length)
@@ -57,6 +58,7 @@ def _generate(model, tokenizer, prompt: str, cfg: DictConfig, ids, *, constraine
             top_k=0,
             top_p=1.0,
             temperature=1.0,
+            pad_token_id=pad_token_id(tokenizer=tokenizer, config=model.config),
         )
     return out[0].tolist()
 
