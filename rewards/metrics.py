@@ -17,6 +17,7 @@ import re
 import string
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
+from itertools import islice
 from typing import NamedTuple
 
 __all__ = [
@@ -31,6 +32,8 @@ __all__ = [
     "ndcg_at_k",
     "parse_citations",
     "cited_ids",
+    "named_items",
+    "canonical",
     "CitationScores",
     "citation_id_scores",
     "entity_citation_scores",
@@ -287,35 +290,70 @@ def _ids(group: str) -> list[str]:
     return [i.strip() for inner in _BRACKETED.findall(group) for i in inner.split(",") if i.strip()]
 
 
-def parse_citations(answer: str | None) -> list[tuple[str, list[str]]]:
-    """``Entity [2][5], Other [7]`` -> ``[("Entity", ["2", "5"]), ("Other", ["7"])]``.
-
-    Per line (``\\n`` or ``;``): each run of bracketed ids cites the text before it, back to the
-    previous run or to a stray bracket (text before a stray bracket is dropped); the text after
-    the last run is split on commas into items without citations. So items without a citation
-    (``Entity`` alone on a line) come back with an empty id list, citations without text
-    (``[4]``) with an empty text. Linear in the answer's length.
-    """
-    if not answer:
-        return []
-    items: list[tuple[str, list[str]]] = []
+def _citation_items(answer: str):
     for line in _LINES.split(answer):
         pos = 0
         for m in _CITATION_GROUP.finditer(line):
             before = line[pos : m.start()]
             cut = max(before.rfind("["), before.rfind("]"))
             text = before[cut + 1 :].strip().strip(",").strip()
-            items.append((text, _ids(m.group())))
+            yield text, _ids(m.group())
             pos = m.end()
         rest = line[pos:].strip().strip(",").strip()
         for piece in filter(None, (p.strip() for p in rest.split(","))):
-            items.append((piece, []))
-    return [(text, ids) for text, ids in items if text or ids]
+            yield piece, []
+
+
+def parse_citations(answer: str | None, limit: int | None = None) -> list[tuple[str, list[str]]]:
+    """``Entity [2][5], Other [7]`` -> ``[("Entity", ["2", "5"]), ("Other", ["7"])]``.
+
+    Per line (``\\n`` or ``;``): each run of bracketed ids cites the text before it, back to the
+    previous run or to a stray bracket (text before a stray bracket is dropped); the text after
+    the last run is split on commas into items without citations. So items without a citation
+    (``Entity`` alone on a line) come back with an empty id list, citations without text
+    (``[4]``) with an empty text. Linear in the answer's length; ``limit``: the first items only
+    (the rest is not parsed).
+    """
+    if not answer:
+        return []
+    return list(islice(((text, ids) for text, ids in _citation_items(answer) if text or ids), limit))
 
 
 def cited_ids(text: str | None) -> set[str]:
-    """Every document id cited in ``text`` (``[3]``, ``[3, 7]``), e.g. inside recall spans."""
-    return set(_ids(text)) if text else set()
+    """Every document id cited in ``text`` (``[3]``, ``[3, 7]``): the ids of every bracket pair
+    (without brackets inside), as ``parse_citations`` reads them. Linear, each distinct bracket once."""
+    if not text:
+        return set()
+    return {i.strip() for inner in set(_BRACKETED.findall(text)) for i in inner.split(",") if i.strip()}
+
+
+_ITEM_BREAKS = re.compile(r"(?:\[[^\[\]]+\]\s*)+|[\n;\[\]]")  # citation runs, line ends, stray brackets
+_PUNCT_BUT_COMMA = re.compile(f"[{re.escape(string.punctuation.replace(',', ''))}‘’“”–—]")
+_ARTICLE_TOKENS = re.compile(r"(?<![^\s\x00])(?:a|an|the)(?![^\s\x00])")
+_BLANKS = re.compile(r"[^\S\x00]+")  # a run of whitespace (the item break \x00 is none)
+_EDGE_BLANKS = re.compile(r" ?\x00 ?")
+
+
+def canonical(text: str) -> str:
+    """``normalize_tokens`` joined by single spaces (a hashable key)."""
+    return " ".join(normalize_tokens(text))
+
+
+def named_items(answer: str | None) -> set[str]:
+    """Canonical names (``canonical``) of an answer's items: the texts between citation runs, line
+    breaks and stray brackets, each whole and cut at its commas (``Paris, Texas [1]`` names
+    ``paris texas``, ``paris`` and ``texas``; a NUL character counts as a line break). The answer is
+    normalised as a whole by a few ``re``/``str`` passes in C; nothing runs per item in Python."""
+    if not answer:
+        return set()
+    base = _PUNCT_BUT_COMMA.sub(" ", _ITEM_BREAKS.sub("\x00", answer).lower())
+    keys: set[str] = set()
+    for variant in (base.replace(",", " "), base.replace(",", "\x00") if "," in base else None):
+        if variant is not None:
+            flat = _BLANKS.sub(" ", _ARTICLE_TOKENS.sub(" ", variant)).strip(" ")
+            keys.update(_EDGE_BLANKS.sub("\x00", flat).split("\x00"))
+    keys.discard("")
+    return keys
 
 
 class CitationScores(NamedTuple):
@@ -323,17 +361,6 @@ class CitationScores(NamedTuple):
     precision: float
     recall: float
     coverage: float
-
-
-def _named(items: Iterable[tuple[str, list[str]]]) -> set[tuple[str, ...]]:
-    """Normalised names of the answer's items (an item ``A, B [1]`` names both ``A`` and ``B``)."""
-    names: set[tuple[str, ...]] = set()
-    for text, _ in items:
-        for piece in text.split(","):
-            tokens = normalize_tokens(piece)
-            if tokens:
-                names.add(tokens)
-    return names
 
 
 def citation_id_scores(
@@ -359,8 +386,7 @@ def citation_id_scores(
     if not entities:
         return CitationScores(0.0, 0.0, 0.0, 0.0)
     gold_ids = {str(d) for e in entities for d in (e.get("docs") or ())}
-    items = parse_citations(answer)
-    cited = {d for _, ids in items for d in ids}
+    cited = cited_ids(answer)
 
     def weight(doc: str) -> float:
         return 1.0 if recalled_ids is None or doc in recalled_ids else unrecalled_credit
@@ -371,8 +397,8 @@ def citation_id_scores(
     m = min(k, len(gold_ids))
     recall = min(correct, m) / m if m else 0.0
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
-    names = _named(items)
-    named = sum(any(normalize_tokens(a) in names for a in as_aliases(e.get("answers"))) for e in entities)
+    names = named_items(answer)
+    named = sum(any(canonical(a) in names for a in as_aliases(e.get("answers"))) for e in entities)
     target = min(k, len(entities))
     return CitationScores(f1, precision, recall, min(named, target) / target)
 
@@ -396,7 +422,7 @@ def entity_citation_scores(answer: str | None, entities: Sequence[Mapping], k: i
     target = min(k, len(gold))
     used = [False] * len(gold)
     cited = supported = matched = supported_items = 0
-    for text, ids in parse_citations(answer)[:k]:
+    for text, ids in parse_citations(answer, limit=k):
         norm = normalize_tokens(text)
         match = next((i for i, (aliases, _) in enumerate(gold) if not used[i] and norm in aliases), None)
         cited += len(ids)

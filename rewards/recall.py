@@ -127,18 +127,25 @@ def recall_overlap_detail(
         best = 0.0
         for i, text in enumerate(texts):  # span_gold_f1, inlined: this loop is the hot path
             n = len(text)
-            hi = min(n_prompt, g_end + n - 1)
-            pos = find(text, max(0, g_start - n + 1), hi)
+            lo, hi = g_start - n + 1, g_end + n - 1
+            pos = find(text, lo if lo > 0 else 0, hi if hi < n_prompt else n_prompt)
             if pos == -1:
                 continue
             found[i] = True
-            cap, inter = min(n, g_len), 0
+            cap, inter = (n if n < g_len else g_len), 0
             while pos != -1:
-                inter = max(inter, min(g_end, pos + n) - max(g_start, pos))
-                if inter == cap:
-                    break
+                end = pos + n
+                v = (g_end if g_end < end else end) - (g_start if g_start > pos else pos)
+                if v > inter:
+                    inter = v
+                    if inter == cap:
+                        break
                 pos = find(text, pos + 1, hi)
-            best = max(best, 2.0 * inter / (g_len + n))
+            f1 = 2.0 * inter / (g_len + n)
+            if f1 > best:
+                best = f1
+                if best >= tau:  # capped: no span can score this gold higher (unvisited spans are
+                    break  # still counted in the prompt below, by a plain search)
         scores.append(min(best, tau) / tau)
     in_prompt = sum(multiplicity[text] for ok, text in zip(found, texts, strict=True) if ok or text in prompt)
     if not scores:
