@@ -3,7 +3,9 @@
 The haystack is sentences of English words (``data_gen.text``). Needles read
 ``The special code for <key> is <value>.``; decoy needles use other keys. Varied per example:
 decoy count, number of target keys, values per key, value type (numbers, words, UUIDs).
-Answer: every value of the target keys (net recall); evidence: the target needles.
+Answer: every value of the target keys (net recall); evidence: the target needles, at most
+``max_needles`` of them (6: the paper's Table 5 gives retrieval 1-6 gold pieces; when the drawn
+values per key add up to more, keys lose values at random, each keeping at least one).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class MultiNIAH(Task):
         values_per_key=(1, 3),
         value_types=NEEDLE_VALUE_TYPES,
         question_positions=("end", "beginning", "both"),
+        max_needles: int = 6,
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
@@ -55,6 +58,11 @@ class MultiNIAH(Task):
         self.values_per_key = _range("values_per_key", values_per_key)
         if self.target_keys[0] < 1 or self.values_per_key[0] < 1:
             raise RecallmError("target_keys and values_per_key must be at least 1")
+        if isinstance(max_needles, bool) or not isinstance(max_needles, int) or max_needles < self.target_keys[1]:
+            raise RecallmError(
+                f"max_needles must be an integer >= the most target keys ({self.target_keys[1]}), got {max_needles!r}"
+            )
+        self.max_needles = max_needles
         self.value_types = _check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
         self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
 
@@ -82,10 +90,14 @@ class MultiNIAH(Task):
             if k not in keys:
                 keys.append(k)
         targets = keys[:n_keys]
+        counts = [rng.randint(*self.values_per_key) for _ in keys]
+        while sum(counts[:n_keys]) > self.max_needles:  # Table 5: at most max_needles gold needles
+            i = rng.choice([j for j in range(n_keys) if counts[j] > 1])
+            counts[i] -= 1
         values: set[str] = set()
         placed, answers, per_key = [], [], {}
         for i, key in enumerate(keys):
-            for _ in range(rng.randint(*self.values_per_key)):
+            for _ in range(counts[i]):
                 value = self._value(rng, kind)
                 while value in values:
                     value = self._value(rng, kind)
