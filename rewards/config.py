@@ -24,12 +24,18 @@ first reward.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
 from recallm.errors import RecallmError
+
+try:  # numpy's bool is no numbers.Integral, but guard anyway: a grade of True is no grade
+    from numpy import bool_ as np_bool
+except ImportError:  # pragma: no cover - numpy is a dependency
+    np_bool = bool
 
 __all__ = [
     "ANSWER_METRICS",
@@ -295,19 +301,22 @@ def as_ground_truth(ground_truth) -> Mapping:
     return ground_truth
 
 
+def _number(value) -> bool:
+    """A real number that is not a bool (numpy's included)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np_bool))
+
+
 def _scalar(value) -> bool:
     """An answer alias, choice text or document id: a string or a finite number (not a bool)."""
     if isinstance(value, str):
         return True
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return False
-    return math.isfinite(value)
+    return _number(value) and math.isfinite(value)
 
 
 def _integer(value) -> bool:
-    return not isinstance(value, bool) and (
-        isinstance(value, int) or (isinstance(value, float) and math.isfinite(value) and value.is_integer())
-    )
+    if isinstance(value, numbers.Integral):
+        return _number(value)
+    return _number(value) and math.isfinite(value) and float(value).is_integer()
 
 
 def _list(value) -> bool:
@@ -359,7 +368,7 @@ def _check_relevance(value, where: str) -> None:
     for doc, grade in value.items():
         if not _scalar(doc):
             raise RecallmError(f"{where}: relevance has a document id that is not a string: {_short(doc)}")
-        if isinstance(grade, bool) or not isinstance(grade, (int, float)) or not 0 <= grade <= MAX_GRADE:
+        if not _number(grade) or not 0 <= grade <= MAX_GRADE:
             raise RecallmError(
                 f"{where}: relevance[{str(doc)!r}] must be a finite number in [0, {MAX_GRADE:g}], got {_short(grade)}"
             )

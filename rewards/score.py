@@ -9,6 +9,7 @@ whose every field is a finite number, whatever the response.
 from __future__ import annotations
 
 import math
+import numbers
 from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
@@ -189,7 +190,7 @@ def score_response(
         response = "" if response is None else str(response)
     if n_tokens is None:
         n_tokens = max(1, round(len(response) / 4))
-    elif isinstance(n_tokens, bool) or not isinstance(n_tokens, (int, float)) or not 0 <= n_tokens < 2**53:
+    elif isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Real) or not 0 <= n_tokens < 2**53:
         raise RecallmError(f"n_tokens must be a non-negative finite number of tokens, got {n_tokens!r}")
     n_tokens = int(n_tokens)
     parsed = parse_response(response)

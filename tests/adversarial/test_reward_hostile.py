@@ -221,3 +221,14 @@ def test_adversarial_markers_and_spans():
     b = score_response(spans + "</think>\nAnswer: Paris", GOOD["single_hop_qa"], prompt_text=PROMPT, n_tokens=10_000)
     assert b.n_spans == 1300 and b.n_short_spans == 1300 and b.correctness_penalty == 0.0
     assert b.spans_in_prompt == 1.0 and b.answer == 1.0
+
+
+def test_numpy_numbers_are_numbers():
+    """Ground truth read through numpy/pandas keeps numpy scalars: they are valid, a numpy bool is not."""
+    np = pytest.importorskip("numpy")
+    gold = [{"text": GOLD[0]["text"], "start": np.int64(15), "end": np.int64(34)}]
+    check_ground_truth({**GOOD["single_hop_qa"], "gold": gold}, None, CFG)
+    check_ground_truth({**GOOD["reranking"], "relevance": {"1": np.float32(2.0)}}, None, CFG)
+    assert score_response("</think>\nAnswer: x", GOOD["aggregation"], n_tokens=np.int64(7)).n_tokens == 7
+    with pytest.raises(RecallmError, match=r"relevance\['1'\]"):
+        check_ground_truth({**GOOD["reranking"], "relevance": {"1": np.bool_(True)}}, None, CFG)
