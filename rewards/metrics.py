@@ -37,6 +37,7 @@ __all__ = [
     "CitationScores",
     "citation_id_scores",
     "entity_citation_scores",
+    "citation_scores",
     "NDCG_GAINS",
     "as_aliases",
 ]
@@ -437,3 +438,6 @@ def entity_citation_scores(answer: str | None, entities: Sequence[Mapping], k: i
     recall = supported_items / target
     f1 = 2 * precision * recall / (precision + recall) if precision + recall > 0 else 0.0
     return f1, matched / target
+
+
+citation_scores = entity_citation_scores  # the earlier name of the per-entity variant
