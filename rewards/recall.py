@@ -23,6 +23,8 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
 
+from recallm.errors import RecallmError
+
 __all__ = [
     "GoldPassage",
     "interval_f1",
@@ -92,7 +94,7 @@ def locate_gold(prompt: str, gold: GoldPassage) -> tuple[int, int]:
             best = pos
         pos = prompt.find(gold.text, pos + 1)
     if best is None or not gold.text:
-        raise ValueError(
+        raise RecallmError(
             f"gold passage {gold.text[:60]!r} (recorded at [{gold.start}, {gold.end})) does not occur in the "
             f"prompt text ({len(prompt)} characters): the row's ground truth does not match its prompt"
         )

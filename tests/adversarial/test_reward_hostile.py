@@ -90,6 +90,13 @@ def test_good_rows_pass_and_score_finite(base):
     assert all(math.isfinite(v) for v in b.as_dict().values())
 
 
+def test_gold_not_in_the_prompt_is_a_recallm_error():
+    gt = {**GOOD["single_hop_qa"], "gold": [{"text": "abc", "start": 0, "end": 3}]}
+    check_ground_truth(gt, None, CFG)  # well typed: only the prompt can tell
+    with pytest.raises(RecallmError, match="does not occur in the prompt text"):
+        score_response("</think>\nAnswer: x", gt, prompt_text=PROMPT, n_tokens=5)
+
+
 @pytest.mark.parametrize("n_tokens", [float("nan"), float("inf"), -1, "12", True, 2.0**60])
 def test_bad_token_count_is_refused(n_tokens):
     with pytest.raises(RecallmError, match="n_tokens must be a non-negative finite number"):
