@@ -13,9 +13,10 @@ Adversarial row (issue 18): responses of ``--adversarial-chars`` (40,000) charac
 the worst case of every parser — a 40K-character citation answer without brackets, a 40K run of
 spaces in a list answer, 5,700 ``\\boxed{`` in a row, 40K ``<``, 20K distinct list items, 1,300
 tiny recall spans against 26 gold passages, one 40K-character span, 5,000 ``Answer:`` markers,
-40K digits... Each is scored with ``score_response`` (best of 3); the worst must stay under
-50 ms. Same-run baselines: the mean time of one typical response of the step above, and the
-three regular expressions the parsers used before (quadratic) on the same kind of input at a
+40K digits... Each is scored with ``score_response`` (best of 5, in CPU time of this process, so
+that other processes on a shared machine inflate it little); the worst must stay under 50 ms.
+Same-run baselines: the mean CPU time of a typical response of the step above (256 of them), and
+the three regular expressions the parsers used before (quadratic) on the same kind of input at a
 tenth of the length (4,000 characters; at 40K they take minutes).
 
 Last lines: ``RESULT responses_per_s=<x> cost_vs_exact_match=<ratio>`` and ``RESULT
@@ -176,11 +177,11 @@ def adversarial_cases(rng: random.Random, vocab: list[str], n_chars: int = 40_00
 
 def run_adversarial(rng, vocab, config, n_chars: int, typical_s: float) -> None:
     worst = ("", 0.0)
-    print(f"\nadversarial responses, {n_chars:,} characters each (best of 3):")
+    print(f"\nadversarial responses, {n_chars:,} characters each (CPU time of this process, best of 5):")
     for name, response, gt, prompt, source in adversarial_cases(rng, vocab, n_chars):
         best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
+        for _ in range(5):
+            t = time.process_time()
             b = score_response(
                 response,
                 gt,
@@ -189,7 +190,7 @@ def run_adversarial(rng, vocab, config, n_chars: int, typical_s: float) -> None:
                 data_source=source,
                 config=config,
             )
-            best = min(best, time.perf_counter() - t)
+            best = min(best, time.process_time() - t)
         assert 0.0 <= b.score <= 1.0
         print(
             f"  {name:32} {len(response):>7,} chars {best * 1e3:8.2f} ms  ({best / typical_s:6.1f}x a typical response)"
@@ -259,7 +260,12 @@ def main() -> None:
     )
     print(f"RESULT responses_per_s={n / t_ours:.0f} cost_vs_exact_match={t_ours / t_base:.2f}")
     if args.adversarial_chars:
-        run_adversarial(rng, vocab, config, args.adversarial_chars, t_ours / n)
+        sample = items[:: max(1, n // 256)]
+        t = time.process_time()
+        for r, gt, prompt in sample:
+            score_response(r, gt, prompt_text=prompt, n_tokens=len(r) // CHARS_PER_TOKEN, config=config)
+        typical = (time.process_time() - t) / len(sample)
+        run_adversarial(rng, vocab, config, args.adversarial_chars, typical)
 
 
 if __name__ == "__main__":
