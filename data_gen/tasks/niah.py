@@ -90,23 +90,32 @@ class MultiNIAH(Task):
             if k not in keys:
                 keys.append(k)
         targets = keys[:n_keys]
-        counts = [rng.randint(*self.values_per_key) for _ in keys]
-        while sum(counts[:n_keys]) > self.max_needles:  # Table 5: at most max_needles gold needles
-            i = rng.choice([j for j in range(n_keys) if counts[j] > 1])
-            counts[i] -= 1
         values: set[str] = set()
-        placed, answers, per_key = [], [], {}
-        for i, key in enumerate(keys):
-            for _ in range(counts[i]):
+        drawn: list[tuple[str, str]] = []  # (key, value) in draw order
+        for key in keys:
+            for _ in range(rng.randint(*self.values_per_key)):
                 value = self._value(rng, kind)
                 while value in values:
                     value = self._value(rng, kind)
                 values.add(value)
-                is_target = i < n_keys
-                placed.append(Piece(f"The special code for {key} is {value}.", gold=is_target, meta={"key": key}))
-                if is_target:
-                    answers.append(value)
-                    per_key.setdefault(key, []).append(value)
+                drawn.append((key, value))
+        targets_drawn = [i for i, (key, _) in enumerate(drawn) if key in targets]
+        if len(targets_drawn) > self.max_needles:  # Table 5: at most max_needles gold needles
+            left = {key: sum(k == key for k, _ in drawn) for key in targets}
+            for i in rng.sample(targets_drawn, len(targets_drawn)):  # drop at random, one value per key kept
+                if len(targets_drawn) <= self.max_needles:
+                    break
+                if left[drawn[i][0]] > 1:
+                    left[drawn[i][0]] -= 1
+                    targets_drawn.remove(i)
+            drawn = [kv for i, kv in enumerate(drawn) if kv[0] not in targets or i in targets_drawn]
+        placed, answers, per_key = [], [], {}
+        for key, value in drawn:
+            is_target = key in targets
+            placed.append(Piece(f"The special code for {key} is {value}.", gold=is_target, meta={"key": key}))
+            if is_target:
+                answers.append(value)
+                per_key.setdefault(key, []).append(value)
         rng.shuffle(placed)
         named = ", ".join(targets[:-1]) + (" and " if len(targets) > 1 else "") + targets[-1]
         instruction, which = self.pick_instruction(rng)
