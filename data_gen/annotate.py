@@ -10,9 +10,12 @@ The pipeline, one trace at a time:
 2. **Answer check.** The final answer is parsed (``rewards.parsing``) and scored with the row's
    answer metric (``rewards.score_response(...).answer``); a trace without an answer or below
    ``min_answer_score`` is dropped before the annotator sees it.
-3. **Annotator rewrite.** A second chat call (another model, possibly) gets the row's context and
-   the trace and returns the trace unchanged except that statements taken from the context are
-   replaced by verbatim quotes wrapped in ``<recall>...</recall>``.
+3. **Annotator rewrite.** A second chat call (another model, possibly) gets the instructions of
+   the paper's Fig. 7 and, as in its Fig. 8, the recallable sources — the question, the task
+   instructions and the gold documents only (negative documents empty, App. C.2) — with the
+   trace, and returns it rewritten with verbatim quotes in ``<recall>...</recall>``: few, long
+   spans of whole sentences or clauses, the evidence before each claim, a string recalled again
+   where it is reused, the question and instructions recalled when the trace refers to them.
 4. **Checks and alignment.** The rewrite must pair its tags, keep the reasoning (word-level
    ``difflib`` similarity of the tag-stripped rewrite to the original reasoning at least
    ``min_similarity``) and keep the answer. Each quote is located in the prompt text: exactly
@@ -24,7 +27,8 @@ The pipeline, one trace at a time:
    (``require_span``) or with a span longer than the model's ``max_recall_tokens``.
 
 Kept traces become ``SFTExample`` records (``source="annotated"``) split into ``train.jsonl`` and
-``val.jsonl``; ``traces.jsonl`` keeps every trace with its outcome (it is also a valid teacher
+``val.jsonl`` (the paper's proportion by default: 1,600 / 195 of 1,795; ``val_count`` fixes the
+number instead); ``traces.jsonl`` keeps every trace with its outcome (it is also a valid teacher
 trace file for a rerun) and ``report.json`` counts kept and dropped traces per reason and per
 category. Every file is written atomically.
 
@@ -58,6 +62,10 @@ from recallm.errors import RecallmError
 
 __all__ = [
     "REASONS",
+    "PAPER_VAL_FRACTION",
+    "TEMPLATE_FIELDS",
+    "row_sources",
+    "row_instructions",
     "DEFAULT_TEACHER_INSTRUCTION",
     "DEFAULT_ANNOTATOR_SYSTEM",
     "DEFAULT_ANNOTATOR_USER",
@@ -102,39 +110,90 @@ DEFAULT_TEACHER_INSTRUCTION = (
     "When you are done, give the final answer on the last line, written as `Answer: <answer>`."
 )
 
+# The annotator's instructions follow the paper's Fig. 7 rule for rule (our wording): recall spans
+# as quick glances inside the think block; evidence before the claim; prune only fake browsing;
+# few, long spans of whole sentences or clauses; re-recall a string each time it is reused; recall
+# the question and the instructions too; spans verbatim and specific; the answer unchanged.
 DEFAULT_ANNOTATOR_SYSTEM = """\
-You edit reasoning traces. You are given a context (documents, tables, lists of facts) and a \
-reasoning trace that someone wrote while answering a question about that context.
+You edit reasoning traces that language models wrote while solving long-context retrieval and \
+reasoning tasks. Your edit makes a trace rely on recall spans, <recall> ... </recall>: a recall span \
+holds text the model copies, through a recall tool, from the sources it was given.
 
-Return the trace exactly as it is, with a single kind of edit: wherever the trace states \
-something it took from the context (a copied line, a number, a name, a fact put in its own \
-words), replace that statement with a verbatim quotation of the context and wrap the quotation \
-in <recall> and </recall>.
+You receive RECALLABLE SOURCES and a REASONING TRACE. Rewrite the trace so that wherever it uses \
+information from the sources, it first recalls the relevant text in a <recall>...</recall> span \
+(inside <think>...</think>) and only then draws its conclusion. You may reorder and rewrite sentences \
+to do this. Otherwise keep the trace's structure, length and style: make only the edits these rules \
+need. Do not summarise or shorten it, and keep its backtracking, checks and thinking aloud, unless a \
+passage only pretends to browse or repeats a listing. Keep the text after the think block. Return \
+the whole edited trace and nothing else.
+
+The RECALLABLE SOURCES are the QUESTION, the INSTRUCTIONS, the GOLD DOCUMENTS and the NEGATIVE \
+DOCUMENTS.
+
+The idea: the think block is a private inner monologue written while looking at the sources. A recall \
+span is a quick glance at the text in front of you, for example "Looking at the text, I see \
+<recall>...</recall>." Never describe the tool ("I will use the recall tool", "calling recall").
 
 Rules:
-- Text inside <recall>...</recall> must be copied character for character from the context: \
-the same words, spelling, capitalisation, punctuation and digits. Never quote the trace itself \
-or anything that is not in the context.
-- Quote the shortest passage that supports the statement: usually one line or one sentence, \
-never more than a few sentences.
-- Leave every other part of the reasoning (inferences, arithmetic, plans, checks) word for word \
-as it is. Do not add, remove, reorder or summarise steps.
-- Keep the final `Answer: ...` line exactly as it is.
-- Output only the rewritten trace: no preamble, no comments, no code fences."""
+1) Use recall: whenever the trace relies on information from a recallable source, it recalls that \
+evidence in a <recall> span. Recall often, but only key information from the sources.
+2) Evidence first: never state a fact taken from a source in free text and cite it afterwards. Where \
+a sentence introduces such a fact (a name, number, date, ID, key/value pair, definition or title), \
+rewrite it locally so that the <recall> span comes before or at that first mention.
+3) Remove only fake browsing: delete or shorten sentences that act out using a tool or scan without \
+content ("I scan the documents", "I look around"). Keep every real reasoning step: backtracking, \
+verification, elimination, doubt, testing a hypothesis. Do not reorder what need not move.
+4) Few, long spans: prefer fewer and longer spans that take a whole supporting sentence or clause. \
+When a fact sits in one contiguous sentence or clause of a source, wrap that whole sentence or clause \
+in one span, even with its parentheses. Never split one claim over several spans to keep them short.
+5) Supported claims: every claim that depends on a source comes after the recall span that \
+supports it.
+6) Recall again when reused: when the trace uses a source-specific string again later (an ID, number, \
+title, rare name, key:value), recall it again in a new span next to each reuse, taking the whole \
+sentence or clause it sits in when it sits in one.
+7) The question and the instructions: when the trace refers to the question or to the instructions, \
+recall the relevant part of them. They are key information too.
 
+Constraints:
+- <recall> spans appear only inside <think> ... </think>, never after it.
+- The text inside a span is an exact, contiguous copy of a recallable source: the same characters, \
+punctuation, capitals and spaces. Never paraphrase inside a span.
+- A span may be ungrammatical if that keeps its supporting text verbatim.
+- A span stays on its subject and names it clearly enough that it could not belong to another one. \
+Good: <recall>5065: 9BJk8Q32AL</recall>. Bad: 5065: <recall>9BJk8Q32AL</recall> (the value alone is \
+tied to nothing). Also bad: <recall>5065:</recall> <recall>9BJk8Q32AL</recall>.
+- Delete sentences that talk about using recall; the trace just uses it.
+- Do not change the final answer.
+- Output only the edited trace, with no comment before or after it."""
+
+# The user message of Fig. 8: the sources as named fields. The negative documents stay empty by
+# default, as in the paper (App. C.2: with negatives the annotator over-recalled irrelevant text).
 DEFAULT_ANNOTATOR_USER = """\
-<context>
-{context}
-</context>
+You are editing a model's reasoning trace.
 
-<trace>
-{trace}
-</trace>
+RECALLABLE SOURCES:
 
-Rewrite the trace as instructed."""
+QUESTION:
+{question}
+
+INSTRUCTIONS:
+{instructions}
+
+GOLD DOCUMENTS:
+{gold_docs}
+
+NEGATIVE DOCUMENTS (optional; may be empty):
+{neg_docs}
+
+REASONING TRACE:
+{trace}"""
+
+#: The paper's SFT split: 195 of its 1,795 annotated examples for validation, 1,600 for training (App. C.2).
+PAPER_VAL_FRACTION = 195 / 1795
 
 _FENCE = re.compile(r"^```[\w-]*\n(.*)\n```$", re.DOTALL)
-_TEMPLATE_FIELD = re.compile(r"\{(context|trace)\}")
+TEMPLATE_FIELDS = ("question", "instructions", "gold_docs", "neg_docs", "context", "trace")
+_TEMPLATE_FIELD = re.compile(r"\{(" + "|".join(TEMPLATE_FIELDS) + r")\}")
 
 
 # --------------------------------------------------------------------------- settings
@@ -172,12 +231,16 @@ class Prompts:
     teacher_instruction: str | None = DEFAULT_TEACHER_INSTRUCTION  # appended to the row's last user message
     teacher_system: str | None = None  # replaces the row's system message when set
     annotator_system: str = DEFAULT_ANNOTATOR_SYSTEM
-    annotator_user: str = DEFAULT_ANNOTATOR_USER  # with {context} and {trace}
+    # fields: {question} {instructions} {gold_docs} {neg_docs} (Fig. 8), {context} (the whole prompt), {trace}
+    annotator_user: str = DEFAULT_ANNOTATOR_USER
+    negative_documents: bool = False  # fill {neg_docs} with the row's other documents (the paper leaves it empty)
 
     def __post_init__(self) -> None:
-        missing = [f for f in ("{context}", "{trace}") if f not in self.annotator_user]
-        if missing:
-            raise RecallmError(f"annotator.user_template must contain {' and '.join(missing)}")
+        if "{trace}" not in self.annotator_user:
+            raise RecallmError("annotator.user_template must contain {trace}")
+        sources = ("{question}", "{instructions}", "{gold_docs}", "{context}")
+        if not any(f in self.annotator_user for f in sources):
+            raise RecallmError(f"annotator.user_template must contain at least one of {', '.join(sources)}")
 
 
 # --------------------------------------------------------------------------- traces
@@ -289,6 +352,39 @@ def _row_context(row: Row) -> str:
     return "\n\n".join(m["content"] for m in row.messages if m.get("role") in ("system", "user"))
 
 
+def _user_content(row: Row) -> str:
+    users = [m["content"] for m in row.messages if m.get("role") == "user"]
+    return users[-1] if users else ""
+
+
+def row_instructions(row: Row) -> str:
+    """The task instructions of a row: recorded at generation, else the first paragraph of its user
+    message (where ``data_gen.fit`` puts them)."""
+    if row.instruction:
+        return row.instruction
+    return _user_content(row).split("\n\n", 1)[0].strip()
+
+
+def row_sources(row: Row, *, negatives: bool = False) -> dict[str, str]:
+    """The RECALLABLE SOURCES of Fig. 8: the question, the instructions, the gold documents (a row
+    without segmented gold evidence — a long document, a vote list, a short problem — gives its
+    whole user message instead) and, with ``negatives``, the other documents (empty otherwise)."""
+    gold = "\n\n".join(str(g["text"]) for g in row.gold)
+    content = _user_content(row)
+    neg = ""
+    if negatives and row.gold:
+        rest = content
+        for g in row.gold:
+            rest = rest.replace(str(g["text"]), "\n")
+        neg = "\n".join(line for line in rest.splitlines() if line.strip())
+    return {
+        "question": row.question.strip(),
+        "instructions": row_instructions(row),
+        "gold_docs": gold if gold else content,
+        "neg_docs": neg,
+    }
+
+
 def teacher_messages(row: Row, prompts: Prompts) -> list[dict[str, str]]:
     """The row's chat messages, the teacher instruction appended to the last user message."""
     messages = [dict(m) for m in row.messages]
@@ -306,8 +402,9 @@ def teacher_messages(row: Row, prompts: Prompts) -> list[dict[str, str]]:
 
 
 def annotator_messages(row: Row, trace: str, prompts: Prompts) -> list[dict[str, str]]:
-    """The annotator request: its instructions, the row's context and the (normalised) trace."""
-    fields = {"context": _row_context(row), "trace": trace}
+    """The annotator request (Figs. 7-8): its instructions, the row's recallable sources and the
+    (normalised) trace, ``<think>`` reasoning ``</think>`` then the answer line."""
+    fields = {**row_sources(row, negatives=prompts.negative_documents), "context": _row_context(row), "trace": trace}
     user = _TEMPLATE_FIELD.sub(lambda m: fields[m.group(1)], prompts.annotator_user)
     return [{"role": "system", "content": prompts.annotator_system}, {"role": "user", "content": user}]
 
@@ -416,7 +513,7 @@ def annotate_trace(
         raise RecallmError(f"row {index}: cannot score its answer: {exc}") from exc
     if score < checks.min_answer_score:
         return out.drop("wrong_answer", f"answer {answer[:80]!r} scores {score:.3g}")
-    messages = annotator_messages(row, f"{reasoning}\n\nAnswer: {answer}", prompts)
+    messages = annotator_messages(row, f"<think>\n{reasoning}\n</think>\n\nAnswer: {answer}", prompts)
     try:
         raw = annotator.complete(messages) if isinstance(annotator, ChatClient) else annotator(messages)
     except ChatError as exc:
@@ -493,7 +590,8 @@ class AnnotateSettings:
     samples: int = 1
     checks: Checks = field(default_factory=Checks)
     prompts: Prompts = field(default_factory=Prompts)
-    val_fraction: float = 0.05
+    val_fraction: float = PAPER_VAL_FRACTION
+    val_count: int | None = None
     seed: int = 0
     limit: int | None = None
     progress: bool = False
@@ -542,9 +640,13 @@ class AnnotateSettings:
             teacher_system=teacher_cfg.get("system_prompt") or None,
             annotator_system=annotator_cfg.get("system_prompt") or DEFAULT_ANNOTATOR_SYSTEM,
             annotator_user=annotator_cfg.get("user_template") or DEFAULT_ANNOTATOR_USER,
+            negative_documents=bool(annotator_cfg.get("negative_documents", False)),
         )
-        val_fraction = _number(cfg.get("val_fraction", 0.05), "val_fraction")
+        val_fraction = _number(cfg.get("val_fraction", PAPER_VAL_FRACTION), "val_fraction")
         _check_range(val_fraction, "val_fraction", 0.0, 1.0, hi_open=True)
+        val_count = cfg.get("val_count")
+        if val_count is not None and _number(val_count, "val_count", int) < 0:
+            raise RecallmError(f"val_count must be >= 0 or null, got {val_count}")
         limit = cfg.get("limit")
         if limit is not None and _number(limit, "limit", int) < 1:
             raise RecallmError(f"limit must be >= 1 or null, got {limit}")
@@ -562,6 +664,7 @@ class AnnotateSettings:
             checks=checks,
             prompts=prompts,
             val_fraction=val_fraction,
+            val_count=None if val_count is None else int(val_count),
             seed=_number(cfg.get("seed", 0), "seed", int),
             limit=None if limit is None else int(limit),
             progress=bool(cfg.get("progress", False)),
@@ -595,7 +698,8 @@ def run_annotation(
     checks: Checks | None = None,
     prompts: Prompts | None = None,
     reward_config=None,
-    val_fraction: float = 0.05,
+    val_fraction: float = PAPER_VAL_FRACTION,
+    val_count: int | None = None,
     seed: int = 0,
     workers: int = 8,
     progress: bool = False,
@@ -660,7 +764,7 @@ def run_annotation(
 
     order = list(range(len(examples)))
     random.Random(seed).shuffle(order)
-    n_val = min(len(examples), round(len(examples) * val_fraction))
+    n_val = min(len(examples), round(len(examples) * val_fraction) if val_count is None else val_count)
     val_ids = set(order[:n_val])
     train = [e.to_record() for k, e in enumerate(examples) if k not in val_ids]
     val = [e.to_record() for k, e in enumerate(examples) if k in val_ids]
@@ -761,6 +865,7 @@ def annotate_from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
         "annotator": f"{settings.annotator.model} @ {settings.annotator.base_url}",
         "checks": {k: getattr(settings.checks, k) for k in Checks.__dataclass_fields__},
         "val_fraction": settings.val_fraction,
+        "val_count": settings.val_count,
         "seed": settings.seed,
     }
     clients: list[ChatClient] = []
@@ -786,6 +891,7 @@ def annotate_from_config(cfg: Mapping[str, Any]) -> dict[str, Any]:
             prompts=settings.prompts,
             reward_config=reward_config,
             val_fraction=settings.val_fraction,
+            val_count=settings.val_count,
             seed=settings.seed,
             workers=workers,
             progress=settings.progress,

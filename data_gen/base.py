@@ -111,6 +111,7 @@ class Row:
     ground_truth: dict[str, Any]  # everything the reward needs (category, answers, gold, ...)
     n_pieces: int = 0
     trace_info: dict[str, Any] = field(default_factory=dict)
+    instruction: str = ""  # the task instructions of the prompt (the annotator recalls from them)
 
 
 class Task(ABC):

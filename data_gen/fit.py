@@ -27,8 +27,12 @@ class PromptRenderer:
     """Chat-template rendering and token counting for one tokenizer."""
 
     def __init__(self, tokenizer, system_prompt: str | None = None) -> None:
+        """``system_prompt``: a literal text, a name of ``data_gen.system_prompts.SYSTEM_PROMPTS``
+        (``reasoning``: the paper's reasoning-oriented prompt), or None."""
+        from data_gen.system_prompts import resolve_system_prompt
+
         self.tokenizer = tokenizer
-        self.system_prompt = system_prompt
+        self.system_prompt = resolve_system_prompt(system_prompt)
 
     def messages(self, content: str) -> list[dict[str, str]]:
         msgs = [{"role": "system", "content": self.system_prompt}] if self.system_prompt else []
@@ -278,4 +282,5 @@ def _row(task, draft, renderer, pieces, layout, prompt_text, content_at, actual,
         ground_truth=ground_truth,
         n_pieces=len(pieces),
         trace_info=draft.trace_info,
+        instruction=draft.instruction.strip(),
     )

@@ -5,7 +5,7 @@ A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
 * ``data_source``, ``ability`` (the category), ``prompt`` (messages);
 * ``reward_model``: ``{"style": "rule", "ground_truth": <JSON string>}`` — a JSON string, so that
   rows of every category share one parquet schema (the reward parses it back);
-* ``extra_info``: ``index``, ``split``, ``task``, ``category``, ``question``, ``seed``,
+* ``extra_info``: ``index``, ``split``, ``task``, ``category``, ``question``, ``instruction``, ``seed``,
   ``prompt_tokens``, ``target_tokens``, ``augmentations`` (JSON string) and, when asked for,
   ``prompt_text`` (verl's ``custom_reward_function`` path needs it; the reward manager does not).
 """
@@ -31,6 +31,7 @@ def row_record(row: Row, index: int, split: str, *, store_prompt_text: bool = Fa
         "task": row.task,
         "category": row.category,
         "question": row.question,
+        "instruction": row.instruction,
         "seed": row.seed,
         "prompt_tokens": row.prompt_tokens,
         "target_tokens": row.target_tokens,
@@ -126,6 +127,7 @@ def read_rows(path: str | Path, tokenizer=None) -> list[Row]:
                 ground_truth=ground_truth,
                 n_pieces=int(extra.get("n_pieces", 0)),
                 trace_info=json.loads(extra.get("trace_info") or "{}"),
+                instruction=extra.get("instruction") or "",
             )
         )
     return rows

@@ -10,18 +10,32 @@ Ground truth of a row (``reward_model.ground_truth`` in verl's parquet):
 * ``choices``: option texts, lettered A, B, ... in order (multiple choice only);
 * ``gold``: gold passages ``{"text", "start", "end"}`` (character interval in the prompt text) —
   needed when ``recall: f1``;
-* ``relevance``: ``{doc_id: grade}`` and ``doc_ids``: every document id shown (``ndcg``);
+* ``relevance``: ``{doc_id: grade}`` (grades finite, in ``[0, MAX_GRADE]``) and ``doc_ids``: every
+  document id shown (``ndcg``);
 * ``entities``: ``[{"answers": aliases, "docs": supporting ids}]`` (``citation``).
+
+``check_ground_truth`` checks the presence *and the types* of what the row's category reads
+(aliases are strings or finite numbers, intervals are integers inside ``0 <= start <= end`` whose
+length is the text's, grades are finite numbers, ...): a hostile or corrupt row fails there with
+one ``RecallmError`` naming the field, before training, instead of as a ``TypeError`` at its
+first reward.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
 from recallm.errors import RecallmError
+
+try:  # numpy's bool is no numbers.Integral, but guard anyway: a grade of True is no grade
+    from numpy import bool_ as np_bool
+except ImportError:  # pragma: no cover - numpy is a dependency
+    np_bool = bool
 
 __all__ = [
     "ANSWER_METRICS",
@@ -33,10 +47,16 @@ __all__ = [
     "gold_choice",
     "check_rows",
     "as_ground_truth",
+    "CITATION_MODES",
+    "NDCG_GAINS",
+    "MAX_GRADE",
 ]
 
 ANSWER_METRICS = ("sub_em", "exact_match", "net_recall", "ndcg", "citation")
 RECALL_MODES = ("f1", "always", "binary")
+CITATION_MODES = ("ids", "entities")
+NDCG_GAINS = ("linear", "exponential")
+MAX_GRADE = 100.0  # relevance grades above this are refused (MS MARCO / TREC DL grades are 0-3)
 
 
 @dataclass(frozen=True)
@@ -51,6 +71,10 @@ class CategoryReward:
     min_span_chars: int = 5
     ndcg_k: int = 10
     citation_k: int = 5
+    ndcg_gain: str = "linear"  # NDCG gains: the grade (linear) or 2**grade - 1 (exponential)
+    citation_mode: str = "ids"  # citation F1 over exact document ids, or per matched entity
+    citation_coverage_weight: float = 0.2  # answer = (1 - w) * citation F1 + w * coverage
+    citation_unrecalled_credit: float = 1.0  # weight of a citation no recall span backs (ids mode)
 
     def __post_init__(self) -> None:
         if self.answer not in ANSWER_METRICS:
@@ -67,6 +91,15 @@ class CategoryReward:
         for name in ("ndcg_k", "citation_k"):
             if getattr(self, name) < 1:
                 raise RecallmError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.ndcg_gain not in NDCG_GAINS:
+            raise RecallmError(f"unknown ndcg_gain {self.ndcg_gain!r}; expected one of {', '.join(NDCG_GAINS)}")
+        if self.citation_mode not in CITATION_MODES:
+            raise RecallmError(
+                f"unknown citation_mode {self.citation_mode!r}; expected one of {', '.join(CITATION_MODES)}"
+            )
+        for name in ("citation_coverage_weight", "citation_unrecalled_credit"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise RecallmError(f"{name} must be in [0, 1], got {getattr(self, name)}")
 
 
 @dataclass(frozen=True)
@@ -85,8 +118,12 @@ class RewardConfig:
     overlong_enable: bool = True
     max_response_length: int = 4096
     overlong_buffer: int = 1024
+    format_task_specific: bool = False  # add the reranking / citation answer-format terms
+    format_task_weight: float = 0.5  # their share of the format reward when on
 
     def __post_init__(self) -> None:
+        if not 0 <= self.format_task_weight <= 1:
+            raise RecallmError(f"format.task_weight must be in [0, 1], got {self.format_task_weight}")
         weights = (self.format_weight, self.additive_weight, self.multiplicative_weight)
         if min(weights) < 0 or abs(sum(weights) - 1.0) > 1e-6:
             raise RecallmError(f"reward weights must be >= 0 and sum to 1, got {weights}")
@@ -118,6 +155,7 @@ class RewardConfig:
         cfg = _plain(cfg)
         try:
             weights, density, overlong = cfg.get("weights", {}), cfg.get("density", {}), cfg.get("overlong", {})
+            fmt = cfg.get("format") or {}
             categories = {name: CategoryReward(**row) for name, row in (cfg.get("categories") or {}).items()}
         except TypeError as exc:
             raise RecallmError(f"bad reward config: {exc}") from exc
@@ -136,11 +174,19 @@ class RewardConfig:
             overlong_enable=bool(overlong.get("enable", True)),
             max_response_length=int(overlong.get("max_response_length", 4096)),
             overlong_buffer=int(overlong.get("buffer", 1024)),
+            format_task_specific=_flag(fmt.get("task_specific", False), "format.task_specific"),
+            format_task_weight=float(fmt.get("task_weight", 0.5)),
         )
 
     def for_row(self, category: str, data_source: str | None = None) -> CategoryReward:
         """The settings of one row: its category's, with its data source's exceptions."""
         return _row_settings(self, category, data_source)
+
+
+def _flag(value, name: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    raise RecallmError(f"{name} must be true or false, got {value!r}")
 
 
 def _row_settings(config: RewardConfig, category: str, data_source: str | None) -> CategoryReward:
@@ -240,6 +286,8 @@ def _parse_json(text: str) -> Mapping:
         value = json.loads(text)
     except json.JSONDecodeError as exc:
         raise RecallmError(f"ground truth is a string but not JSON ({exc.msg}): {text[:60]!r}") from exc
+    except RecursionError:
+        raise RecallmError(f"ground truth is JSON nested too deeply to read: {text[:60]!r}") from None
     if not isinstance(value, Mapping):
         raise RecallmError(f"ground truth must be a mapping, got JSON {type(value).__name__}")
     return value
@@ -253,20 +301,118 @@ def as_ground_truth(ground_truth) -> Mapping:
     return ground_truth
 
 
+def _number(value) -> bool:
+    """A real number that is not a bool (numpy's included)."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np_bool))
+
+
+def _scalar(value) -> bool:
+    """An answer alias, choice text or document id: a string or a finite number (not a bool)."""
+    if isinstance(value, str):
+        return True
+    return _number(value) and math.isfinite(value)
+
+
+def _integer(value) -> bool:
+    if isinstance(value, numbers.Integral):
+        return _number(value)
+    return _number(value) and math.isfinite(value) and float(value).is_integer()
+
+
+def _list(value) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def _short(value) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _check_aliases(value, field: str, where: str, *, nested: bool = False) -> None:
+    """A string, or a non-empty list of strings/numbers (``nested``: whose items may also be lists
+    of them: the gold items of a list answer)."""
+    if _scalar(value):  # one alias (a number is read as its text)
+        return
+    if not _list(value) or not value:
+        raise RecallmError(f"{where}: {field!r} must be a string or a non-empty list of strings, got {_short(value)}")
+    for i, item in enumerate(value):
+        if _scalar(item):
+            continue
+        if nested and _list(item) and item and all(_scalar(a) for a in item):
+            continue
+        raise RecallmError(f"{where}: {field}[{i}] must be a string or a number, got {_short(item)}")
+
+
+def _check_gold(value, where: str) -> None:
+    if not _list(value):
+        raise RecallmError(f"{where}: 'gold' must be a list of passages {{text, start, end}}, got {_short(value)}")
+    for i, gold in enumerate(value):
+        if not isinstance(gold, Mapping) or not {"text", "start", "end"} <= set(gold):
+            raise RecallmError(f"{where}: gold[{i}] needs 'text', 'start' and 'end', got {_short(gold)}")
+        text, start, end = gold["text"], gold["start"], gold["end"]
+        if not isinstance(text, str) or not text:
+            raise RecallmError(f"{where}: gold[{i}].text must be a non-empty string, got {_short(text)}")
+        for name, number in (("start", start), ("end", end)):
+            if not _integer(number) or number < 0:
+                raise RecallmError(f"{where}: gold[{i}].{name} must be a non-negative integer, got {_short(number)}")
+        if int(end) - int(start) != len(text):
+            raise RecallmError(
+                f"{where}: gold[{i}] interval [{int(start)}, {int(end)}) does not have the length of its text "
+                f"({len(text)} characters)"
+            )
+
+
+def _check_relevance(value, where: str) -> None:
+    if not isinstance(value, Mapping) or not value:
+        raise RecallmError(f"{where}: 'relevance' must be a non-empty mapping {{doc_id: grade}}, got {_short(value)}")
+    for doc, grade in value.items():
+        if not _scalar(doc):
+            raise RecallmError(f"{where}: relevance has a document id that is not a string: {_short(doc)}")
+        if not _number(grade) or not 0 <= grade <= MAX_GRADE:
+            raise RecallmError(
+                f"{where}: relevance[{str(doc)!r}] must be a finite number in [0, {MAX_GRADE:g}], got {_short(grade)}"
+            )
+    if not any(grade > 0 for grade in value.values()):
+        raise RecallmError(f"{where}: 'relevance' has no document with a positive grade")
+
+
+def _check_ids(value, field: str, where: str) -> None:
+    if not _list(value) or not all(_scalar(d) for d in value):
+        raise RecallmError(f"{where}: {field!r} must be a list of document ids (strings), got {_short(value)}")
+
+
+def _check_entities(value, where: str) -> None:
+    if not _list(value) or not value:
+        raise RecallmError(f"{where}: 'entities' must be a non-empty list of {{answers, docs}}, got {_short(value)}")
+    for i, entity in enumerate(value):
+        if not isinstance(entity, Mapping):
+            raise RecallmError(f"{where}: entities[{i}] must be a mapping {{answers, docs}}, got {_short(entity)}")
+        if "answers" not in entity:
+            raise RecallmError(f"{where}: entities[{i}] has no 'answers' (every entity needs 'answers' and 'docs')")
+        _check_aliases(entity["answers"], f"entities[{i}].answers", where)
+        _check_ids(entity.get("docs", []), f"entities[{i}].docs", where)
+
+
 def check_ground_truth(ground_truth, data_source: str | None, config: RewardConfig) -> CategoryReward:
-    """Raise ``RecallmError`` naming what a row's ground truth lacks; return its settings."""
+    """Raise ``RecallmError`` naming what a row's ground truth lacks or holds of the wrong type;
+    return its settings."""
     ground_truth = as_ground_truth(ground_truth)
     if not isinstance(ground_truth, Mapping):
         raise RecallmError(f"ground truth must be a mapping, got {type(ground_truth).__name__}")
-    row = config.for_row(ground_truth.get("category"), data_source)
-    where = f"ground truth of a {ground_truth.get('category')} row (data_source={data_source})"
+    category = ground_truth.get("category")
+    if not isinstance(category, str):
+        raise RecallmError(f"ground truth 'category' must be a string, got {_short(category)}")
+    if data_source is not None and not isinstance(data_source, str):
+        raise RecallmError(f"data_source must be a string, got {_short(data_source)}")
+    row = config.for_row(category, data_source)
+    where = f"ground truth of a {category} row (data_source={data_source})"
 
     def need(key: str, why: str):
         value = ground_truth.get(key)
         empty = (
             value is None
             or (isinstance(value, str) and not value)
-            or (not isinstance(value, (str, Mapping)) and len(_seq(value)) == 0)
+            or (_list(value) and len(value) == 0)
             or (isinstance(value, Mapping) and not value)
         )
         if empty:
@@ -274,26 +420,20 @@ def check_ground_truth(ground_truth, data_source: str | None, config: RewardConf
         return value
 
     if row.answer in ("sub_em", "exact_match", "net_recall"):
-        need("answers", f"answer metric {row.answer}")
-        if _seq(ground_truth.get("choices")):
-            gold_choice(ground_truth)
+        _check_aliases(need("answers", f"answer metric {row.answer}"), "answers", where, nested=True)
+        choices = ground_truth.get("choices")
+        if choices is not None:
+            if not _list(choices) or not all(_scalar(c) for c in choices):
+                raise RecallmError(f"{where}: 'choices' must be a list of option texts, got {_short(choices)}")
+            if choices:
+                gold_choice(ground_truth)
     elif row.answer == "ndcg":
-        relevance = need("relevance", "answer metric ndcg")
-        if not any(float(v) > 0 for v in relevance.values()):
-            raise RecallmError(f"{where}: 'relevance' has no document with a positive grade")
-        need("doc_ids", "the reranking format check")
+        _check_relevance(need("relevance", "answer metric ndcg"), where)
+        _check_ids(need("doc_ids", "the reranking format check"), "doc_ids", where)
     elif row.answer == "citation":
-        for entity in _seq(need("entities", "answer metric citation")):
-            if (
-                not isinstance(entity, Mapping)
-                or not _seq(entity.get("answers"))
-                and not isinstance(entity.get("answers"), str)
-            ):
-                raise RecallmError(f"{where}: every entity needs 'answers' (and 'docs')")
+        _check_entities(need("entities", "answer metric citation"), where)
     if row.recall == "f1":
-        for gold in _seq(need("gold", f"recall mode f1, tau={row.tau}")):
-            if not isinstance(gold, Mapping) or not {"text", "start", "end"} <= set(gold):
-                raise RecallmError(f"{where}: every gold passage needs 'text', 'start' and 'end', got {gold!r}")
+        _check_gold(need("gold", f"recall mode f1, tau={row.tau}"), where)
     return row
 
 

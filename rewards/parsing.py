@@ -53,17 +53,15 @@ class ParsedResponse(NamedTuple):
         return len(self.spans)
 
 
+_MARKER_RE = re.compile("|".join(re.escape(m) for m in _MARKERS))
+
+
 def _markers(text: str):
-    """(offset, marker) of every marker, left to right (a scan for ``<``: faster than a regex)."""
-    find, startswith = text.find, text.startswith
-    pos = find("<")
-    while pos != -1:
-        for marker in _MARKERS:
-            if startswith(marker, pos):
-                yield pos, marker
-                pos += len(marker) - 1
-                break
-        pos = find("<", pos + 1)
+    """(offset, marker) of every marker, left to right. One alternation of literals: the regex
+    engine tries each at every ``<`` and never backtracks, so this is linear in the text (a run
+    of 40K ``<`` is as cheap as ordinary text)."""
+    for m in _MARKER_RE.finditer(text):
+        yield m.start(), m.group()
 
 
 def parse_response(text: str) -> ParsedResponse:

@@ -9,15 +9,21 @@ Recall spans and gold passages are character intervals of the prompt text:
   passage (only occurrences that can touch the passage are looked at);
 * density penalty ``P = 0.5 ** (max(0, d - delta) / h)`` with ``d = (N_spans - N_free) /
   (N_tokens / 1024)``;
-* correctness penalty ``P = max(0, 1 - (N_short + |#start - #end|) / sqrt(N_spans))``;
+* correctness penalty ``P = max(0, 1 - (N_short + |#start - #end|) / sqrt(N_spans))``, and 1 when
+  the response has no complete span (eq. 8 is undefined at ``N_spans = 0``; the authors'
+  release returns 1 there, so unpaired markers without any complete span cost nothing here —
+  they still fail the format reward when they follow the think block);
 * ``R_ret = overlap * P_density * P_correct``.
 """
 
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Sequence
 from typing import NamedTuple
+
+from recallm.errors import RecallmError
 
 __all__ = [
     "GoldPassage",
@@ -88,7 +94,7 @@ def locate_gold(prompt: str, gold: GoldPassage) -> tuple[int, int]:
             best = pos
         pos = prompt.find(gold.text, pos + 1)
     if best is None or not gold.text:
-        raise ValueError(
+        raise RecallmError(
             f"gold passage {gold.text[:60]!r} (recorded at [{gold.start}, {gold.end})) does not occur in the "
             f"prompt text ({len(prompt)} characters): the row's ground truth does not match its prompt"
         )
@@ -111,7 +117,9 @@ def recall_overlap_detail(
     """Mean per-gold overlap (eq. 5), over all gold passages or the ``top_k`` best, and how many
     spans occur in the prompt. Spans are searched only in windows around the gold passages; the
     whole prompt is searched only for spans found near none of them."""
-    texts = [t for t in (clean_span(s) for s in spans) if t]
+    cleaned = [t for t in (clean_span(s) for s in spans) if t]
+    multiplicity = Counter(cleaned)
+    texts = list(multiplicity)  # each distinct span once: a repeat scores what its first copy does
     located = [locate_gold(prompt, gold) for gold in golds]
     found = [False] * len(texts)
     scores = []
@@ -121,20 +129,27 @@ def recall_overlap_detail(
         best = 0.0
         for i, text in enumerate(texts):  # span_gold_f1, inlined: this loop is the hot path
             n = len(text)
-            hi = min(n_prompt, g_end + n - 1)
-            pos = find(text, max(0, g_start - n + 1), hi)
+            lo, hi = g_start - n + 1, g_end + n - 1
+            pos = find(text, lo if lo > 0 else 0, hi if hi < n_prompt else n_prompt)
             if pos == -1:
                 continue
             found[i] = True
-            cap, inter = min(n, g_len), 0
+            cap, inter = (n if n < g_len else g_len), 0
             while pos != -1:
-                inter = max(inter, min(g_end, pos + n) - max(g_start, pos))
-                if inter == cap:
-                    break
+                end = pos + n
+                v = (g_end if g_end < end else end) - (g_start if g_start > pos else pos)
+                if v > inter:
+                    inter = v
+                    if inter == cap:
+                        break
                 pos = find(text, pos + 1, hi)
-            best = max(best, 2.0 * inter / (g_len + n))
+            f1 = 2.0 * inter / (g_len + n)
+            if f1 > best:
+                best = f1
+                if best >= tau:  # capped: no span can score this gold higher (unvisited spans are
+                    break  # still counted in the prompt below, by a plain search)
         scores.append(min(best, tau) / tau)
-    in_prompt = sum(ok or text in prompt for ok, text in zip(found, texts, strict=True))
+    in_prompt = sum(multiplicity[text] for ok, text in zip(found, texts, strict=True) if ok or text in prompt)
     if not scores:
         return OverlapResult(0.0, in_prompt)
     if top_k is not None:
@@ -164,5 +179,7 @@ def density_penalty(
 
 
 def correctness_penalty(n_short: int, n_mismatch: int, n_spans: int) -> float:
-    """Eq. 8, clamped to [0, 1]."""
-    return min(1.0, max(0.0, 1.0 - (n_short + n_mismatch) / math.sqrt(max(n_spans, 1))))
+    """Eq. 8, clamped to [0, 1]; 1 without a complete span (the authors' release; see module doc)."""
+    if n_spans <= 0:
+        return 1.0
+    return min(1.0, max(0.0, 1.0 - (n_short + n_mismatch) / math.sqrt(n_spans)))

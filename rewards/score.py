@@ -9,9 +9,12 @@ whose every field is a finite number, whatever the response.
 from __future__ import annotations
 
 import math
+import numbers
+from collections import Counter
 from collections.abc import Mapping
 from typing import NamedTuple
 
+from recallm.errors import RecallmError
 from rewards import metrics
 from rewards.config import (
     CategoryReward,
@@ -79,13 +82,19 @@ def overlong_factor(n_tokens: int, config: RewardConfig) -> float:
     return max(0.0, 1.0 - (n_tokens - config.max_response_length) / config.overlong_buffer)
 
 
-def format_reward(parsed: ParsedResponse, row: CategoryReward, ground_truth: Mapping) -> tuple[float, float]:
+def format_reward(
+    parsed: ParsedResponse, row: CategoryReward, ground_truth: Mapping, config: RewardConfig | None = None
+) -> tuple[float, float]:
     """(format reward, its task-specific part).
 
-    Base (0 or 1): exactly one ``</think>``, no stray ``<think>``, exactly one ``Answer:`` after the
-    think block, no recall marker after it. Reranking adds the fraction of ranked ids that are
-    documents of the prompt; entity citation the fraction of answer items that carry text and a
-    citation. For those two the format reward is the mean of base and part.
+    The paper's R_format (§4.3: "verifies the required interleaved output format"), 0 or 1:
+    exactly one ``</think>``, no ``<think>`` but the opening one, exactly one ``Answer:`` after the
+    think block, and no recall marker after it (recall spans interleave with the reasoning inside
+    the think block). The task-specific part is reported as 1 and does not count unless
+    ``format.task_specific`` is on (the authors' release has it on, at weight 0.5); then
+    reranking's part is the fraction of ranked ids that are documents of the prompt and entity
+    citation's the fraction of answer items that carry text and a citation, and the format reward
+    is ``(1 - w) * base + w * part``.
     """
     base = float(
         parsed.n_think_end == 1
@@ -93,20 +102,24 @@ def format_reward(parsed: ParsedResponse, row: CategoryReward, ground_truth: Map
         and parsed.n_answers == 1
         and parsed.n_markers_after_think == 0
     )
+    if config is None or not config.format_task_specific or row.answer not in ("ndcg", "citation"):
+        return base, 1.0
     if row.answer == "ndcg":
         ranked = metrics.parse_ranking(parsed.answer)
         valid = {str(d) for d in ground_truth.get("doc_ids") or ()}
         part = sum(d in valid for d in ranked) / len(ranked) if ranked else 0.0
-        return 0.5 * base + 0.5 * part, part
-    if row.answer == "citation":
+    else:
         items = metrics.parse_citations(parsed.answer)
         part = sum(bool(text) and bool(ids) for text, ids in items) / len(items) if items else 0.0
-        return 0.5 * base + 0.5 * part, part
-    return base, 1.0
+    w = config.format_task_weight
+    return (1 - w) * base + w * part, part
 
 
-def answer_reward(answer: str | None, row: CategoryReward, ground_truth: Mapping) -> float:
-    """The category's answer metric (``answer`` is the parsed final answer, None if missing)."""
+def answer_reward(
+    answer: str | None, row: CategoryReward, ground_truth: Mapping, spans: tuple[str, ...] | list[str] = ()
+) -> float:
+    """The category's answer metric (``answer`` is the parsed final answer, None if missing;
+    ``spans`` the recall spans' texts, which back citations when ``citation_unrecalled_credit`` < 1)."""
     if answer is None:
         return 0.0
     if (
@@ -121,11 +134,24 @@ def answer_reward(answer: str | None, row: CategoryReward, ground_truth: Mapping
     if row.answer == "exact_match":
         return metrics.exact_match(answer, metrics.as_aliases(ground_truth.get("answers")))
     if row.answer == "net_recall":
-        return metrics.net_recall(answer, list(ground_truth.get("answers")))
+        answers = ground_truth.get("answers")
+        return metrics.net_recall(answer, [answers] if isinstance(answers, (str, int, float)) else list(answers))
     if row.answer == "ndcg":
-        return metrics.ndcg_at_k(metrics.parse_ranking(answer), ground_truth.get("relevance") or {}, row.ndcg_k)
-    f1, coverage = metrics.citation_scores(answer, list(ground_truth.get("entities") or ()), row.citation_k)
-    return 0.5 * f1 + 0.5 * coverage
+        ranking = metrics.parse_ranking(answer)
+        return metrics.ndcg_at_k(ranking, ground_truth.get("relevance") or {}, row.ndcg_k, row.ndcg_gain)
+    entities = list(ground_truth.get("entities") or ())
+    w = row.citation_coverage_weight
+    if row.citation_mode == "entities":
+        f1, coverage = metrics.entity_citation_scores(answer, entities, row.citation_k)
+    else:
+        recalled = None
+        if row.citation_unrecalled_credit < 1:
+            recalled = set().union(*(metrics.cited_ids(t) for t in spans)) if spans else set()
+        scores = metrics.citation_id_scores(
+            answer, entities, row.citation_k, recalled_ids=recalled, unrecalled_credit=row.citation_unrecalled_credit
+        )
+        f1, coverage = scores.f1, scores.coverage
+    return (1 - w) * f1 + w * coverage
 
 
 def _golds(ground_truth: Mapping) -> list[GoldPassage]:
@@ -152,19 +178,26 @@ def score_response(
         data_source: the row's data source (per-dataset exceptions, e.g. ``multi_niah``).
         config: reward settings; the paper's by default.
 
-    Raises ``RecallmError`` for ground truth that lacks what its category needs and
-    ``ValueError`` if a gold passage is not in ``prompt_text``; never for the response itself.
+    Raises ``RecallmError`` (a ``ValueError``) for ground truth that lacks what its category needs
+    or holds it with the wrong type, for a gold passage that is not in ``prompt_text``, and for an
+    ``n_tokens`` that is not a finite non-negative number; never for the response itself, and in
+    time linear in its length.
     """
     config = config or load_reward_config()
     ground_truth = as_ground_truth(ground_truth)
     row = check_ground_truth(ground_truth, data_source, config)
+    if not isinstance(response, str):
+        response = "" if response is None else str(response)
     if n_tokens is None:
-        n_tokens = max(1, round(len(response or "") / 4))
+        n_tokens = max(1, round(len(response) / 4))
+    elif isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Real) or not 0 <= n_tokens < 2**53:
+        raise RecallmError(f"n_tokens must be a non-negative finite number of tokens, got {n_tokens!r}")
+    n_tokens = int(n_tokens)
     parsed = parse_response(response)
-    fmt, part = format_reward(parsed, row, ground_truth)
-    answer = answer_reward(parsed.answer, row, ground_truth)
-
     span_texts = [s.text for s in parsed.spans]
+    fmt, part = format_reward(parsed, row, ground_truth, config)
+    answer = answer_reward(parsed.answer, row, ground_truth, span_texts)
+
     cleaned = [clean_span(t) for t in span_texts]
     n_spans = len(span_texts)
     n_short = sum(len(t) < row.min_span_chars for t in cleaned)
@@ -175,9 +208,7 @@ def score_response(
     elif row.recall == "binary":
         overlap = float(n_spans > 0)
     else:
-        if prompt_text is None:
-            from recallm.errors import RecallmError
-
+        if not isinstance(prompt_text, str):
             raise RecallmError(
                 f"category {ground_truth.get('category')} scores recall against gold passages: prompt_text is required"
             )
@@ -195,8 +226,8 @@ def score_response(
     recall = overlap * p_density * p_correct
     factor = overlong_factor(n_tokens, config)
     score = composite(fmt, answer, recall, config) * factor
-    if in_prompt is None and prompt_text is not None:
-        in_prompt = sum(bool(t) and t in prompt_text for t in cleaned)
+    if in_prompt is None and isinstance(prompt_text, str):
+        in_prompt = sum(n for t, n in Counter(cleaned).items() if t and t in prompt_text)
     in_prompt_fraction = in_prompt / n_spans if n_spans and in_prompt is not None else 1.0
     return RewardBreakdown(
         score=min(1.0, max(0.0, score)),

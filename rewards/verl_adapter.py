@@ -51,7 +51,7 @@ def compute_score(
         solution_str,
         ground_truth,
         prompt_text=prompt_text if prompt_text is not None else info.get("prompt_text"),
-        n_tokens=int(length) if length is not None else None,
+        n_tokens=length,  # checked there: a NaN or a string is one RecallmError, not a raw ValueError
         data_source=data_source,
         config=config,
     )

@@ -538,3 +538,59 @@ def write_all(directory: Path) -> dict[str, Path]:
         "qampari": write_qampari(directory),
         "qampari_alce": write_qampari_alce(directory),
     }
+
+
+def save_tiny_encoder(directory: Path, tokenizer, *, cls_pooling: bool = False) -> str:
+    """A tiny random BERT encoder with ``tokenizer``, saved locally (dense negatives without a
+    download); ``cls_pooling`` adds a sentence-transformers pooling config asking for CLS pooling."""
+    import torch
+    from transformers import BertConfig, BertModel
+
+    directory = Path(directory)
+    config = BertConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=512,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch.manual_seed(0)
+    BertModel(config).save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    if cls_pooling:
+        (directory / "1_Pooling").mkdir(exist_ok=True)
+        (directory / "1_Pooling" / "config.json").write_text(
+            json.dumps(
+                {"word_embedding_dimension": 32, "pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}
+            )
+        )
+    return str(directory)
+
+
+def write_qampari_dpr(directory: Path, n: int = 20) -> Path:
+    """QAMPARI with retrieved contexts (DPR format): ``answers``, ``ans_mappings``, ``positive_ctxs``
+    (``pid`` = ``<id>__<answer index>__<proof index>``) and retrieved ``ctxs``, some holding no answer."""
+    rng = random.Random(18)
+    records = []
+    for i, (question, answers) in enumerate(_qampari(19, n)):
+        qid = f"{i}__wikidata_simple__train"
+        positives = [
+            {"title": title, "text": text, "pid": f"{qid}__{j}__{k}", "chunk_id": f"c{i}_{j}_{k}"}
+            for j, (_, _, proofs) in enumerate(answers)
+            for k, (title, text) in enumerate(proofs)
+        ]
+        ctxs = [{"id": f"r{i}_{m}", "title": f"Other {m}", "text": " ".join(_sentences(rng, 3))} for m in range(6)]
+        ctxs.append({"id": f"r{i}_a", "title": "Mentions", "text": f"Nothing but {answers[0][0]} here."})
+        records.append(
+            {
+                "id": qid,
+                "question": question + "?",
+                "answers": [entity for entity, _, _ in answers],
+                "ans_mappings": {entity: aliases for entity, aliases, _ in answers},
+                "positive_ctxs": positives,
+                "ctxs": ctxs,
+            }
+        )
+    return _write_jsonl(directory / "qampari_dpr" / "full_train_data.jsonl", records)

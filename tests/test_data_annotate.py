@@ -542,3 +542,74 @@ def test_cli_bad_config_is_one_line(parquet, tiny_dir, tmp_path, args, pattern):
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr
     assert "Traceback" not in proc.stderr
+
+
+# --------------------------------------------------------------------------- the paper's annotator prompt and split
+
+
+def test_annotator_prompt_follows_figs_7_and_8(rows, tokenizer):
+    from data_gen.annotate import DEFAULT_ANNOTATOR_SYSTEM, Prompts, annotator_messages, row_instructions
+    from data_gen.base import make_task
+    from data_gen.fit import PromptRenderer, build_row
+
+    row = rows[0]
+    trace = "<think>\nreasoning\n</think>\n\nAnswer: x"
+    system, user = annotator_messages(row, trace, Prompts())
+    assert system["content"] == DEFAULT_ANNOTATOR_SYSTEM
+    for rule in (  # Fig. 7: few long spans, re-recall, question and instructions, inside <think>, verbatim
+        "whole supporting sentence or clause",
+        "Recall again when reused",
+        "The question and the instructions",
+        "appear only inside <think>",
+        "exact, contiguous copy",
+        "Do not change the final answer",
+    ):
+        assert rule in system["content"], rule
+    text, content = user["content"], row.messages[-1]["content"]
+    assert row.instruction and content.startswith(row.instruction)  # recorded at generation
+    assert f"QUESTION:\n{row.question}\n" in text and f"INSTRUCTIONS:\n{row.instruction}\n" in text
+    assert f"GOLD DOCUMENTS:\n{row.gold[0]['text']}\n" in text
+    assert "NEGATIVE DOCUMENTS (optional; may be empty):\n\n" in text  # left empty (App. C.2)
+    assert text.endswith(f"REASONING TRACE:\n{trace}")
+    assert len(text) < len(content)  # the question, instructions and gold only: not the whole dictionary
+    _, user = annotator_messages(row, trace, Prompts(negative_documents=True))
+    negatives = user["content"].split("NEGATIVE DOCUMENTS (optional; may be empty):\n")[1].split("REASONING TRACE")[0]
+    assert negatives.strip() and row.gold[0]["text"] not in negatives
+    # no segmented gold evidence (a vote list): the whole user message is the document
+    task = make_task("majority_vote")
+    votes = build_row(task, task.draft(random.Random(0)), PromptRenderer(tokenizer), 512, random.Random(0))
+    _, user = annotator_messages(votes, trace, Prompts())
+    assert f"GOLD DOCUMENTS:\n{votes.messages[-1]['content']}\n" in user["content"]
+    # rows written before the instruction was recorded: the first paragraph of the user message
+    old = type(row)(**{**row.__dict__, "instruction": ""})
+    assert row_instructions(old) == row.instruction
+    with pytest.raises(RecallmError, match=r"must contain \{trace\}"):
+        Prompts(annotator_user="{question}")
+    with pytest.raises(RecallmError, match="at least one of"):
+        Prompts(annotator_user="{trace}")
+    assert "{context}" in Prompts(annotator_user="{context} {trace}").annotator_user  # the old field still works
+
+
+def test_sft_split_as_the_paper(rows, tokenizer, tmp_path):
+    from data_gen.annotate import PAPER_VAL_FRACTION
+
+    assert round(1795 * PAPER_VAL_FRACTION) == 195  # 1,600 train / 195 val (App. C.2)
+    traces = [(i, teacher_trace(rows[i], "exact")) for i in range(4)]
+
+    def annotator(messages):
+        index = next(i for i, r in enumerate(rows) if r.question in messages[1]["content"])
+        return annotated(rows[index], "exact")
+
+    report = run_annotation(rows, tokenizer, annotator=annotator, traces=traces, output_dir=tmp_path, val_count=3)
+    assert report["kept"] == 4 and report["splits"] == {"train": 1, "val": 3}
+    settings = AnnotateSettings.from_config(
+        {
+            "input": str(tmp_path / "train.jsonl"),
+            "tokenizer": str(tmp_path),
+            "output_dir": str(tmp_path),
+            "val_count": 195,
+            "teacher": {"traces": str(tmp_path / "train.jsonl")},
+            "annotator": {"model": "m", "base_url": "http://127.0.0.1:9/v1"},
+        }
+    )
+    assert settings.val_count == 195 and settings.val_fraction == pytest.approx(PAPER_VAL_FRACTION)

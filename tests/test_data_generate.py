@@ -201,20 +201,30 @@ def dataset_root(tmp_path_factory):
     return root
 
 
-def _paper(dataset_root, **changes):
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory, tiny_dir):
+    """A tiny local encoder: the paper mixture draws dense negatives (data.dense_model)."""
+    from recallm.tokens import load_tokenizer
+    from tests.data_fixtures import save_tiny_encoder
+
+    return save_tiny_encoder(tmp_path_factory.mktemp("encoder"), load_tokenizer(tiny_dir))
+
+
+def _paper(dataset_root, dense_model=None, **changes):
     from omegaconf import OmegaConf
 
     from recallm.paths import config_dir
 
     cfg = OmegaConf.load(config_dir() / "data" / "paper.yaml")
     cfg.dataset_root = str(dataset_root)
+    cfg.dense_model = dense_model
     for key, value in changes.items():
         OmegaConf.update(cfg, key, value)
     return OmegaConf.to_container(OmegaConf.create({"data": cfg}), resolve=True)["data"]
 
 
-def test_paper_mixture_plan(dataset_root):
-    plan = plan_from_config(_paper(dataset_root))
+def test_paper_mixture_plan(dataset_root, encoder):
+    plan = plan_from_config(_paper(dataset_root, encoder))
     train = [j for j in plan.jobs if j.split == "train"]
     assert sum(j.count for j in train) == 20000
     per_category = {}
@@ -237,15 +247,17 @@ def test_paper_mixture_plan(dataset_root):
     }  # Table 1
     cells = {j.split for j in plan.jobs if j.split.startswith("val/")}
     assert "val/multi_hop_qa_131072" in cells and "val/short_math" in cells and "val/long_doc_qa" in cells
+    assert "val/entity_citation_98304" in cells  # the 96K cell
 
 
-def test_paper_mixture_generates_every_task(tmp_path, dataset_root, tiny_dir):
-    """One row of every paper task through the whole generator (short prompts: the fixtures are small)."""
-    cfg = _paper(dataset_root)
+def test_paper_mixture_generates_every_task(tmp_path, dataset_root, tiny_dir, encoder):
+    """One row of every paper task through the whole generator (short prompts: the fixtures are small;
+    entity citation's 5-20 gold passages need about 4K tokens)."""
+    cfg = _paper(dataset_root, encoder)
     for entry in cfg["train"]["entries"]:
         entry["count"] = 1
         if entry["task"] not in ("dapo_math", "mcqa_math", "quality"):
-            entry["lengths"] = 1536
+            entry["lengths"] = 4096 if entry["task"] == "qampari" else 1536
     cfg["val"]["per_cell"] = 0
     result = run_plan(plan_from_config(cfg), tmp_path, tiny_dir, workers=1, progress=False)
     records = read_records(result["files"]["train"])

@@ -7,14 +7,18 @@ import math
 import pytest
 
 from rewards.metrics import (
-    citation_scores,
+    citation_id_scores,
+    cited_ids,
+    entity_citation_scores,
     exact_match,
     extract_choice,
     ndcg_at_k,
     net_recall,
+    normalize_math,
     normalize_tokens,
     parse_citations,
     parse_ranking,
+    split_items,
     sub_em,
 )
 
@@ -75,37 +79,89 @@ def test_net_recall():
     assert net_recall(None, gold) == 0.0
 
 
-def test_ndcg_hand_computed():
+def test_ndcg_hand_computed_linear_gains():
     rel = {"1": 3, "2": 2, "3": 0}
-    # ranking [2, 1]: DCG = (2^2-1)/log2(2) + (2^3-1)/log2(3) = 3 + 7/1.5849625 = 7.4165
-    # ideal [1, 2]:  IDCG = 7/1 + 3/1.5849625 = 8.8928
-    expected = (3 + 7 / math.log2(3)) / (7 + 3 / math.log2(3))
+    # linear gains (MS MARCO's standard): ranking [2, 1]: DCG = 2/log2(2) + 3/log2(3) = 3.8928; IDCG = 4.2619; 0.91340
+    # ideal [1, 2]: IDCG = 3/1 + 2/log2(3) = 4.2619
+    expected = (2 + 3 / math.log2(3)) / (3 + 2 / math.log2(3))
     assert ndcg_at_k(parse_ranking("[2] > [1]"), rel) == pytest.approx(expected)
+    assert ndcg_at_k(parse_ranking("[2] > [1]"), rel, gain="linear") == pytest.approx(0.91340, abs=1e-5)
     assert ndcg_at_k(parse_ranking("1 > 2 > 3"), rel) == pytest.approx(1.0)
     assert ndcg_at_k(parse_ranking("[9] > [2] > [2] > [1]"), rel) == pytest.approx(
-        (3 / math.log2(3) + 7 / math.log2(4)) / (7 + 3 / math.log2(3))  # unknown id 9 gains 0, repeats dropped
+        (2 / math.log2(3) + 3 / math.log2(4)) / (3 + 2 / math.log2(3))  # unknown id 9 gains 0, repeats dropped
     )
     assert ndcg_at_k([], rel) == 0.0 and ndcg_at_k(["1"], {"1": 0}) == 0.0
     ranking = [str(i) for i in range(20, 0, -1)]  # the relevant one at rank 20: beyond k=10
     assert ndcg_at_k(ranking, {"1": 1}) == 0.0
 
 
+def test_ndcg_hand_computed_exponential_gains():
+    rel = {"1": 3, "2": 2, "3": 0}
+    # ranking [2, 1]: DCG = (2^2-1)/log2(2) + (2^3-1)/log2(3) = 3 + 7/1.5849625 = 7.4165
+    # ideal [1, 2]:  IDCG = 7/1 + 3/1.5849625 = 8.8928
+    expected = (3 + 7 / math.log2(3)) / (7 + 3 / math.log2(3))
+    assert ndcg_at_k(parse_ranking("[2] > [1]"), rel, gain="exponential") == pytest.approx(expected)
+    assert ndcg_at_k(parse_ranking("[2] > [1]"), rel, gain="exponential") == pytest.approx(0.83399, abs=1e-5)
+    # with one relevant grade the two gains agree
+    assert ndcg_at_k(["5", "1"], {"1": 1}, gain="exponential") == ndcg_at_k(["5", "1"], {"1": 1})
+    with pytest.raises(ValueError, match="gain"):
+        ndcg_at_k(["1"], rel, gain="cubic")
+
+
 def test_parse_citations():
     assert parse_citations("Paris [1][5], Lyon [3]\nNice") == [("Paris", ["1", "5"]), ("Lyon", ["3"]), ("Nice", [])]
     assert parse_citations("A [1, 2]; B [3]") == [("A", ["1", "2"]), ("B", ["3"])]
     assert parse_citations("[4] Rome [2]") == [("", ["4"]), ("Rome", ["2"])]
+    assert parse_citations("A, B [1]") == [("A, B", ["1"])]  # commas before a citation stay in its text
+    assert parse_citations("junk ] Paris [1] x [2") == [("Paris", ["1"]), ("x [2", [])]  # stray brackets
+    assert parse_citations("[] Paris") == [("[] Paris", [])]  # an empty bracket is no citation
+    assert cited_ids("see [3] and [4, 7]") == {"3", "4", "7"} and cited_ids(None) == set()
 
 
-def test_citation_scores_hand_computed():
+def test_linear_parsers_keep_their_meaning():
+    assert split_items(" [alpha ;  beta,\n - 'gamma' ,,  ] ") == ["alpha", "beta", "gamma"]
+    assert normalize_math("so \\boxed{ 42 } done") == "42"
+    assert normalize_math("\\boxed {a{b}c}") == "a{b}c"  # to the last closing brace
+    assert normalize_math("\\boxed x \\boxed{7}") == "7"  # the first \\boxed followed by a brace
+    assert normalize_math("\\boxed{7") == "\\boxed{7"  # never closed: no box
+    assert exact_match("1" * 5000 + "/3", ["2"]) == 0.0  # more digits than int() reads: no crash
+
+
+def test_entity_citation_scores_hand_computed():
     entities = [
         {"answers": ["Paris"], "docs": ["1", "2"]},
         {"answers": ["Lyon"], "docs": ["3"]},
         {"answers": ["Nice"], "docs": ["4"]},
     ]
-    f1, coverage = citation_scores("Paris [1][5], Lyon [3], Marseille [4]", entities, k=5)
+    f1, coverage = entity_citation_scores("Paris [1][5], Lyon [3], Marseille [4]", entities, k=5)
     # cited 4 ids, 2 support their entity -> precision 1/2; 2 of min(5, 3) entities supported -> recall 2/3
     p, r = 0.5, 2 / 3
     assert f1 == pytest.approx(2 * p * r / (p + r))
     assert coverage == pytest.approx(2 / 3)
-    assert citation_scores("Paris [1]", entities, k=1) == (1.0, 1.0)  # top-1 of 3 gold: target is 1
-    assert citation_scores("", entities) == (0.0, 0.0)
+    assert entity_citation_scores("Paris [1]", entities, k=1) == (1.0, 1.0)  # top-1 of 3 gold: target is 1
+    assert entity_citation_scores("", entities) == (0.0, 0.0)
+
+
+def test_citation_id_scores_hand_computed():
+    entities = [
+        {"answers": ["Paris"], "docs": ["1", "2"]},
+        {"answers": ["Lyon"], "docs": ["3"]},
+        {"answers": ["Nice"], "docs": ["4"]},
+    ]
+    # gold ids {1, 2, 3, 4}; cited {1, 5, 3, 4}: 3 correct -> precision 3/4, recall 3/min(5, 4) = 3/4
+    s = citation_id_scores("Paris [1][5], Lyon [3], Marseille [4]", entities, k=5)
+    assert (s.precision, s.recall, s.f1) == pytest.approx((0.75, 0.75, 0.75))
+    assert s.coverage == pytest.approx(2 / 3)  # Paris and Lyon named, Nice not (Marseille is no entity)
+    # ids, not entities, are judged: a right id cited under a wrong name still counts
+    assert citation_id_scores("Marseille [3]", entities).precision == 1.0
+    # top-k recall: k=2 -> recall = min(3, 2) / min(2, 4) = 1
+    s = citation_id_scores("Paris [1][2], Lyon [3]", entities, k=2)
+    assert (s.precision, s.recall, s.coverage) == pytest.approx((1.0, 1.0, 1.0))
+    # "A, B [1]" names both A and B
+    assert citation_id_scores("Paris, Nice [1]", entities).coverage == pytest.approx(2 / 3)
+    assert citation_id_scores("", entities) == (0.0, 0.0, 0.0, 0.0)
+    assert citation_id_scores("Paris [1]", []) == (0.0, 0.0, 0.0, 0.0)
+    # release-style credit: an id no recall span cites counts 0.5 (numerator and denominator)
+    s = citation_id_scores("Paris [1], Lyon [3], X [9]", entities, recalled_ids={"1"}, unrecalled_credit=0.5)
+    # cited weights: 1 (recalled) + 0.5 + 0.5 = 2; correct: 1 + 0.5 = 1.5 -> precision 0.75; recall 1.5 / 4
+    assert (s.precision, s.recall) == pytest.approx((0.75, 0.375))

@@ -69,7 +69,8 @@ def test_correctness_penalty():
     assert correctness_penalty(1, 1, 4) == 0.0  # 1 - 2/2
     assert correctness_penalty(1, 0, 16) == pytest.approx(0.75)  # 1 - 1/4
     assert correctness_penalty(0, 0, 0) == 1.0
-    assert correctness_penalty(0, 3, 0) == 0.0  # clamped
+    assert correctness_penalty(0, 3, 0) == 1.0  # no complete span: 1 (the authors' release)
+    assert correctness_penalty(0, 3, 1) == 0.0  # clamped
 
 
 def _brute_overlap(prompt, spans, golds, tau, top_k):

@@ -115,9 +115,14 @@ def test_short_math_always_and_choice():
     mcqa = {"category": "short_math", "answers": ["C"], "choices": ["1", "2", "3", "4"]}
     assert score_response("</think>\nAnswer: (C)", mcqa, n_tokens=5).answer == 1.0
     assert score_response("</think>\nAnswer: I pick C", mcqa, n_tokens=5).answer == 0.0
-    # a mismatched marker still costs: 1 - 1/sqrt(1) = 0
-    b = score_response("<|start_recall|>3 * 4</think>\nAnswer: 12", gt, n_tokens=20)
+    # a mismatched marker next to a complete span costs: 1 - 1/sqrt(1) = 0
+    b = score_response(
+        "<|start_recall|>3 * 4 = 12<|end_recall|> <|start_recall|>3</think>\nAnswer: 12", gt, n_tokens=20
+    )
     assert b.correctness_penalty == 0.0 and b.score == pytest.approx(R(1, 1, 0))
+    # without any complete span P_correct is 1, as in the authors' release (eq. 8 is undefined there)
+    b = score_response("<|start_recall|>3 * 4</think>\nAnswer: 12", gt, n_tokens=20)
+    assert (b.n_spans, b.n_mismatch, b.correctness_penalty) == (0, 1, 1.0) and b.score == pytest.approx(1.0)
 
 
 def test_icl_top2():
@@ -166,10 +171,22 @@ def test_reranking_ndcg_and_format_part():
         prompt_text=prompt,
         n_tokens=40,
     )
-    ndcg = (1 / 1 + 3 / math.log2(3)) / (3 / 1 + 1 / math.log2(3))
-    # format: mean(base 1, 2 of 3 ranked ids valid); overlap top-2 (tau 0.7): (1 + 0) / 2
-    assert b.answer == pytest.approx(ndcg) and b.format == pytest.approx(0.5 + 0.5 * 2 / 3)
+    ndcg = (1 / 1 + 2 / math.log2(3)) / (2 / 1 + 1 / math.log2(3))  # linear gains: the grades
+    # format: the paper's (no task-specific term); overlap top-2 (tau 0.7): (1 + 0) / 2
+    assert b.answer == pytest.approx(ndcg) and b.format == 1.0 and b.format_part == 1.0
     assert b.recall_overlap == pytest.approx(0.5)
+    assert b.score == pytest.approx(R(1.0, ndcg, 0.5))
+    # the options: exponential gains, and the release's task-specific format term (2 of 3 ranked ids valid)
+    cfg = load_reward_config(overrides=["format.task_specific=true", "categories.reranking.ndcg_gain=exponential"])
+    b = score_response(
+        "<|start_recall|>relevant passage one<|end_recall|></think>\nAnswer: [3] > [1] > [9]",
+        gt,
+        prompt_text=prompt,
+        n_tokens=40,
+        config=cfg,
+    )
+    ndcg = (1 / 1 + 3 / math.log2(3)) / (3 / 1 + 1 / math.log2(3))
+    assert b.answer == pytest.approx(ndcg) and b.format == pytest.approx(0.5 + 0.5 * 2 / 3)
     assert b.score == pytest.approx(R(0.5 + 0.5 * 2 / 3, ndcg, 0.5))
 
 
@@ -186,11 +203,42 @@ def test_entity_citation():
         prompt_text=prompt,
         n_tokens=40,
     )
+    # ids: cited {1}, gold ids {1, 2} -> P 1, R 1/min(5, 2) = 0.5, F1 2/3; coverage: both named -> 1
+    answer = 0.8 * (2 / 3) + 0.2 * 1.0
+    # format: the paper's (1); overlap top-5 over 2 gold: (1 + 0) / 2
+    assert b.answer == pytest.approx(answer) and b.format == 1.0
+    assert b.score == pytest.approx(R(1.0, answer, 0.5))
+    # the earlier variant (citations judged per entity, 0.5 / 0.5) and the task-specific format term
+    cfg = load_reward_config(
+        overrides=[
+            "categories.entity_citation.citation_mode=entities",
+            "categories.entity_citation.citation_coverage_weight=0.5",
+            "format.task_specific=true",
+        ]
+    )
+    b = score_response(
+        "<|start_recall|>Paris is in France.<|end_recall|></think>\nAnswer: Paris [1], Lyon",
+        gt,
+        prompt_text=prompt,
+        n_tokens=40,
+        config=cfg,
+    )
     # citations: 1 cited, 1 supported -> P 1; 1 of 2 entities supported -> R 0.5; F1 2/3; coverage 1
     answer = 0.5 * (2 / 3) + 0.5 * 1.0
-    # format: mean(base 1, 1 of 2 items cited); overlap top-5 over 2 gold: (1 + 0) / 2
+    # format: mean(base 1, 1 of 2 items cited)
     assert b.answer == pytest.approx(answer) and b.format == pytest.approx(0.75)
     assert b.score == pytest.approx(R(0.75, answer, 0.5))
+    # the release's credit for citations no recall span backs: [1] is recalled ("[1]" in a span), [2] not
+    cfg = load_reward_config(overrides=["categories.entity_citation.citation_unrecalled_credit=0.5"])
+    b = score_response(
+        "<|start_recall|>[1] Paris is in France.<|end_recall|></think>\nAnswer: Paris [1], Lyon [2]",
+        gt,
+        prompt_text=prompt,
+        n_tokens=40,
+        config=cfg,
+    )
+    # weights 1 + 0.5: P = 1.5 / 1.5 = 1, R = 1.5 / 2 = 0.75, F1 = 6/7; coverage 1
+    assert b.answer == pytest.approx(0.8 * (6 / 7) + 0.2)
 
 
 def test_format_violations():

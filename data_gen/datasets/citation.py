@@ -1,7 +1,8 @@
 """Multi-answer QA with citations: QAMPARI (category ``entity_citation``).
 
-A question with many answers (entities). ``gold_entities`` of them (default 1-5, drawn per
-example) get one supporting passage each, placed at random positions: those passages are the
+A question with many answers (entities). ``gold_entities`` of them (default 5-20, drawn per
+example: the paper's Table 5 gives entity citation 5-20 gold; QAMPARI questions have at least 5
+answers) get one supporting passage each, placed at random positions: those passages are the
 gold evidence. Any other answer that a gold passage mentions is supported too and joins the
 ground truth. Distractors come from the corpus (random, BM25, dense or mixed, hardest first) and
 never mention an answer of the question, so the supported entities are exactly those of the
@@ -20,13 +21,23 @@ Source formats (any container of ``data_gen.datasets.io``):
   supporting passages (titled after their Wikipedia page);
 * ALCE's QAMPARI files (``qampari_eval_gtr_top100.json``): ``question``, ``answers``
   (a list of alias lists) and ``docs: [{title, text}]`` — an answer's supporting passages are
-  the docs that mention one of its aliases.
+  the docs that mention one of its aliases; the retrieved docs that mention no answer are the
+  question's judged negatives;
+* QAMPARI with retrieved contexts (DPR format, ``full_train_data.jsonl`` of
+  ``qampari_with_contexts``): ``question``, ``answers``, ``ans_mappings`` (answer -> aliases),
+  ``positive_ctxs: [{title, text, pid}]`` (``pid`` = ``<id>__<answer index>__<proof index>``: the
+  answer a proof supports) and ``ctxs: [{title, text}]`` (retrieved passages; those that mention
+  no answer are the question's judged negatives).
+
+Negative sources: random, BM25, dense, mixed and ``judged`` (the question's own judged negatives
+first, then BM25; paper Table 6: negative source BM25 / random / judged). Passages are shown
+with or without their titles.
 """
 
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from urllib.parse import unquote
 
 from data_gen.base import Draft, Piece, Row, register
@@ -56,6 +67,7 @@ class Entity:
 class Question:
     text: str
     entities: list[Entity]
+    judged: list[int] = field(default_factory=list)  # corpus indices of its judged negatives
 
 
 def _title(url: str) -> str:
@@ -72,11 +84,42 @@ def _aliases(*values) -> list[str]:
     return out
 
 
-def parse(records: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, list[tuple[list[str], list]]]]]:
-    """(passages, questions as (text, [(aliases, supporting passage keys)]))."""
+def _ctx(items) -> list[tuple[str, str]]:
+    return [
+        (str(d.get("title") or "").strip(), str(d.get("text") or "").strip())
+        for d in items or []
+        if isinstance(d, dict) and str(d.get("text") or "").strip()
+    ]
+
+
+def _unanswered(docs: list[tuple[str, str]], entities: list[tuple[list[str], list]]) -> list[tuple[str, str]]:
+    mentions = AnswerFilter([a for aliases, _ in entities for a in aliases])
+    return [d for d in docs if not mentions(f"{d[0]} {d[1]}")]
+
+
+def parse(records: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, list[tuple[list[str], list]], list]]]:
+    """(passages, questions as (text, [(aliases, supporting passage keys)], judged negative keys))."""
     passages, questions = [], []
     for record in records:
-        if "answer_list" in record:
+        judged: list[tuple[str, str]] = []
+        if "positive_ctxs" in record:  # DPR format with retrieved contexts
+            text = str(first(record, "question", "question_text", default="")).strip()
+            mappings = record.get("ans_mappings") or {}
+            names = [str(a).strip() for a in record.get("answers") or [] if str(a).strip()]
+            support: dict[int, list[tuple[str, str]]] = {}
+            for ctx in record.get("positive_ctxs") or []:
+                key = _ctx([ctx])
+                parts = str(ctx.get("pid") or "").split("__")
+                if key and len(parts) >= 3 and parts[-2].isdigit():
+                    support.setdefault(int(parts[-2]), []).append(key[0])
+            entities = []
+            for j, name in enumerate(names):
+                extra = mappings.get(name) if isinstance(mappings, dict) else None
+                entities.append((_aliases(name, extra), support.get(j, [])))
+            passages += [k for _, keys in entities for k in keys]
+            judged = _unanswered(_ctx(record.get("ctxs")), entities)
+            passages += judged
+        elif "answer_list" in record:
             text = str(first(record, "question_text", "question", default="")).strip()
             entities = []
             for answer in record.get("answer_list") or []:
@@ -91,19 +134,16 @@ def parse(records: list[dict]) -> tuple[list[tuple[str, str]], list[tuple[str, l
                     entities.append((aliases, keys))
         else:
             text = str(first(record, "question", "question_text", default="")).strip()
-            docs = [
-                (str(d.get("title") or "").strip(), str(d.get("text") or "").strip())
-                for d in record.get("docs") or []
-                if isinstance(d, dict) and str(d.get("text") or "").strip()
-            ]
+            docs = _ctx(record.get("docs"))
             passages += docs
             entities = []
             for answer in record.get("answers") or []:
                 aliases = _aliases(answer)
                 mentions = AnswerFilter(aliases)
                 entities.append((aliases, [d for d in docs if mentions(d[1])]))
+            judged = _unanswered(docs, entities)
         if text and entities:
-            questions.append((text, entities))
+            questions.append((text, entities, judged))
     return passages, questions
 
 
@@ -114,7 +154,8 @@ _LOADED: dict[tuple, tuple[list[Question], Corpus]] = {}
 class Qampari(DocumentTask):
     name = "qampari"
     category = "entity_citation"
-    min_tokens = 1024  # room for the gold pieces (up to a dozen) and some distractors
+    has_judged_negatives = True
+    min_tokens = 1024  # raised per instance with gold_entities: room for the gold passages (see __init__)
     dataset_label = "QAMPARI"
     hint = (
         "download full_train_data.jsonl from https://github.com/samsam3232/qampari (or ALCE's "
@@ -131,11 +172,14 @@ class Qampari(DocumentTask):
         "support it: Entity [6], Other entity [1][3].",
     )
 
-    def __init__(self, gold_entities=(1, 5), **kwargs) -> None:
+    def __init__(self, gold_entities=(5, 20), **kwargs) -> None:
         super().__init__(**kwargs)
         self.gold_entities = check_range("gold_entities", gold_entities)
         if self.gold_entities[0] < 1:
             raise RecallmError(f"gold_entities must be at least 1, got {gold_entities}")
+        # the gold passages alone must fit: about 160 tokens each (a 100-word passage with its title)
+        # plus the instructions, so 20 gold entities need about 3.7K tokens and the paper's 4K cell is reachable
+        self.min_tokens = max(type(self).min_tokens, 160 * self.gold_entities[1] + 512)
 
     def data(self) -> tuple[list[Question], Corpus]:
         key = (self.path, self.split)
@@ -144,10 +188,10 @@ class Qampari(DocumentTask):
             passages, raw = parse(records)
             corpus, index = Corpus.build(f"{self.name}:{self.path}:{self.split}", passages)
             questions = []
-            for text, entities in raw:
+            for text, entities, judged in raw:
                 ents = [Entity(a, sorted({index[k] for k in keys if k in index})) for a, keys in entities]
                 if any(e.support for e in ents):
-                    questions.append(Question(text, ents))
+                    questions.append(Question(text, ents, sorted({index[k] for k in judged if k in index})))
             if not questions:
                 raise RecallmError(
                     f"{self.dataset_label}: no question with a supported answer in {self.path}; {self.hint}"
@@ -163,6 +207,7 @@ class Qampari(DocumentTask):
         chosen = rng.sample(supported, k)
         fmt = rng.choice(self.doc_formats)
         source = rng.choice(self.negatives)
+        titled = self.pick_titles(rng)
         ids = draw_ids(self.max_docs)
         gold: list[int] = []  # corpus indices of the supporting passages, one per chosen entity (or shared)
         for entity in chosen:
@@ -177,7 +222,7 @@ class Qampari(DocumentTask):
             doc_piece(
                 fmt,
                 next(ids),
-                corpus.titles[i],
+                corpus.titles[i] if titled else "",
                 corpus.texts[i],
                 gold=True,
                 supports=[j for j, e in enumerate(q.entities) if i in e.support or mentions[j](corpus.texts[i])],
@@ -203,12 +248,12 @@ class Qampari(DocumentTask):
 
         def distractors():
             for i in self.negative_indices(
-                corpus, source, q.text, neg_rng, gold, lambda i: mentions_any(corpus.texts[i])
+                corpus, source, q.text, neg_rng, gold, lambda i: mentions_any(corpus.texts[i]), judged=q.judged
             ):
                 doc_id = next(ids, None)
                 if doc_id is None:
                     return
-                yield doc_piece(fmt, doc_id, corpus.titles[i], corpus.texts[i])
+                yield doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])
 
         instruction, which = self.pick_instruction(rng)
         question = q.text if q.text.endswith("?") else q.text + "?"
@@ -221,6 +266,7 @@ class Qampari(DocumentTask):
             augmentations={
                 "doc_format": fmt,
                 "negatives": source,
+                "titles": "title" if titled else "no_title",
                 "gold_entities": k,
                 "entities": len(provisional["entities"]),
                 "instruction": which,

@@ -25,6 +25,7 @@ from recallm.errors import RecallmError
 __all__ = [
     "DOC_FORMATS",
     "CHOICE_FORMATS",
+    "TITLE_MODES",
     "format_doc",
     "format_choices",
     "doc_piece",
@@ -41,6 +42,7 @@ __all__ = [
 
 DOC_FORMATS = ("document", "bracket")
 CHOICE_FORMATS = ("dot", "paren")
+TITLE_MODES = ("title", "no_title")  # passages shown with or without their titles (paper §4.2)
 
 
 def check_choice(name: str, values, allowed) -> tuple:
@@ -171,16 +173,21 @@ class DocumentTask(Task):
         path: the data set's local file or directory (formats: ``data_gen.datasets.io``).
         split: the split of a saved ``DatasetDict`` (or the file-name filter of a directory).
         negatives: negative sources to draw from per example (``random``, ``bm25``, ``dense``,
-            ``mixed``); ``dense`` needs ``dense_model``. Default: random, bm25 and mixed, plus
-            dense when ``dense_model`` is given.
-        dense_model: a local encoder directory for dense negatives (None: off).
+            ``judged``, ``mixed``); ``dense`` needs ``dense_model``, ``judged`` a data set with
+            judged negatives (MS MARCO, QAMPARI). Default: random, bm25 and mixed, plus dense when
+            ``dense_model`` is given and judged where the data set has them.
+        dense_model: a local encoder directory for dense negatives (None: off; the paper used
+            GTE-ModernBERT-base).
         doc_formats: document layouts to draw from (``document``, ``bracket``).
+        titles: passages with their titles, without, or both drawn per example (``title``,
+            ``no_title``).
         max_docs: the most documents in one prompt (numbered ``[1]..[n]`` in prompt order).
         question_positions: where the question goes (``end``, ``beginning``, ``both``).
     """
 
     dataset_label: str = ""
     hint: str = ""
+    has_judged_negatives: bool = False  # the data set judges negatives per query (the ``judged`` source)
 
     def __init__(
         self,
@@ -189,6 +196,7 @@ class DocumentTask(Task):
         negatives=None,
         dense_model: str | None = None,
         doc_formats=DOC_FORMATS,
+        titles=TITLE_MODES,
         max_docs: int = 2000,
         question_positions=QUESTION_POSITIONS,
         data_source: str | None = None,
@@ -199,10 +207,20 @@ class DocumentTask(Task):
         self.dense_model = check_dense_model(dense_model)
         if negatives is None:
             negatives = ("random", "bm25", "mixed") + (("dense",) if self.dense_model else ())
+            negatives += ("judged",) if self.has_judged_negatives else ()
         self.negatives = check_choice("negatives", negatives, NEGATIVE_SOURCES)
         if "dense" in self.negatives and self.dense_model is None:
-            raise RecallmError("negatives include 'dense' but no dense_model (a local encoder directory) is given")
+            raise RecallmError(
+                f"task {self.name}: negatives include 'dense' but no dense_model is given: set dense_model=<a local "
+                "encoder directory> (data.dense_model=... in the paper mixture; the paper used GTE-ModernBERT-base), "
+                "or leave 'dense' out of negatives"
+            )
+        if "judged" in self.negatives and not self.has_judged_negatives:
+            raise RecallmError(
+                f"task {self.name}: its data set has no judged negatives; leave 'judged' out of negatives"
+            )
         self.doc_formats = check_choice("doc_formats", doc_formats, DOC_FORMATS)
+        self.titles = check_choice("titles", titles, TITLE_MODES)
         self.max_docs = check_int("max_docs", max_docs, 2, 1_000_000)
         self.question_positions = check_choice("question_positions", question_positions, QUESTION_POSITIONS)
 
@@ -214,5 +232,12 @@ class DocumentTask(Task):
         rng: random.Random,
         exclude=(),
         reject=None,
+        judged=(),
     ) -> Iterator[int]:
-        return negative_stream(corpus, source, query, rng, exclude=exclude, reject=reject, dense_model=self.dense_model)
+        return negative_stream(
+            corpus, source, query, rng, exclude=exclude, reject=reject, dense_model=self.dense_model, judged=judged
+        )
+
+    def pick_titles(self, rng: random.Random) -> bool:
+        """Whether this example shows its passages' titles."""
+        return rng.choice(self.titles) == "title"

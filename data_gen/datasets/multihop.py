@@ -7,7 +7,11 @@ answer. Varied per example: document layout, negative source, passage type (``pa
 whole paragraph per document; ``chunk``: fixed windows of ``chunk_words`` words cut across
 sentence boundaries, gold when they hold a supporting sentence, the other windows of a gold
 paragraph always present as distractors — HotpotQA and 2Wiki, whose supporting facts are
-sentences; both types by default there), question position.
+sentences; both types by default there), passages with or without titles, question position.
+With ``wiki_corpus`` (a chunked local Wikipedia: KILT's knowledge source or DPR's passages, see
+``data_gen.datasets.wiki``) the distractors of ``chunk`` passages are windows of that corpus
+instead of the data set's own paragraphs (paper App. C.4: "a fixed-window chunked Wikipedia
+corpus from the KILT knowledge source").
 
 Source formats (any container of ``data_gen.datasets.io``):
 
@@ -38,7 +42,7 @@ from data_gen.datasets.common import (
     number_documents,
     word_windows,
 )
-from data_gen.datasets.io import load_records
+from data_gen.datasets.io import check_path, load_records
 from data_gen.datasets.negatives import Corpus
 from recallm.errors import RecallmError
 
@@ -170,11 +174,35 @@ class _MultiHop(DocumentTask):
         "Below are documents, some relevant and some not. Work out the answer to the question by linking facts across documents.",
     )
 
-    def __init__(self, passage_types=None, chunk_words: int = 48, **kwargs) -> None:
+    def __init__(
+        self,
+        passage_types=None,
+        chunk_words: int = 48,
+        wiki_corpus: str | None = None,
+        wiki_max_passages: int = 200_000,
+        **kwargs,
+    ) -> None:
         super().__init__(**kwargs)
-        allowed = PASSAGE_TYPES if self.sentence_support else ("paragraph",)
+        allowed = PASSAGE_TYPES if self.sentence_support or wiki_corpus else ("paragraph",)
         self.passage_types = check_choice("passage_types", allowed if passage_types is None else passage_types, allowed)
         self.chunk_words = check_int("chunk_words", chunk_words, 8, 1000)
+        self.wiki_max_passages = check_int("wiki_max_passages", wiki_max_passages, 1, 100_000_000)
+        self.wiki_corpus = None
+        if wiki_corpus is not None:
+            from data_gen.datasets.wiki import WIKI_HINT
+
+            self.wiki_corpus = str(check_path(wiki_corpus, "Wikipedia corpus", WIKI_HINT))
+
+    def wiki(self) -> Corpus:
+        """The chunked Wikipedia corpus (``wiki_corpus``), built once per process."""
+        from data_gen.datasets.wiki import load_wiki_chunks
+
+        key = ("wiki", self.wiki_corpus, str(self.chunk_words), str(self.wiki_max_passages))
+        if key not in _LOADED:
+            chunks = load_wiki_chunks(self.wiki_corpus, self.chunk_words, self.wiki_max_passages)
+            corpus, _ = Corpus.build(f"wiki:{self.wiki_corpus}:{self.chunk_words}:{self.wiki_max_passages}", chunks)
+            _LOADED[key] = ([], corpus, {})
+        return _LOADED[key][1]
 
     def parse(self, records: list[dict]) -> list[Example]:
         raise NotImplementedError
@@ -194,13 +222,16 @@ class _MultiHop(DocumentTask):
             _LOADED[key] = (examples, corpus, index)
         return _LOADED[key]
 
-    def _pieces(self, para: Paragraph, ptype: str, fmt: str, ids, gold: bool) -> list[Piece] | None:
+    def _pieces(
+        self, para: Paragraph, ptype: str, fmt: str, ids, gold: bool, titled: bool = True
+    ) -> list[Piece] | None:
         """The documents of one paragraph; None when the ids ran out."""
+        title = para.title if titled else ""
         if ptype == "paragraph":
             doc_id = next(ids, None)
             if doc_id is None:
                 return None
-            return [doc_piece(fmt, doc_id, para.title, para.text, gold=gold)]
+            return [doc_piece(fmt, doc_id, title, para.text, gold=gold)]
         out = []
         support = [para.sentences[s] for s in para.support] if para.sentences and para.support else []
         for start, end in word_windows(para.text, self.chunk_words):
@@ -208,7 +239,7 @@ class _MultiHop(DocumentTask):
             if doc_id is None:
                 return None
             is_gold = gold and (not support or any(s < end and start < e for s, e in support))
-            out.append(doc_piece(fmt, doc_id, para.title, para.text[start:end], gold=is_gold))
+            out.append(doc_piece(fmt, doc_id, title, para.text[start:end], gold=is_gold))
         return out
 
     def draft(self, rng: random.Random) -> Draft:
@@ -217,22 +248,27 @@ class _MultiHop(DocumentTask):
         fmt = rng.choice(self.doc_formats)
         source = rng.choice(self.negatives)
         ptype = rng.choice(self.passage_types)
+        titled = self.pick_titles(rng)
         ids = draw_ids(self.max_docs)
         placed: list[Piece] = []
         for para in ex.gold:
-            pieces = self._pieces(para, ptype, fmt, ids, gold=True)
+            pieces = self._pieces(para, ptype, fmt, ids, gold=True, titled=titled)
             if pieces is None:
                 raise RecallmError(f"max_docs={self.max_docs} is too small for the gold documents of {self.name}")
             placed += pieces
-        exclude = [index[(p.title, p.text)] for p in ex.gold if (p.title, p.text) in index]
+        from_wiki = ptype == "chunk" and self.wiki_corpus is not None
+        pool = self.wiki() if from_wiki else corpus
+        exclude = [] if from_wiki else [index[(p.title, p.text)] for p in ex.gold if (p.title, p.text) in index]
         mentions_answer = AnswerFilter(ex.answers)
         neg_rng = random.Random(rng.random())
 
         def distractors():
             for i in self.negative_indices(
-                corpus, source, ex.question, neg_rng, exclude, lambda i: mentions_answer(corpus.texts[i])
+                pool, source, ex.question, neg_rng, exclude, lambda i: mentions_answer(pool.texts[i])
             ):
-                pieces = self._pieces(Paragraph(corpus.titles[i], corpus.texts[i]), ptype, fmt, ids, gold=False)
+                # a Wikipedia window is one document as it is; a paragraph of the data set is cut like the gold
+                para, kind = Paragraph(pool.titles[i], pool.texts[i]), ("paragraph" if from_wiki else ptype)
+                pieces = self._pieces(para, kind, fmt, ids, gold=False, titled=titled)
                 if pieces is None:
                     return
                 yield from pieces
@@ -248,6 +284,8 @@ class _MultiHop(DocumentTask):
                 "doc_format": fmt,
                 "negatives": source,
                 "passage_type": ptype,
+                "distractor_corpus": "wikipedia" if from_wiki else "native",
+                "titles": "title" if titled else "no_title",
                 "n_gold": sum(p.gold for p in placed),
                 "instruction": which,
             },

@@ -8,10 +8,15 @@ ones (the gold passages) and those ``reject`` refuses (e.g. passages that contai
 * ``bm25``: the corpus ranked by BM25 against the query (``bm25s``; an index per corpus, built
   on first use and cached), passages with a positive score first, best first; then the rest in
   random order;
-* ``dense``: the same with cosine similarity of mean-pooled embeddings from a local encoder
-  directory (``transformers.AutoModel`` / ``AutoTokenizer``); the corpus is embedded once per
-  (model, corpus) and cached;
-* ``mixed``: each next passage is the next BM25 one or the next random one, by a coin flip.
+* ``dense``: the same with cosine similarity of embeddings from a local encoder directory
+  (``transformers.AutoModel`` / ``AutoTokenizer``), pooled as the directory's
+  sentence-transformers ``1_Pooling/config.json`` says (CLS for GTE-ModernBERT-base, the paper's
+  encoder), mean pooling without one; the corpus is embedded once per (model, corpus) and cached;
+* ``judged``: the query's own judged negatives (passages retrieved or assessed for it that hold
+  no answer: MS MARCO's grade-0 qrels, QAMPARI's retrieved contexts), in random order, then the
+  BM25 stream;
+* ``mixed``: each next passage comes from the BM25, the random or (with a dense model) the
+  dense stream, picked at random (a per-example mixture of sources).
 
 The stream ends when the corpus runs out. Everything is deterministic in the caller's RNG.
 """
@@ -19,7 +24,8 @@ The stream ends when the corpus runs out. Everything is deterministic in the cal
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +42,10 @@ __all__ = [
     "random_order",
     "negative_stream",
     "check_dense_model",
+    "pooling_mode",
 ]
 
-NEGATIVE_SOURCES = ("random", "bm25", "dense", "mixed")
+NEGATIVE_SOURCES = ("random", "bm25", "dense", "judged", "mixed")
 HARD_TOP_K = 2000  # ranked passages per query; past them the stream goes on at random
 
 
@@ -138,6 +145,7 @@ class DenseIndex:
         from transformers import AutoModel, AutoTokenizer
 
         self.torch = torch
+        self.pooling = pooling_mode(model_path)
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         self.tokenizer = AutoTokenizer.from_pretrained(model_path)
         if self.tokenizer.pad_token is None:  # decoder-style tokenizers: pad with something, it is masked out
@@ -158,8 +166,11 @@ class DenseIndex:
         enc = {k: v.to(self.device) for k, v in enc.items() if k in ("input_ids", "attention_mask", "token_type_ids")}
         with torch.no_grad():
             hidden = self.model(**enc).last_hidden_state
-        mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
+        if self.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = enc["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp(min=1.0)
         pooled = torch.nn.functional.normalize(pooled.float(), dim=-1)
         return pooled.cpu().numpy()
 
@@ -184,6 +195,19 @@ def bm25_index(corpus: Corpus) -> BM25Index:
     if corpus.key not in _BM25:
         _BM25[corpus.key] = BM25Index(corpus)
     return _BM25[corpus.key]
+
+
+def pooling_mode(model_path: str) -> str:
+    """``cls`` or ``mean``: what the encoder directory's sentence-transformers pooling config asks
+    for (``1_Pooling/config.json``); ``mean`` without one."""
+    import json
+
+    config = Path(model_path) / "1_Pooling" / "config.json"
+    try:
+        settings = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return "mean"
+    return "cls" if settings.get("pooling_mode_cls_token") and not settings.get("pooling_mode_mean_tokens") else "mean"
 
 
 def check_dense_model(model_path: str | None) -> str | None:
@@ -223,8 +247,10 @@ def negative_stream(
     exclude: Iterable[int] = (),
     reject: Callable[[int], bool] | None = None,
     dense_model: str | None = None,
+    judged: Sequence[int] = (),
 ) -> Iterator[int]:
-    """Corpus indices of negatives for ``query``, hardest first for ``bm25``/``dense`` (module doc)."""
+    """Corpus indices of negatives for ``query``, hardest first for ``bm25``/``dense`` (module doc).
+    ``judged``: the query's judged negatives (corpus indices), for the ``judged`` source."""
     if source not in NEGATIVE_SOURCES:
         raise RecallmError(f"unknown negative source {source!r}; expected one of {', '.join(NEGATIVE_SOURCES)}")
     n = len(corpus)
@@ -238,10 +264,14 @@ def negative_stream(
         else:
             ranked = bm25_index(corpus).rank(query)
         order = _ranked_then_random(ranked, n, rng)
+    elif source == "judged":
+        first = [judged[i] for i in random_order(len(judged), rng)]
+        order = chain(first, _ranked_then_random(bm25_index(corpus).rank(query), n, rng))
     else:  # mixed
-        hard = _ranked_then_random(bm25_index(corpus).rank(query), n, rng)
-        easy = random_order(n, rng)
-        order = _interleave(hard, easy, rng)
+        streams = [_ranked_then_random(bm25_index(corpus).rank(query), n, rng), random_order(n, rng)]
+        if dense_model is not None:
+            streams.append(_ranked_then_random(dense_index(corpus, dense_model).rank(query), n, rng))
+        order = _interleave(streams, rng)
     seen = set(exclude)
     for i in order:
         if i in seen:
@@ -252,11 +282,11 @@ def negative_stream(
         yield i
 
 
-def _interleave(a: Iterator[int], b: Iterator[int], rng: random.Random) -> Iterator[int]:
+def _interleave(streams: list[Iterator[int]], rng: random.Random) -> Iterator[int]:
     coin = random.Random(rng.random())
-    sources = [a, b]
+    sources = list(streams)
     while sources:
-        src = sources[0] if len(sources) == 1 else sources[coin.random() < 0.5]
+        src = sources[0] if len(sources) == 1 else sources[coin.randrange(len(sources))]
         value = next(src, None)
         if value is None:
             sources.remove(src)

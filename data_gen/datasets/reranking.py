@@ -2,10 +2,11 @@
 
 A query, and passages each shown with an id (``[1]``..``[n]`` in prompt order, see
 ``data_gen.datasets.common``). Some of the query's judged-relevant passages (grade >=
-``min_grade``; ``gold_docs`` of them, default 1-10) are placed at random positions and are the
-gold evidence; the distractors are the query's judged non-relevant passages first, then other
-passages of the corpus (random, BM25, dense or mixed, hardest first), never a passage judged
-for the query. The answer ranks ids, most relevant first (``[3] > [1] > [7]``, NDCG@10).
+``min_grade``; ``gold_docs`` of them, default 1-26 as the paper's Table 5) are placed at random positions and are the
+gold evidence; the distractors come from the source drawn for the example: ``judged`` (the
+query's judged non-relevant passages first, then BM25), random, BM25, dense or mixed (hardest
+first) — never a passage judged relevant to the query, and judged negatives only through
+``judged`` (the paper's Table 6: negative source BM25 / random / judged). The answer ranks ids, most relevant first (``[3] > [1] > [7]``, NDCG@10).
 
 Ground truth (set once the prompt order is final): ``relevance`` ``{id: grade}`` of the gold
 passages, and ``doc_ids``: the ids of every passage shown, ``"1"``..``"n"``.
@@ -32,7 +33,7 @@ from pathlib import Path
 from data_gen.base import Draft, Piece, register
 from data_gen.datasets.common import DocumentTask, check_range, doc_piece, draw_ids, first, number_documents
 from data_gen.datasets.io import check_path, load_records, read_lines
-from data_gen.datasets.negatives import Corpus, random_order
+from data_gen.datasets.negatives import Corpus
 from recallm.errors import RecallmError
 
 __all__ = ["MSMarco"]
@@ -139,6 +140,7 @@ _LOADED: dict[tuple, tuple[list[Query], Corpus]] = {}
 class MSMarco(DocumentTask):
     name = "msmarco"
     category = "reranking"
+    has_judged_negatives = True
     min_tokens = 1024  # room for the gold pieces (up to a dozen) and some distractors
     dataset_label = "MS MARCO v2 passage ranking"
     hint = (
@@ -157,7 +159,7 @@ class MSMarco(DocumentTask):
         "first, separated by >, such as [5] > [1].",
     )
 
-    def __init__(self, gold_docs=(1, 10), min_grade: float = 1, **kwargs) -> None:
+    def __init__(self, gold_docs=(1, 26), min_grade: float = 1, **kwargs) -> None:
         kwargs.setdefault("doc_formats", ("document", "bracket"))
         super().__init__(**kwargs)
         self.gold_docs = check_range("gold_docs", gold_docs)
@@ -204,22 +206,25 @@ class MSMarco(DocumentTask):
         chosen = rng.sample(relevant, k)
         fmt = rng.choice(self.doc_formats)
         source = rng.choice(self.negatives)
+        titled = self.pick_titles(rng)
         ids = draw_ids(self.max_docs)
-        placed = [
-            doc_piece(fmt, next(ids), corpus.titles[i], corpus.texts[i], gold=True, grade=q.judged[i]) for i in chosen
-        ]
+
+        def title(i: int) -> str:
+            return corpus.titles[i] if titled else ""
+
+        placed = [doc_piece(fmt, next(ids), title(i), corpus.texts[i], gold=True, grade=q.judged[i]) for i in chosen]
         judged_negatives = sorted(i for i, g in q.judged.items() if g <= 0)
+        relevant_elsewhere = [i for i, g in q.judged.items() if g > 0]
         neg_rng = random.Random(rng.random())
 
         def distractors():
-            first_ones = [judged_negatives[j] for j in random_order(len(judged_negatives), neg_rng)]
-            rest = self.negative_indices(corpus, source, q.text, neg_rng, exclude=list(q.judged))
-            for stream in (first_ones, rest):
-                for i in stream:
-                    doc_id = next(ids, None)
-                    if doc_id is None:
-                        return
-                    yield doc_piece(fmt, doc_id, corpus.titles[i], corpus.texts[i])
+            # never a passage judged relevant for the query; its judged negatives only from the `judged` source
+            exclude = relevant_elsewhere if source == "judged" else list(q.judged)
+            for i in self.negative_indices(corpus, source, q.text, neg_rng, exclude=exclude, judged=judged_negatives):
+                doc_id = next(ids, None)
+                if doc_id is None:
+                    return
+                yield doc_piece(fmt, doc_id, title(i), corpus.texts[i])
 
         trace_info: dict = {}
 
@@ -243,7 +248,13 @@ class MSMarco(DocumentTask):
             placed=placed,
             distractors=distractors(),
             answers=provisional.pop("answers"),
-            augmentations={"doc_format": fmt, "negatives": source, "n_gold": k, "instruction": which},
+            augmentations={
+                "doc_format": fmt,
+                "negatives": source,
+                "titles": "title" if titled else "no_title",
+                "n_gold": k,
+                "instruction": which,
+            },
             ground_truth=provisional,
             separator="\n\n",
             question_position=self.pick_question_position(rng, self.question_positions),

@@ -3,7 +3,8 @@
 One passage that holds the answer is the gold document; distractors come from the data set's
 corpus (every passage of every example), drawn random, by BM25 or dense similarity to the
 question, or a mix, and never one that mentions an answer (so the gold passage is the only one
-that answers). Varied per example: document layout, negative source, question position.
+that answers). Varied per example: document layout, negative source, passages with or without
+titles, question position.
 
 Source formats (any container of ``data_gen.datasets.io``):
 
@@ -160,9 +161,10 @@ class _SingleHop(DocumentTask):
         ex = examples[rng.randrange(len(examples))]
         fmt = rng.choice(self.doc_formats)
         source = rng.choice(self.negatives)
+        titled = self.pick_titles(rng)
         ids = draw_ids(self.max_docs)
         title, text = ex.gold
-        gold = doc_piece(fmt, next(ids), title, text, gold=True)
+        gold = doc_piece(fmt, next(ids), title if titled else "", text, gold=True)
         exclude = [index[ex.gold]] if ex.gold in index else []
         mentions_answer = AnswerFilter(ex.answers)
         neg_rng = random.Random(rng.random())
@@ -174,7 +176,7 @@ class _SingleHop(DocumentTask):
                 doc_id = next(ids, None)
                 if doc_id is None:
                     return
-                yield doc_piece(fmt, doc_id, corpus.titles[i], corpus.texts[i])
+                yield doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])
 
         instruction, which = self.pick_instruction(rng)
         question = ex.question if ex.question.endswith("?") else ex.question + "?"
@@ -184,7 +186,12 @@ class _SingleHop(DocumentTask):
             placed=[gold],
             distractors=distractors(),
             answers=list(ex.answers),
-            augmentations={"doc_format": fmt, "negatives": source, "instruction": which},
+            augmentations={
+                "doc_format": fmt,
+                "negatives": source,
+                "titles": "title" if titled else "no_title",
+                "instruction": which,
+            },
             separator="\n\n",
             question_position=self.pick_question_position(rng, self.question_positions),
             trace_info={"answer": ex.answers[0], "title": title},

@@ -3,7 +3,9 @@
 The haystack is sentences of English words (``data_gen.text``). Needles read
 ``The special code for <key> is <value>.``; decoy needles use other keys. Varied per example:
 decoy count, number of target keys, values per key, value type (numbers, words, UUIDs).
-Answer: every value of the target keys (net recall); evidence: the target needles.
+Answer: every value of the target keys (net recall); evidence: the target needles, at most
+``max_needles`` of them (6: the paper's Table 5 gives retrieval 1-6 gold pieces; when the drawn
+values per key add up to more, keys lose values at random, each keeping at least one).
 """
 
 from __future__ import annotations
@@ -47,6 +49,7 @@ class MultiNIAH(Task):
         values_per_key=(1, 3),
         value_types=NEEDLE_VALUE_TYPES,
         question_positions=("end", "beginning", "both"),
+        max_needles: int = 6,
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
@@ -55,6 +58,11 @@ class MultiNIAH(Task):
         self.values_per_key = _range("values_per_key", values_per_key)
         if self.target_keys[0] < 1 or self.values_per_key[0] < 1:
             raise RecallmError("target_keys and values_per_key must be at least 1")
+        if isinstance(max_needles, bool) or not isinstance(max_needles, int) or max_needles < self.target_keys[1]:
+            raise RecallmError(
+                f"max_needles must be an integer >= the most target keys ({self.target_keys[1]}), got {max_needles!r}"
+            )
+        self.max_needles = max_needles
         self.value_types = _check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
         self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
 
@@ -83,18 +91,31 @@ class MultiNIAH(Task):
                 keys.append(k)
         targets = keys[:n_keys]
         values: set[str] = set()
-        placed, answers, per_key = [], [], {}
-        for i, key in enumerate(keys):
+        drawn: list[tuple[str, str]] = []  # (key, value) in draw order
+        for key in keys:
             for _ in range(rng.randint(*self.values_per_key)):
                 value = self._value(rng, kind)
                 while value in values:
                     value = self._value(rng, kind)
                 values.add(value)
-                is_target = i < n_keys
-                placed.append(Piece(f"The special code for {key} is {value}.", gold=is_target, meta={"key": key}))
-                if is_target:
-                    answers.append(value)
-                    per_key.setdefault(key, []).append(value)
+                drawn.append((key, value))
+        targets_drawn = [i for i, (key, _) in enumerate(drawn) if key in targets]
+        if len(targets_drawn) > self.max_needles:  # Table 5: at most max_needles gold needles
+            left = {key: sum(k == key for k, _ in drawn) for key in targets}
+            for i in rng.sample(targets_drawn, len(targets_drawn)):  # drop at random, one value per key kept
+                if len(targets_drawn) <= self.max_needles:
+                    break
+                if left[drawn[i][0]] > 1:
+                    left[drawn[i][0]] -= 1
+                    targets_drawn.remove(i)
+            drawn = [kv for i, kv in enumerate(drawn) if kv[0] not in targets or i in targets_drawn]
+        placed, answers, per_key = [], [], {}
+        for key, value in drawn:
+            is_target = key in targets
+            placed.append(Piece(f"The special code for {key} is {value}.", gold=is_target, meta={"key": key}))
+            if is_target:
+                answers.append(value)
+                per_key.setdefault(key, []).append(value)
         rng.shuffle(placed)
         named = ", ".join(targets[:-1]) + (" and " if len(targets) > 1 else "") + targets[-1]
         instruction, which = self.pick_instruction(rng)

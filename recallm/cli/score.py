@@ -3,7 +3,9 @@
     recallm-score input=rollouts.jsonl [output=scored.jsonl] [reward.categories.icl.tau=0.9 ...]
 
 Writes one breakdown per input line (same order, atomically: a temporary file renamed at the
-end) and prints the mean of every component per category.
+end) and prints the mean of every component per category. ``ground_truth`` may be a mapping or
+its JSON string (the way ``recallm-data`` stores it); a bad line stops the run with one line
+naming it and its problem, and the output is not written.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
     from tqdm import tqdm
 
     from rewards import load_reward_config, score_response
+    from rewards.config import as_ground_truth
 
     config = load_reward_config(reward_cfg)
     if not input_path.is_file():
@@ -45,9 +48,13 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
                     continue
                 try:
                     row = json.loads(line)
+                    if not isinstance(row, dict):
+                        raise RecallmError(f"expected a JSON object, got {type(row).__name__}")
+                    # the data stores ground truth as a JSON string (one parquet schema for every category)
+                    ground_truth = as_ground_truth(row["ground_truth"])
                     breakdown = score_response(
                         row["response"],
-                        row["ground_truth"],
+                        ground_truth,
                         prompt_text=row.get("prompt_text"),
                         n_tokens=row.get("n_tokens"),
                         data_source=row.get("data_source"),
@@ -55,11 +62,13 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
                     )
                 except json.JSONDecodeError as exc:
                     raise RecallmError(f"{input_path}:{number}: not valid JSON ({exc.msg})") from exc
+                except RecursionError:
+                    raise RecallmError(f"{input_path}:{number}: JSON nested too deeply") from None
                 except KeyError as exc:
                     raise RecallmError(f"{input_path}:{number}: missing field {exc.args[0]!r}") from exc
                 except (RecallmError, ValueError) as exc:
                     raise RecallmError(f"{input_path}:{number}: {exc}") from exc
-                category = str(row["ground_truth"].get("category"))
+                category = str(ground_truth.get("category"))
                 values = breakdown.as_dict()
                 out.write(json.dumps({"line": number, "category": category, **values}) + "\n")
                 counts[category] += 1
