@@ -618,3 +618,19 @@ def test_none_mode_is_refused_where_it_would_need_root():
     if os.geteuid() != 0 or obstacle is None:
         pytest.skip("the host is not root, or its Python is readable by everyone")
     assert isinstance(PROBES["none"], str) and "root" in PROBES["none"]
+
+
+@needs_modes
+@pytest.mark.slow
+def test_without_cgroups_the_host_samples_the_memory_of_the_whole_tree(monkeypatch):
+    """Where the host may not create cgroups, the tree's memory is sampled and the process count
+    is still capped by RLIMIT_NPROC on the REPL's own uid."""
+    from recallm.rlm import proctree
+
+    monkeypatch.setattr(proctree, "detect_cgroups", lambda: proctree.CgroupSupport((), "not in this test"))
+    with open_sandbox(MODES[0], memory_mb=256) as sb:
+        result = sb.execute(MEMORY)
+        assert sb._cgroups is None
+    assert result.restarted and result.error_type == "MemoryError" and "memory_mb=256" in result.error
+    if os.geteuid() == 0:  # (a non-root host's REPL shares the host user's process count)
+        assert _forks(MODES[0]) is None
