@@ -1,8 +1,10 @@
 """The RLM sandbox: model-written code runs in a separate, limited, isolated process.
 
-Where bubblewrap works here, every behaviour is checked with it and without it; the tests that
-need isolation (network, filesystem view, other processes' environments) are skipped, with
-the reason the detection gives, only where it is unavailable.
+Every behaviour is checked with each isolation that works here (bubblewrap, recallm's own
+namespaces, none); those that need isolation (network, filesystem view, other processes) run
+with the isolating kinds only. Kinds that do not work here are skipped with the probe's reason.
+The hostile cases (escapes, process trees, whole-tree caps, a forging REPL) are in
+``tests/adversarial/test_sandbox.py``.
 """
 
 from __future__ import annotations
@@ -10,21 +12,31 @@ from __future__ import annotations
 import os
 import socket
 import threading
-import time
 
 import pytest
 
 from recallm.errors import RecallmError
 from recallm.rlm.budget import BudgetExhausted
-from recallm.rlm.sandbox import Isolation, Sandbox, SandboxLimits, detect_isolation
+from recallm.rlm.sandbox import Isolation, Sandbox, SandboxLimits, probe_isolation
 
-ISOLATION = detect_isolation()
-MODES = ["none", "bwrap"] if ISOLATION.available else ["none"]
-needs_bwrap = pytest.mark.skipif(not ISOLATION.available, reason=f"no isolation here: {ISOLATION.detail}")
+PROBES = {kind: probe_isolation(kind) for kind in ("bwrap", "namespaces", "none")}
+MODES = [kind for kind, found in PROBES.items() if isinstance(found, Isolation)] or ["none"]
+ISOLATED = [kind for kind in MODES if kind != "none"]
+ANY = MODES[0]
+# limits for the tests of timeouts, and for the others (roomy: no test depends on how loaded the machine is)
 FAST = SandboxLimits(cpu_s=5, wall_s=1.0, memory_mb=512, max_output_chars=2000, kill_grace_s=0.5)
+ROOMY = SandboxLimits(cpu_s=60, wall_s=60, memory_mb=512, max_output_chars=2000, kill_grace_s=0.5)
 
 
-def sandbox(mode="none", limits=FAST, **kwargs) -> Sandbox:
+def isolated(test):
+    """Run ``test`` with every isolating kind that works here (skipped, with why, if none)."""
+    if not ISOLATED:
+        reason = "; ".join(f"{k}: {v}" for k, v in PROBES.items() if isinstance(v, str))
+        return pytest.mark.skip(reason=f"no isolation here: {reason}")(test)
+    return pytest.mark.parametrize("mode", ISOLATED)(test)
+
+
+def sandbox(mode=ANY, limits=ROOMY, **kwargs) -> Sandbox:
     kwargs.setdefault("context", "abc " * 100)
     return Sandbox(limits=limits, isolation=mode, **kwargs)
 
@@ -57,22 +69,19 @@ def test_syntax_errors_and_exceptions_are_returned_not_raised(mode):
 
 @pytest.mark.parametrize("mode", MODES)
 def test_a_python_loop_forever_is_interrupted_and_the_namespace_survives(mode):
-    with sandbox(mode) as sb:
+    with sandbox(mode, FAST) as sb:
         sb.execute("kept = 'still here'")
-        start = time.monotonic()
         result = sb.execute("while True:\n    pass")
-        assert time.monotonic() - start < FAST.wall_s + FAST.kill_grace_s
         assert result.timed_out and not result.restarted and result.error_type == "TimeoutError"
         assert "wall-clock limit of 1s" in result.error
         assert sb.execute("kept").stdout == "'still here'\n"
 
 
 def test_the_cpu_time_limit_stops_a_busy_cell():
-    limits = SandboxLimits(cpu_s=1, wall_s=10, memory_mb=512, kill_grace_s=0.5)
-    with sandbox("none", limits) as sb:
+    limits = SandboxLimits(cpu_s=1, wall_s=120, memory_mb=512, kill_grace_s=0.5)
+    with sandbox(ANY, limits) as sb:
         result = sb.execute("x = 0\nwhile True:\n    x += 1")
-        assert result.timed_out and "CPU-time limit of 1s" in result.error
-        assert result.elapsed < 5
+        assert result.timed_out and "CPU-time limit of 1s" in result.error  # (not the wall clock)
         assert int(sb.execute("x").stdout) > 0
 
 
@@ -82,9 +91,7 @@ def test_a_loop_inside_c_code_is_killed_and_the_repl_restarted(mode):
     with sandbox(mode, limits) as sb:
         sb.execute("kept = 1")
         pid = sb._proc.pid
-        start = time.monotonic()
         result = sb.execute("import itertools\nany(itertools.repeat(0))")  # never returns to the interpreter
-        assert time.monotonic() - start < limits.wall_s + limits.kill_grace_s + 1.5
         assert result.timed_out and result.restarted and "was killed" in result.error
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)  # the whole process group is gone
@@ -125,13 +132,13 @@ def test_host_secrets_are_not_in_the_sandbox_environment(mode, monkeypatch):
         assert "s3cr3t" not in result.stdout and "sk-should" not in result.stdout
         assert "RECALLM_TEST_SECRET" not in result.stdout and "OPENAI_API_KEY" not in result.stdout
         cwd = result.stdout.splitlines()[-1]
-        assert cwd == "/home/rlm" if mode == "bwrap" else cwd.startswith(os.path.realpath(os.sep + "tmp"))
+        assert cwd == "/home/rlm" if mode != "none" else cwd.startswith(os.path.realpath(os.sep + "tmp"))
 
 
-@needs_bwrap
-def test_with_bwrap_other_processes_and_their_environments_are_invisible(monkeypatch):
+@isolated
+def test_with_isolation_other_processes_and_their_environments_are_invisible(mode, monkeypatch):
     monkeypatch.setenv("RECALLM_TEST_SECRET", "s3cr3t-token-value")
-    with sandbox("bwrap") as sb:
+    with sandbox(mode) as sb:
         code = f"import os\nprint(os.path.exists('/proc/{os.getpid()}'), sorted(p for p in os.listdir('/proc') if p.isdigit()))"
         result = sb.execute(code)
         assert result.stdout.startswith("False")
@@ -152,26 +159,27 @@ CONNECT = (
 )
 
 
-@needs_bwrap
-def test_with_bwrap_the_network_is_unreachable():
+@isolated
+def test_with_isolation_the_network_is_unreachable(mode):
     server = _listener()
     try:
         port = server.getsockname()[1]
-        with sandbox("bwrap") as sb:
+        with sandbox(mode) as sb:
             assert sb.execute(CONNECT.format(port=port)).stdout.startswith("blocked")
             dns = sb.execute("import socket\ntry:\n    socket.getaddrinfo('pypi.org', 443)\n    print('resolved')\n"
                              "except OSError:\n    print('no dns')")  # fmt: skip
             assert dns.stdout == "no dns\n"
-        with sandbox("none") as sb:  # the same code reaches the host without isolation: the test can fail
-            assert sb.execute(CONNECT.format(port=port)).stdout == "connected\n"
+        if "none" in MODES:  # the same code reaches the host without isolation: the test can fail
+            with sandbox("none") as sb:
+                assert sb.execute(CONNECT.format(port=port)).stdout == "connected\n"
     finally:
         server.close()
 
 
-@needs_bwrap
-def test_with_bwrap_the_filesystem_is_a_small_read_only_view():
+@isolated
+def test_with_isolation_the_filesystem_is_a_small_read_only_view(mode):
     here = os.path.dirname(os.path.abspath(__file__))
-    with sandbox("bwrap") as sb:
+    with sandbox(mode) as sb:
         code = (
             "import os\n"
             f"print(os.path.exists({here!r}), os.path.exists('/root/.bashrc'), os.path.exists('/etc/passwd'))\n"
@@ -183,29 +191,49 @@ def test_with_bwrap_the_filesystem_is_a_small_read_only_view():
         assert lines[0] == "False False False"
         assert lines[1].startswith("/usr/evil refused") and lines[2].startswith("/evil refused")
         assert lines[3] == "/tmp/ok written" and lines[4] == "/home/rlm/ok written"
-        assert os.path.isfile(os.path.join(sb._home, "ok"))  # the private directory, seen from the host
+        assert sb.execute("print(open('/home/rlm/ok').read())").stdout == "x\n"
+        assert not os.path.exists(os.path.join(sb._home, "ok"))  # a tmpfs of the sandbox's own, not a host directory
     assert not os.path.exists(sb._base)  # removed on close
 
 
-def test_isolation_is_reported_and_bwrap_can_be_required(monkeypatch, caplog):
+def test_isolation_is_reported_and_bwrap_is_required_unless_the_user_opts_out(monkeypatch, caplog):
     from recallm.rlm import sandbox as module
 
-    missing = Isolation("none", "bubblewrap (bwrap) is not installed")
-    monkeypatch.setattr(module, "detect_isolation", lambda: missing)
-    monkeypatch.setattr(module, "_warned_once", False)
-    with pytest.raises(RecallmError, match="isolation=bwrap, but bubblewrap .* is not installed"):
+    found = {
+        "bwrap": "bubblewrap (bwrap) is not installed",
+        "namespaces": Isolation("namespaces", "namespaces"),
+        "none": Isolation("none", "isolation=none"),
+    }
+    uncached = module.detect_isolation.__wrapped__
+    monkeypatch.setattr(module, "probe_isolation", found.get)
+    monkeypatch.setattr(module, "detect_isolation", uncached)
+    monkeypatch.setattr(module, "_warned", set())
+    assert module.DEFAULT_ISOLATION == "bwrap"
+    with pytest.raises(
+        RecallmError, match="isolation=bwrap, but bubblewrap .* is not installed; install it, or opt out"
+    ):
         module.resolve_isolation("bwrap")
     with caplog.at_level("WARNING"):
-        assert module.resolve_isolation("auto") is missing
-    assert "without isolation" in caplog.text and "NONE" in caplog.text
-    with pytest.raises(RecallmError, match="must be one of auto, bwrap, none"):
+        auto = module.resolve_isolation("auto")
+    assert auto.kind == "namespaces" and "bubblewrap (bwrap) is not installed" in auto.detail
+    assert "WITHOUT bubblewrap" in caplog.text and auto.as_dict()["bubblewrap"] is False
+    found["namespaces"] = "namespaces cannot start a sandbox here (unshare: Operation not permitted)"
+    with caplog.at_level("WARNING"):
+        assert module.resolve_isolation("auto").kind == "none"
+    assert "UNISOLATED" in caplog.text and "shares the host's network" in caplog.text
+    found["none"] = "the host is root and /root is not searchable by other users"
+    with pytest.raises(RecallmError, match="no way to run model code safely here: .*not installed.*unshare.*/root"):
+        module.resolve_isolation("auto")
+    with pytest.raises(RecallmError, match="must be one of bwrap, auto, namespaces, none"):
         module.resolve_isolation("docker")
-    assert "NONE" in missing.describe() and "no network" in Isolation("bwrap", "/usr/bin/bwrap").describe()
+    assert "no network" in Isolation("bwrap", "/usr/bin/bwrap").describe()
+    assert Isolation("bwrap", "/usr/bin/bwrap").as_dict()["isolated"] is True
 
 
 @pytest.mark.parametrize("mode", MODES)
 def test_sub_calls_travel_to_the_host_and_threads_in_a_cell_overlap(mode):
     seen = []
+    together = threading.Barrier(4, timeout=30)  # passes only when the four calls are in flight at once
 
     def on_call(kind, args):
         seen.append((kind, dict(args)))
@@ -213,7 +241,7 @@ def test_sub_calls_travel_to_the_host_and_threads_in_a_cell_overlap(mode):
             raise BudgetExhausted("max_subcalls=0")
         if args.get("prompt") == "fail":
             raise RuntimeError("server said no")
-        time.sleep(0.3)
+        together.wait()
         return f"answer to {args['prompt']}"
 
     with sandbox(mode, functions=["llm_query"], on_call=on_call) as sb:
@@ -225,7 +253,6 @@ def test_sub_calls_travel_to_the_host_and_threads_in_a_cell_overlap(mode):
         )
         result = sb.execute(code)
         assert result.stdout == "['answer to a', 'answer to b', 'answer to c', 'answer to d']\n"
-        assert result.elapsed < 1.1  # four 0.3 s calls at once (1.2 s one after another)
         spent = sb.execute("try:\n    llm_query('spend')\nexcept BudgetExhausted as exc:\n    print('budget:', exc)")
         assert spent.stdout == "budget: budget exhausted: max_subcalls=0\n"
         failed = sb.execute("llm_query('fail')")
@@ -236,7 +263,7 @@ def test_sub_calls_travel_to_the_host_and_threads_in_a_cell_overlap(mode):
 
 
 def test_a_dying_worker_is_restarted_and_reported():
-    with sandbox("none") as sb:
+    with sandbox() as sb:
         result = sb.execute("import os\nos._exit(3)")
         assert result.restarted and "exited with code 3" in result.error
         assert sb.execute("len(context)").stdout == "400\n"
@@ -252,4 +279,33 @@ def test_limits_are_checked():
     with pytest.raises(RecallmError, match="sandbox.cpu_s must be a number"):
         SandboxLimits.from_mapping({"cpu_s": "fast"})
     with pytest.raises(RecallmError, match="context must be a str or JSON data"):
-        Sandbox(object(), isolation="none")
+        Sandbox(object(), isolation=ANY)
+
+
+@pytest.mark.skipif("namespaces" not in MODES, reason=f"namespaces: {PROBES['namespaces']}")
+def test_code_run_without_bubblewrap_is_said_in_the_trajectory_and_the_eval_report(tmp_path):
+    import json
+
+    from recallm.eval.report import build_report
+    from recallm.rlm.models import ScriptedModel
+    from recallm.rlm.runner import RLM, RLMSettings
+
+    rlm = RLM(
+        ScriptedModel(["FINAL(x)"]), settings=RLMSettings(isolation="namespaces", max_iterations=1), sandbox=ROOMY
+    )
+    result = rlm.run("ctx", "q?", trajectory=tmp_path / "t.jsonl")
+    assert result.events[0]["isolation"].startswith("WITHOUT bubblewrap")
+    runs = {}
+    for name, isolation in (
+        ("plain", None),
+        ("rlm-ns", rlm.isolation),
+        ("rlm-bwrap", Isolation("bwrap", "/usr/bin/bwrap")),
+    ):
+        run_dir = tmp_path / name
+        run_dir.mkdir()
+        info = {"name": name, "backend": "rlm"} | ({"rlm_isolation": isolation.as_dict()} if isolation else {})
+        (run_dir / "summary.json").write_text(json.dumps({"run": info, "n_examples": 0, "benchmarks": {}}))
+        runs[name] = run_dir
+    report = build_report(runs, tmp_path / "report").read_text()
+    warnings = [line for line in report.splitlines() if "without bubblewrap" in line]
+    assert len(warnings) == 1 and "`rlm-ns`" in warnings[0] and "recallm's own Linux namespaces" in warnings[0]

@@ -144,6 +144,8 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         f"{len(specs)} examples into {out_dir}"
     )
     backend = make_backend(backend_cfg, model_path, tokenizer)
+    if backend_cfg["name"] == "rlm":  # where model code ran: the report flags it unless it was bubblewrap
+        run_info["rlm_isolation"] = backend.rlm.isolation.as_dict()
     try:
         summary = run_eval(
             benchmarks,

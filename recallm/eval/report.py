@@ -245,6 +245,10 @@ def build_report(runs: Mapping[str, Any] | Sequence[Any], out_dir: str | Path) -
             ]
         )
     lines += _table(["run", "dir", "model", "backend", "constrained", "suite", "examples"], rows)
+    for name, s in summaries.items():  # RLM runs whose model-written code ran without bubblewrap
+        isolation = (s.get("run") or {}).get("rlm_isolation")
+        if isolation and not isolation.get("bubblewrap"):
+            lines += [f"> **Warning: RLM code of run `{name}` ran without bubblewrap** - {isolation.get('describe')}", ""]
     benches = sorted({b for s in summaries.values() for b in (s.get("benchmarks") or {})})
     for bench in benches:
         lengths = _lengths(summaries, bench)

@@ -3,7 +3,8 @@ Python REPL; a root model explores it with code and calls sub-models from that c
 
 * ``runner`` - the root loop (``RLM``, ``RLMSettings``, ``RLMResult``); depth 0-3;
 * ``sandbox`` + ``worker`` + ``protocol`` - the REPL process, its limits and isolation
-  (bubblewrap when available), and the pipe protocol its sub-calls travel over;
+  (bubblewrap, or recallm's own namespaces in ``confine``), the whole process tree as one unit
+  (``proctree``: found, capped and killed together), and the pipe protocol its sub-calls travel over;
 * ``subcalls`` + ``budget`` - concurrent, timed, retried sub-calls under a per-task budget;
 * ``models`` - the evaluation backends (HF, vLLM, OpenAI-compatible) and a scripted model;
 * ``trajectory`` / ``show`` / ``export`` - JSONL trajectories, their HTML pages, SFT data;

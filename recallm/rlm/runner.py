@@ -82,8 +82,8 @@ class RLMSettings:
     """the REPL variable returned when a limit ends the run"""
     child_model: str = "sub"
     """model of recursive rlm_query children: sub | root"""
-    isolation: str = "auto"
-    """auto | bwrap | none (see recallm.rlm.sandbox)"""
+    isolation: str = "bwrap"
+    """bwrap (required) | auto | namespaces | none (see recallm.rlm.sandbox)"""
     site_packages: bool = True
     """let REPL code import the host's installed packages (read-only)"""
     trajectory_text_chars: int = 4000

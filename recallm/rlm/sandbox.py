@@ -2,40 +2,61 @@
 
 Each RLM instance gets one ``Sandbox``: a separate Python process (``recallm/rlm/worker.py``)
 holding a persistent namespace, talking to the host over two pipes (``recallm/rlm/protocol.py``).
-What protects the host:
+Model code is hostile until proven otherwise. What protects the host:
 
-* **a separate process** in its own session (process group), started with ``python -I -S -B``
-  (no ``PYTHON*`` variables, no user site, no ``.pth`` hooks);
-* **a scrubbed environment**: only ``PATH``, ``HOME``, ``TMPDIR``, ``LANG`` and thread-count
-  variables - no host secrets (API keys, tokens) reach model code;
-* **a private working directory** (a fresh temporary directory, mode 700, deleted on close);
-* **limits per cell**: CPU time, wall clock (the worker interrupts the cell; if it does not stop
-  within ``kill_grace_s`` the host kills the process group and starts a fresh REPL), address
-  space (memory), size of written files, and a cap on the output a cell returns;
-* **bubblewrap** (``bwrap``), when it is installed and works here: no network (``--unshare-all``
-  gives an empty network namespace), its own PID/IPC/UTS namespaces, no capabilities, and a
-  read-only view of only ``/usr``, the Python installation and (optionally) its site-packages,
-  plus a size-capped ``/tmp`` and the private directory as ``/home/rlm``; the rest of the host
-  filesystem (``/root``, ``/home``, ``/work``, ``/etc`` ...) does not exist inside.
+* **isolation** (``isolation``), see ``ISOLATION_MODES``:
 
-``detect_isolation`` probes bubblewrap once per process. ``isolation="auto"`` uses it when it
-works and otherwise says so in a warning (and in every trajectory): without it, code runs with
-the host's network and a read view of the host filesystem (as the host user), and a root user
-could read other processes' environments through ``/proc``. ``isolation="bwrap"`` refuses to
-run without it.
+  - ``bwrap`` (the default): bubblewrap, required. New PID, mount, network, IPC and UTS
+    namespaces (no network at all: ``127.0.0.1`` is unreachable), a read-only view of only
+    ``/usr``, the Python installation and (optionally) its site-packages; no ``/proc`` of other
+    processes, no ``/etc/shadow``, no ``/root``, ``/home`` or project directory.
+  - ``namespaces``: the same namespaces and filesystem built by recallm itself
+    (``confine.py``), for hosts without bubblewrap where the host is root or unprivileged user
+    namespaces work.
+  - ``none``: no namespaces: model code shares the host's network and sees every file its
+    user may read; only the safeguards below apply. Refused when the host is root and the
+    Python installation is not readable by an unprivileged user (the REPL would need root).
+  - ``auto``: the first of ``bwrap``, ``namespaces``, ``none`` that works here, with a
+    warning, and the result in every trajectory and evaluation report when it is not bwrap.
+
+* **an unprivileged user**: when the host is root, each REPL runs as its own uid
+  (``confine.UID_BASE`` + the pid of its first process) with no capabilities and
+  ``no_new_privs``; it can neither signal, ptrace nor read the memory or environment of the
+  host's processes, nor read root's files. (A non-root host's REPL runs as the host's user with
+  no capabilities; under ``none`` the host then makes itself non-dumpable, so that model code
+  cannot read its memory or environment.)
+* **the whole process tree** is one unit (``proctree.py``): killed together, always - at
+  ``close()``, on a timeout, a restart or a protocol violation - by PID namespace, uid, cgroup
+  and ancestry; no child, ``setsid`` grandchild or daemon outlives its sandbox.
+* **caps on the whole tree**: ``max_processes`` (processes and threads together:
+  ``RLIMIT_NPROC`` on the REPL's own uid, and the cgroup's ``pids.max``), ``memory_mb`` (each
+  process's address space, and the resident memory of all of them together: a cgroup where
+  the host may create one, else the host samples it every 0.25 s and restarts the REPL when it
+  is over), ``home_mb`` (the private directory ``/home/rlm``, a tmpfs; sampled under ``none``),
+  ``tmp_mb`` (``/tmp``), ``max_file_mb`` (any single file), CPU time and wall clock per cell, and
+  the output a cell returns;
+* **a scrubbed environment** (no API keys or other host secrets) and ``python -I -S -B``;
+* **a bounded host side**: every message from the REPL is checked; a ``done`` is accepted only
+  for the cell in flight (cell ids are random), a reply only for the request in flight, and
+  anything else - a forged or late reply, an unknown message, a line longer than
+  ``max_message_mb`` - ends the REPL (it is restarted, the cell reports why). Sub-calls run on
+  at most ``max_processes`` host threads at once; more in flight, duplicates and kinds the REPL
+  was not given are answered with an error at once. Writes to a REPL that stops reading give up
+  after ``_SEND_TIMEOUT_S``.
 
 Sub-calls that model code makes arrive as ``call`` messages; ``on_call(kind, args)`` (the RLM's
-sub-call router) answers each on its own thread, so that concurrent calls from threads in a
-cell, and batched calls, are served at once.
+sub-call router) answers each on a bounded pool of threads, so that concurrent calls from
+threads in a cell, and batched calls, are served at once.
 """
 
 from __future__ import annotations
 
 import functools
-import itertools
 import json
 import logging
 import os
+import secrets
+import select
 import shutil
 import signal
 import site
@@ -45,43 +66,68 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
+from recallm.rlm import confine, proctree
 from recallm.rlm.budget import BudgetExhausted
-from recallm.rlm.protocol import LineReader, ProtocolError, write_message
+from recallm.rlm.protocol import LineReader, ProtocolError, encode
 
-__all__ = ["SandboxLimits", "Isolation", "detect_isolation", "Sandbox", "CellResult", "ISOLATION_MODES"]
+__all__ = [
+    "SandboxLimits",
+    "Isolation",
+    "detect_isolation",
+    "probe_isolation",
+    "resolve_isolation",
+    "Sandbox",
+    "CellResult",
+    "ISOLATION_MODES",
+    "DEFAULT_ISOLATION",
+]
 
 log = logging.getLogger(__name__)
 
-ISOLATION_MODES = ("auto", "bwrap", "none")
+ISOLATION_MODES = ("bwrap", "auto", "namespaces", "none")
+DEFAULT_ISOLATION = "bwrap"
 _HERE = Path(__file__).resolve().parent
-_WORKER, _PROTOCOL = _HERE / "worker.py", _HERE / "protocol.py"
-_INSIDE_DIR = "/opt/recallm-rlm"  # where worker.py and protocol.py are bound inside bubblewrap
-_INSIDE_HOME = "/home/rlm"
-_warned_once = False
+_WORKER = _HERE / "worker.py"
+_SIBLINGS = ("worker.py", "protocol.py", "confine.py")  # what the worker imports, bound inside bubblewrap
+_INSIDE_DIR = "/opt/recallm-rlm"
+_INSIDE_HOME = confine.INSIDE_HOME
+_SHM_BYTES = 16 * 1024 * 1024
+_HELPER_MB = 16  # memory the sandbox's own helper processes (bubblewrap, PID 1) add to a cgroup, on top of memory_mb
+_SAMPLED_HELPERS_MB = 32  # resident memory of the helper Python processes (counted when no private uid)
+_TICK_S = 0.25  # how often the host checks a running cell (samples, a stalled channel)
+_SEND_TIMEOUT_S = 10.0
+_warned: set[str] = set()
 
 
 @dataclass(frozen=True)
 class SandboxLimits:
-    """Limits of one REPL process and of each cell it runs."""
+    """Limits of one REPL (all its processes together) and of each cell it runs."""
 
     cpu_s: float = 60.0
     """CPU seconds per cell"""
     wall_s: float = 120.0
     """wall-clock seconds per cell (also cut to the task's remaining wall time)"""
     memory_mb: int = 2048
-    """address space of the REPL process (RLIMIT_AS), in MiB"""
+    """address space of each REPL process (RLIMIT_AS) and resident memory of all of them together, in MiB"""
+    max_processes: int = 64
+    """processes and threads of the REPL together (and sub-calls the host serves for it at once)"""
     max_output_chars: int = 100_000
     """characters of a cell's output that leave the sandbox (the rest is counted, not sent)"""
     max_file_mb: int = 256
     """largest file a cell may write (RLIMIT_FSIZE), in MiB"""
+    home_mb: int = 256
+    """size of the private directory /home/rlm (a tmpfs, counted in memory_mb), in MiB"""
     tmp_mb: int = 256
-    """size of /tmp inside bubblewrap, in MiB"""
+    """size of /tmp inside the namespaces (a tmpfs, counted in memory_mb), in MiB"""
+    max_message_mb: int = 64
+    """longest message the host accepts from the REPL (a sub-call's arguments), in MiB"""
     kill_grace_s: float = 2.0
     """after the wall-clock limit, seconds the worker gets to stop the cell before it is killed"""
     startup_timeout_s: float = 30.0
@@ -95,27 +141,263 @@ class SandboxLimits:
                 raise RecallmError(f"{where}.{name} must be > 0, got {getattr(limits, name)}")
         if limits.memory_mb < 64:
             raise RecallmError(f"{where}.memory_mb must be >= 64 (Python itself needs some), got {limits.memory_mb}")
+        if limits.max_processes < 4:
+            raise RecallmError(
+                f"{where}.max_processes must be >= 4 (the REPL itself uses 2 threads), got {limits.max_processes}"
+            )
         return limits
+
+
+# --- isolation ------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True)
 class Isolation:
-    """How model code is isolated: ``kind`` is ``bwrap`` or ``none``; ``detail`` says why."""
+    """How model code is isolated: ``kind`` is ``bwrap``, ``namespaces`` or ``none``;
+    ``detail`` is bubblewrap's path, or why the stronger kinds are unavailable."""
 
     kind: str
     detail: str
+    tree: str = ""
+    """how the whole tree is capped (cgroup, or why not)"""
 
     @property
-    def available(self) -> bool:
+    def bubblewrap(self) -> bool:
         return self.kind == "bwrap"
 
+    @property
+    def isolated(self) -> bool:
+        """Namespaces (no network, a minimal filesystem, own PIDs) around model code."""
+        return self.kind in ("bwrap", "namespaces")
+
     def describe(self) -> str:
-        if self.available:
-            return f"bubblewrap ({self.detail}): no network, read-only minimal filesystem, own PID namespace"
-        return (
-            f"NONE ({self.detail}): model code has the host's network and can read the host filesystem; "
-            "only resource limits, a scrubbed environment and a private working directory apply"
+        root = os.geteuid() == 0
+        who = (
+            "runs as its own unprivileged uid without capabilities (no_new_privs)"
+            if root
+            else f"runs as the host's user (uid {os.getuid()}) without capabilities"
         )
+        tree = self.tree or proctree.detect_cgroups().describe()
+        caps = f"whole-tree caps: processes by RLIMIT_NPROC, {tree}" + (
+            "" if tree.startswith("cgroup") and "memory" in tree else ", memory sampled by the host"
+        )
+        spaces = "no network, own PID/mount/IPC/UTS namespaces, a minimal read-only filesystem"
+        if self.kind == "bwrap":
+            return f"bubblewrap ({self.detail}): {spaces}; {who}; {caps}"
+        if self.kind == "namespaces":
+            return f"WITHOUT bubblewrap ({self.detail}): recallm's own Linux namespaces: {spaces}; {who}; {caps}"
+        extra = (
+            ""
+            if root
+            else (
+                "; the host process is made non-dumpable, but the host user's other processes are open to it "
+                "(signals, ptrace, /proc)"
+            )
+        )
+        return (
+            f"UNISOLATED ({self.detail}): model code shares the host's network and can read every file "
+            f"readable by {'any user' if root else 'the host user'}; {who}{extra}; {caps}"
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "kind": self.kind,
+            "bubblewrap": self.bubblewrap,
+            "isolated": self.isolated,
+            "describe": self.describe(),
+        }
+
+
+def _python() -> str:
+    return os.path.realpath(sys.executable)
+
+
+def _site_dirs() -> list[str]:
+    dirs = []
+    for path in [*site.getsitepackages(), site.getusersitepackages()]:
+        if path and os.path.isdir(path) and path not in dirs:
+            dirs.append(path)
+    return dirs
+
+
+def _python_paths() -> list[str]:
+    """What the interpreter needs read-only inside the namespaces: its installation prefix(es)."""
+    paths = []
+    for prefix in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(_python()))):
+        prefix = os.path.realpath(prefix)
+        if prefix and prefix != "/" and os.path.isdir(prefix) and prefix not in paths:
+            paths.append(prefix)
+    return paths
+
+
+def _visible(ro_paths: Sequence[str]) -> list[tuple[str, str, str]]:
+    """The sandbox's filesystem, as ``(kind, source, destination)``: ``ro`` binds and
+    ``symlink``s, the same for bubblewrap and for recallm's own namespaces."""
+    entries: list[tuple[str, str, str]] = [("ro", "/usr", "/usr")]
+    covered = ["/usr"]
+    tops = ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+    etc = tuple(f"/etc/{n}" for n in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives"))
+    for path in tops + etc:
+        if os.path.islink(path):
+            entries.append(("symlink", os.readlink(path), path))
+        elif os.path.exists(path):
+            entries.append(("ro", path, path))
+            covered.append(path)
+    for path in sorted({os.path.realpath(p) for p in ro_paths}, key=len):
+        if not any(path == c or path.startswith(c + "/") for c in covered):
+            entries.append(("ro", path, path))
+            covered.append(path)
+    return entries
+
+
+def _bwrap_args(
+    bwrap: str, entries: Sequence[tuple[str, str, str]], limits: SandboxLimits, root_host: bool
+) -> list[str]:
+    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-ipc", "--unshare-pid", "--unshare-net"]
+    args += ["--unshare-uts", "--unshare-cgroup-try", "--hostname", "rlm"]
+    if not root_host:
+        args += ["--unshare-user", "--disable-userns"]
+    args += ["--cap-drop", "ALL"]
+    if root_host:  # kept only until worker.py drops to the sandbox's uid (confine.py)
+        for cap in ("CAP_SETUID", "CAP_SETGID", "CAP_SETPCAP", "CAP_CHOWN"):
+            args += ["--cap-add", cap]
+    made = {"/"}
+
+    def parents(dest: str) -> None:  # 0755, whatever the host's directory allows (e.g. /root, /home)
+        missing = []
+        parent = os.path.dirname(dest)
+        while parent not in made:
+            missing.append(parent)
+            made.add(parent)
+            parent = os.path.dirname(parent)
+        for path in reversed(missing):
+            args.extend(["--perms", "0755", "--dir", path])
+        made.add(dest)
+
+    files = [("ro", str(_HERE / name), f"{_INSIDE_DIR}/{name}") for name in _SIBLINGS]
+    for kind, source, dest in [*entries, *files]:
+        parents(dest)
+        args += ["--symlink", source, dest] if kind == "symlink" else ["--ro-bind", source, dest]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for dest, perms, size in (("/tmp", "1777", limits.tmp_mb << 20), ("/dev/shm", "1777", _SHM_BYTES),
+                              (_INSIDE_HOME, "0700", limits.home_mb << 20)):  # fmt: skip
+        parents(dest)
+        args += ["--perms", perms, "--size", str(size), "--tmpfs", dest]
+    args += ["--remount-ro", "/", "--chdir", _INSIDE_HOME]
+    return args
+
+
+def _none_obstacle() -> str | None:
+    """Why ``none`` cannot run here: a root host must run model code as an unprivileged uid,
+    which must be able to read the interpreter, its site-packages and worker.py."""
+    if os.geteuid() != 0:
+        return None
+    for path in [*_python_paths(), *_site_dirs(), str(_HERE)]:
+        obstacle = confine.world_reachable(path)
+        if obstacle is not None:
+            return f"the host is root and {obstacle}, so an unprivileged REPL could not run the interpreter"
+    return None
+
+
+_PROBE_LIMITS = SandboxLimits(cpu_s=20, wall_s=20, memory_mb=256, startup_timeout_s=60, home_mb=1, tmp_mb=1)
+
+
+@functools.cache
+def probe_isolation(kind: str) -> Isolation | str:
+    """``kind`` if a REPL starts and runs a cell with it here, else why not (probed once)."""
+    if kind == "bwrap":
+        detail = shutil.which("bwrap")
+        if detail is None:
+            return "bubblewrap (bwrap) is not installed; `apt-get install bubblewrap` adds it"
+    elif kind == "none":
+        obstacle = _none_obstacle()
+        if obstacle is not None:
+            return obstacle
+        detail = "isolation=none"
+    else:
+        detail = "namespaces"
+    candidate = Isolation(kind, detail)
+    try:
+        with Sandbox("", limits=_PROBE_LIMITS, isolation=candidate) as sb:
+            result = sb.execute("import json, socket\nprint('ok')")
+    except (RecallmError, OSError) as exc:
+        return f"{kind} cannot start a sandbox here ({exc})"
+    if result.stdout != "ok\n":
+        return f"{kind} cannot start a sandbox here ({(result.error or result.stdout).strip().splitlines()[-1:]})"
+    return candidate
+
+
+@functools.cache
+def detect_isolation() -> Isolation:
+    """The strongest isolation that works here (what ``isolation=auto`` picks), probed once;
+    ``kind`` ``none`` with the reasons when nothing works (then even ``none`` is refused)."""
+    reasons: list[str] = []
+    for kind in ("bwrap", "namespaces", "none"):
+        found = probe_isolation(kind)
+        if isinstance(found, Isolation):
+            return Isolation(found.kind, "; ".join(reasons)) if reasons else found
+        reasons.append(found)
+    return Isolation("unavailable", "; ".join(reasons))
+
+
+def resolve_isolation(mode: str) -> Isolation:
+    """The isolation for ``mode`` (see ``ISOLATION_MODES``). ``bwrap``, ``namespaces`` and
+    ``none`` are required as asked (a ``RecallmError`` saying why they do not work here);
+    ``auto`` takes the strongest that works and warns, once, when it is not bubblewrap."""
+    if mode not in ISOLATION_MODES:
+        raise RecallmError(f"sandbox isolation must be one of {', '.join(ISOLATION_MODES)}, got {mode!r}")
+    if mode == "auto":
+        found = detect_isolation()
+        if found.kind == "unavailable":
+            raise RecallmError(f"no way to run model code safely here: {found.detail}")
+    else:
+        probed = probe_isolation(mode)
+        if isinstance(probed, str):
+            hint = {
+                "bwrap": "; install it, or opt out with rlm.isolation=auto (recallm's own namespaces, else none)",
+                "namespaces": "; use rlm.isolation=bwrap or auto",
+                "none": "; use rlm.isolation=bwrap, namespaces or auto",
+            }[mode]
+            raise RecallmError(f"sandbox isolation={mode}, but {probed}{hint}")
+        found = probed
+        if mode == "none":
+            found = Isolation("none", "isolation=none was asked for")
+    if not found.bubblewrap and found.kind not in _warned:
+        _warned.add(found.kind)
+        log.warning("RLM sandbox %s", found.describe())
+    return found
+
+
+def _clean_env(home: str, tmp: str) -> dict[str, str]:
+    return {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": home,
+        "TMPDIR": tmp,
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "PYTHONIOENCODING": "utf-8",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "OMP_NUM_THREADS": "1",
+        "OPENBLAS_NUM_THREADS": "1",
+        "MKL_NUM_THREADS": "1",
+        "TOKENIZERS_PARALLELISM": "false",
+    }
+
+
+_host_guarded = False
+
+
+def _guard_host() -> None:
+    """Under ``none`` with a non-root host, model code runs as the host's user: make the host
+    process non-dumpable, so that its memory and environment cannot be read through /proc."""
+    global _host_guarded
+    if not _host_guarded and os.geteuid() != 0:
+        confine.set_dumpable(False)
+        _host_guarded = True
+        log.warning("RLM sandbox without isolation: this process is now non-dumpable (no core dumps, no ptrace)")
+
+
+# --- results --------------------------------------------------------------------------------
 
 
 @dataclass
@@ -148,121 +430,29 @@ class CellResult:
         }
 
 
-def _python() -> str:
-    return os.path.realpath(sys.executable)
+_OPTIONAL_STR = (str, type(None))
+_DONE_FIELDS = {
+    "stdout": (str,),
+    "stdout_chars": (int,),
+    "error": _OPTIONAL_STR,
+    "error_type": _OPTIONAL_STR,
+    "final": _OPTIONAL_STR,
+    "timed_out": (bool,),
+    "elapsed": (int, float),
+}
+_VALUE_FIELDS = {"ok": (bool,), "value": _OPTIONAL_STR, "error": _OPTIONAL_STR}
 
 
-def _site_dirs() -> list[str]:
-    dirs = []
-    for path in [*site.getsitepackages(), site.getusersitepackages()]:
-        if path and os.path.isdir(path) and path not in dirs:
-            dirs.append(path)
-    return dirs
+def _malformed(message: Mapping[str, Any], fields: Mapping[str, tuple[type, ...]]) -> str | None:
+    for name, types in fields.items():
+        value = message.get(name)
+        if not isinstance(value, types) or (isinstance(value, bool) and bool not in types):
+            return f"a {message.get('op')!r} message with {name}={str(value)[:40]!r}"
+    return None
 
 
-def _bwrap_args(
-    bwrap: str,
-    *,
-    home: str,
-    context_file: str,
-    ro_paths: Sequence[str],
-    tmp_bytes: int,
-) -> list[str]:
-    args = [bwrap, "--die-with-parent", "--new-session", "--unshare-all", "--cap-drop", "ALL"]
-    args += ["--ro-bind", "/usr", "/usr"]
-    for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
-        if os.path.islink(top):
-            args += ["--symlink", os.readlink(top), top]
-        elif os.path.isdir(top):
-            args += ["--ro-bind", top, top]
-    for name in ("ld.so.cache", "ld.so.conf", "ld.so.conf.d", "localtime", "alternatives"):
-        args += ["--ro-bind-try", f"/etc/{name}", f"/etc/{name}"]
-    seen = {"/usr"}
-    for path in ro_paths:
-        if path not in seen and not path.startswith("/usr/"):
-            seen.add(path)
-            args += ["--ro-bind", path, path]
-    args += ["--proc", "/proc", "--dev", "/dev"]
-    args += ["--size", str(tmp_bytes), "--tmpfs", "/tmp"]
-    args += ["--size", str(16 * 1024 * 1024), "--tmpfs", "/dev/shm"]
-    args += ["--bind", home, _INSIDE_HOME]
-    args += ["--ro-bind", str(_WORKER), f"{_INSIDE_DIR}/worker.py"]
-    args += ["--ro-bind", str(_PROTOCOL), f"{_INSIDE_DIR}/protocol.py"]
-    args += ["--ro-bind", context_file, f"{_INSIDE_DIR}/context.json"]
-    args += ["--remount-ro", "/", "--chdir", _INSIDE_HOME]
-    return args
-
-
-def _python_paths() -> list[str]:
-    """What the interpreter needs read-only inside bubblewrap: its installation prefix(es)."""
-    paths = []
-    for prefix in (sys.base_prefix, sys.base_exec_prefix, os.path.dirname(os.path.dirname(_python()))):
-        prefix = os.path.realpath(prefix)
-        if prefix and prefix != "/" and os.path.isdir(prefix) and prefix not in paths:
-            paths.append(prefix)
-    return paths
-
-
-@functools.cache
-def detect_isolation() -> Isolation:
-    """Whether bubblewrap is installed and can start the interpreter here (probed once)."""
-    bwrap = shutil.which("bwrap")
-    if bwrap is None:
-        return Isolation("none", "bubblewrap (bwrap) is not installed; `apt-get install bubblewrap` adds it")
-    with tempfile.TemporaryDirectory(prefix="recallm-rlm-probe-") as tmp:
-        context = os.path.join(tmp, "context.json")
-        Path(context).write_text("{}")
-        home = os.path.join(tmp, "home")
-        os.mkdir(home)
-        args = _bwrap_args(bwrap, home=home, context_file=context, ro_paths=_python_paths(), tmp_bytes=1 << 20)
-        probe = "import socket; socket.socket().close(); print('ok')"
-        try:
-            done = subprocess.run(
-                [*args, _python(), "-I", "-S", "-c", probe],
-                env={"PATH": "/usr/bin:/bin"},
-                capture_output=True,
-                text=True,
-                timeout=30,
-            )
-        except (OSError, subprocess.TimeoutExpired) as exc:
-            return Isolation("none", f"bubblewrap at {bwrap} did not run ({type(exc).__name__}: {exc})")
-    if done.returncode != 0 or done.stdout.strip() != "ok":
-        reason = (done.stderr.strip().splitlines() or ["no output"])[-1]
-        return Isolation("none", f"bubblewrap at {bwrap} cannot start a sandbox here ({reason})")
-    return Isolation("bwrap", bwrap)
-
-
-def resolve_isolation(mode: str) -> Isolation:
-    """The isolation for ``mode`` (``auto`` | ``bwrap`` | ``none``), warning once when ``auto``
-    finds none; ``bwrap`` without bubblewrap is a ``RecallmError``."""
-    global _warned_once
-    if mode not in ISOLATION_MODES:
-        raise RecallmError(f"sandbox isolation must be one of {', '.join(ISOLATION_MODES)}, got {mode!r}")
-    if mode == "none":
-        return Isolation("none", "isolation=none was asked for")
-    found = detect_isolation()
-    if mode == "bwrap" and not found.available:
-        raise RecallmError(f"sandbox isolation=bwrap, but {found.detail}")
-    if not found.available and not _warned_once:
-        _warned_once = True
-        log.warning("RLM sandbox without isolation: %s", found.describe())
-    return found
-
-
-def _clean_env(home: str, tmp: str) -> dict[str, str]:
-    return {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": home,
-        "TMPDIR": tmp,
-        "LANG": "C.UTF-8",
-        "LC_ALL": "C.UTF-8",
-        "PYTHONIOENCODING": "utf-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "OMP_NUM_THREADS": "1",
-        "OPENBLAS_NUM_THREADS": "1",
-        "MKL_NUM_THREADS": "1",
-        "TOKENIZERS_PARALLELISM": "false",
-    }
+class _Stalled(Exception):
+    """The REPL did not take a message within ``_SEND_TIMEOUT_S``."""
 
 
 #: ``on_call(kind, args) -> value``; raise ``BudgetExhausted`` or any exception to fail the call
@@ -270,10 +460,10 @@ CallHandler = Callable[[str, Mapping[str, Any]], Any]
 
 
 class Sandbox:
-    """One REPL process (see module doc). ``execute`` runs a cell, ``get`` reads a variable;
-    a REPL that dies or is killed is started again on the next use (the context is reloaded,
-    other variables are lost, and the cell's result says so). Use as a context manager or call
-    ``close``.
+    """One REPL (see module doc). ``execute`` runs a cell, ``get`` reads a variable; a REPL
+    that dies, is killed or breaks the protocol is started again on the next use (the context
+    is reloaded, other variables and files are lost, and the cell's result says so). Use as a
+    context manager or call ``close``, which kills every process of the REPL.
 
     Raises ``RecallmError`` when the REPL cannot start (the reason and its stderr in one line).
     """
@@ -284,7 +474,7 @@ class Sandbox:
         *,
         query: str | None = None,
         limits: SandboxLimits | None = None,
-        isolation: str | Isolation = "auto",
+        isolation: str | Isolation = DEFAULT_ISOLATION,
         functions: Sequence[str] = (),
         disabled_reason: str = "",
         on_call: CallHandler | None = None,
@@ -293,30 +483,42 @@ class Sandbox:
     ) -> None:
         self.limits = limits or SandboxLimits()
         self.isolation = isolation if isinstance(isolation, Isolation) else resolve_isolation(isolation)
+        if self.isolation.kind not in ("bwrap", "namespaces", "none"):
+            raise RecallmError(f"no sandbox isolation available: {self.isolation.detail}")
         self.functions = tuple(functions)
         self.disabled_reason = disabled_reason
         self.on_call = on_call
         self.site_packages = bool(site_packages)
+        self._root_host = os.geteuid() == 0
         self._base = tempfile.mkdtemp(prefix="recallm-rlm-", dir=workdir_base)
-        os.chmod(self._base, 0o700)
-        self._home = os.path.join(self._base, "home")
-        os.mkdir(self._home, 0o700)
-        os.mkdir(os.path.join(self._home, "tmp"), 0o700)
+        # under ``none`` the REPL's own uid must pass through to its directory (mode 0700, its own)
+        os.chmod(self._base, 0o711 if self.isolation.kind == "none" else 0o700)
+        self._home = os.path.join(self._base, "home")  # the private directory under ``none``
         self._context_file = os.path.join(self._base, "context.json")
         try:
             payload = json.dumps({"context": context, "query": query}, ensure_ascii=False)
         except (TypeError, ValueError) as exc:
             shutil.rmtree(self._base, ignore_errors=True)
             raise RecallmError(f"the RLM context must be a str or JSON data (lists, dicts, numbers): {exc}") from None
-        Path(self._context_file).write_text(payload, encoding="utf-8")
+        Path(self._context_file).write_text(payload, encoding="utf-8")  # read through a file descriptor
+        os.chmod(self._context_file, 0o600)
         self._proc: subprocess.Popen | None = None
         self._reader: LineReader | None = None
         self._to_worker: int | None = None
+        self._uid: int | None = None
         self._write_lock = threading.Lock()
-        self._ids = itertools.count(1)
+        self._calls_lock = threading.Lock()
+        self._calls: set[tuple[int, Any]] = set()  # (REPL start, call id) of the sub-calls being served
+        self._pool: ThreadPoolExecutor | None = None
+        self._broken: str | None = None
+        self._cgroups: proctree.Cgroups | None = None
+        self._memory_cap = (self.limits.memory_mb + _HELPER_MB) << 20
+        self._last_sample = 0.0
         self._closed = False
         self.starts = 0
         self.cells = 0
+        if self.isolation.kind == "none":
+            _guard_host()
 
     # --- process lifecycle -------------------------------------------------------------------
 
@@ -327,66 +529,124 @@ class Sandbox:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def _exit_status(self) -> int | None:
+        """The first process's exit code (negative: killed by that signal) once it has exited,
+        without reaping it (its pid, and so the REPL's uid, stay reserved); None while it runs."""
+        proc = self._proc
+        if proc is None:
+            return None
+        if proc.returncode is not None:
+            return proc.returncode
+        try:
+            info = os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+        except ChildProcessError:
+            return proc.poll() if proc.returncode is None else proc.returncode
+        if info is None:
+            return None
+        return info.si_status if info.si_code == os.CLD_EXITED else -info.si_status
+
     @property
     def alive(self) -> bool:
-        return self._proc is not None and self._proc.poll() is None
+        return self._proc is not None and self._exit_status() is None
+
+    def _ensure_cgroups(self) -> None:
+        if self._cgroups is not None:
+            return
+        support = proctree.detect_cgroups()
+        if not support.usable:
+            return
+        try:
+            self._cgroups = proctree.Cgroups(
+                support, memory_bytes=self._memory_cap, max_pids=self.limits.max_processes + 8
+            )
+        except OSError as exc:
+            log.warning("RLM sandbox: no cgroup for this REPL (%s); its memory is sampled instead", exc)
+
+    def _command(self, h2w_r: int, w2h_w: int, context_fd: int) -> tuple[list[str], dict[str, str]]:
+        kind = self.isolation.kind
+        sys_path = _site_dirs() if self.site_packages else []
+        spec: dict[str, Any] = {
+            "stage": "outer",
+            "mode": kind,
+            "cgroups": self._cgroups.join if self._cgroups is not None else [],
+            "private_uid": self._root_host,
+            "nproc": self.limits.max_processes,
+            "fds": [h2w_r, w2h_w, context_fd],
+        }
+        entries = _visible(_python_paths() + sys_path) if kind != "none" else []
+        if kind == "bwrap":
+            spec["bwrap"] = _bwrap_args(self.isolation.detail, entries, self.limits, self._root_host)
+            spec["python"] = _python()
+            spec["inside_worker"] = f"{_INSIDE_DIR}/worker.py"
+            spec["chown_home"] = self._root_host
+        elif kind == "namespaces":
+            root = os.path.join(self._base, "root")
+            os.makedirs(root, exist_ok=True)
+            spec["root"] = {
+                "dir": root,
+                "entries": entries,
+                "tmp_bytes": self.limits.tmp_mb << 20,
+                "home_bytes": self.limits.home_mb << 20,
+                "shm_bytes": _SHM_BYTES,
+            }
+        else:
+            shutil.rmtree(self._home, ignore_errors=True)
+            os.makedirs(os.path.join(self._home, "tmp"), mode=0o700)
+            spec["home"] = self._home
+        config = {
+            "fd_in": h2w_r,
+            "fd_out": w2h_w,
+            "context_fd": context_fd,
+            "max_output_chars": self.limits.max_output_chars,
+            "memory_bytes": self.limits.memory_mb << 20,
+            "max_file_bytes": self.limits.max_file_mb << 20,
+            "functions": list(self.functions),
+            "disabled_reason": self.disabled_reason,
+            "sys_path": sys_path,
+            "confine": spec,
+        }
+        if kind == "none":
+            env = _clean_env(self._home, os.path.join(self._home, "tmp"))
+        else:
+            env = _clean_env(_INSIDE_HOME, "/tmp")
+        return [_python(), "-I", "-S", "-B", str(_WORKER), json.dumps(config)], env
 
     def start(self) -> None:
         if self._closed:
             raise RecallmError("this sandbox is closed")
         if self.alive:
             return
-        self._teardown()
+        self._kill()
+        self._ensure_cgroups()
+        self._broken = None
         h2w_r, h2w_w = os.pipe()
         w2h_r, w2h_w = os.pipe()
-        config = {
-            "fd_in": h2w_r,
-            "fd_out": w2h_w,
-            "max_output_chars": self.limits.max_output_chars,
-            "memory_bytes": self.limits.memory_mb * 1024 * 1024,
-            "max_file_bytes": self.limits.max_file_mb * 1024 * 1024,
-            "functions": list(self.functions),
-            "disabled_reason": self.disabled_reason,
-            "sys_path": _site_dirs() if self.site_packages else [],
-        }
-        if self.isolation.available:
-            config["context_file"] = f"{_INSIDE_DIR}/context.json"
-            ro_paths = _python_paths() + (config["sys_path"] if self.site_packages else [])
-            command = _bwrap_args(
-                self.isolation.detail,
-                home=self._home,
-                context_file=self._context_file,
-                ro_paths=ro_paths,
-                tmp_bytes=self.limits.tmp_mb * 1024 * 1024,
-            )
-            command += [_python(), "-I", "-S", "-B", f"{_INSIDE_DIR}/worker.py", json.dumps(config)]
-            env = _clean_env(_INSIDE_HOME, "/tmp")
-        else:
-            config["context_file"] = self._context_file
-            command = [_python(), "-I", "-S", "-B", str(_WORKER), json.dumps(config)]
-            env = _clean_env(self._home, os.path.join(self._home, "tmp"))
+        context_fd = os.open(self._context_file, os.O_RDONLY)
         stderr_path = os.path.join(self._base, "stderr.log")
         try:
-            with open(stderr_path, "wb") as stderr:
+            command, env = self._command(h2w_r, w2h_w, context_fd)
+            with open(os.open(stderr_path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as stderr:
                 self._proc = subprocess.Popen(
                     command,
                     stdin=subprocess.DEVNULL,
                     stdout=subprocess.DEVNULL,
                     stderr=stderr,
                     env=env,
-                    cwd=self._home,
-                    pass_fds=(h2w_r, w2h_w),
+                    cwd=self._base,
+                    pass_fds=(h2w_r, w2h_w, context_fd),
                     start_new_session=True,
                     close_fds=True,
                 )
         except OSError as exc:
-            for fd in (h2w_r, h2w_w, w2h_r, w2h_w):
+            for fd in (h2w_r, h2w_w, w2h_r, w2h_w, context_fd):
                 os.close(fd)
-            raise RecallmError(f"cannot start the RLM sandbox ({command[0]}: {exc})") from None
-        os.close(h2w_r)
-        os.close(w2h_w)
+            raise RecallmError(f"cannot start the RLM sandbox ({exc})") from None
+        for fd in (h2w_r, w2h_w, context_fd):
+            os.close(fd)
+        os.set_blocking(h2w_w, False)
         self._to_worker = h2w_w
-        self._reader = LineReader(w2h_r)
+        self._reader = LineReader(w2h_r, max_line_bytes=self.limits.max_message_mb << 20)
+        self._uid = confine.UID_BASE + self._proc.pid if self._root_host else None
         self.starts += 1
         try:
             message = self._reader.read(timeout=self.limits.startup_timeout_s)
@@ -399,33 +659,27 @@ class Sandbox:
             raise RecallmError(f"the RLM sandbox did not start ({self.isolation.kind}): {why}")
 
     def _kill(self) -> None:
+        """Kill every process of the REPL (whether or not its first process already exited)."""
         proc = self._proc
-        if proc is not None and proc.poll() is None:
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
+        if proc is not None:
+            root_pid = proc.pid if proc.returncode is None else None
+            proctree.kill_tree(root_pid, self._uid, self._cgroups, at_once=self.isolation.kind == "none")
             try:
                 proc.wait(timeout=10)
             except subprocess.TimeoutExpired:  # pragma: no cover - SIGKILL does not fail
                 log.warning("sandbox process %d did not exit after SIGKILL", proc.pid)
+            self._proc = None
         self._teardown()
 
     def _teardown(self) -> None:
-        if self._to_worker is not None:
-            try:
-                os.close(self._to_worker)
-            except OSError:
-                pass
-            self._to_worker = None
-        if self._reader is not None:
-            try:
-                os.close(self._reader.fd)
-            except OSError:
-                pass
-            self._reader = None
-        if self._proc is not None and self._proc.poll() is not None:
-            self._proc = None
+        for fd in (self._to_worker, self._reader.fd if self._reader is not None else None):
+            if fd is not None:
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+        self._to_worker = None
+        self._reader = None
 
     def close(self) -> None:
         if self._closed:
@@ -433,55 +687,184 @@ class Sandbox:
         self._closed = True
         if self.alive:
             try:
-                self._send({"op": "shutdown"})
-                self._proc.wait(timeout=0.5)
-            except (OSError, subprocess.TimeoutExpired):
+                self._send({"op": "shutdown"}, timeout=1.0)
+                for _ in range(50):
+                    if self._exit_status() is not None:
+                        break
+                    time.sleep(0.01)
+            except (OSError, _Stalled):
                 pass
         self._kill()
-        self._proc = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._cgroups is not None:
+            self._cgroups.remove()
+        if self.isolation.kind == "none" and self._uid is not None:
+            _remove_files_of(self._uid)
         shutil.rmtree(self._base, ignore_errors=True)
 
     # --- messages ----------------------------------------------------------------------------
 
-    def _send(self, message: dict[str, Any]) -> None:
-        with self._write_lock:
-            if self._to_worker is None:
-                raise BrokenPipeError("the sandbox is not running")
-            write_message(self._to_worker, message)
+    def _send(self, message: dict[str, Any], timeout: float | None = None) -> None:
+        """Write one message; ``_Stalled`` when the REPL does not take it within ``timeout``
+        (default ``_SEND_TIMEOUT_S``)."""
+        timeout = _SEND_TIMEOUT_S if timeout is None else timeout
+        data = memoryview(encode(message))
+        deadline = time.monotonic() + timeout
+        if not self._write_lock.acquire(timeout=timeout):
+            raise _Stalled()
+        try:
+            while data:
+                fd = self._to_worker
+                if fd is None:
+                    raise BrokenPipeError("the sandbox is not running")
+                try:
+                    data = data[os.write(fd, data) :]
+                except BlockingIOError:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise _Stalled() from None
+                    select.select([], [fd], [], min(left, _TICK_S))
+        finally:
+            self._write_lock.release()
 
-    def _answer_call(self, message: Mapping[str, Any]) -> None:
-        reply: dict[str, Any] = {"op": "result", "id": message.get("id"), "ok": False}
+    def _reply(self, message: dict[str, Any], generation: int) -> None:
+        if generation != self.starts:  # a late answer for a REPL that was restarted meanwhile: nobody waits
+            return
+        try:
+            self._send(message)
+        except _Stalled:
+            self._broken = f"the REPL did not read what the host sent for {_SEND_TIMEOUT_S:g}s"
+        except OSError:  # the REPL was killed meanwhile; nobody waits for this answer
+            pass
+
+    def _answer_call(self, generation: int, call_id: Any, kind: str, args: Mapping[str, Any]) -> None:
+        reply: dict[str, Any] = {"op": "result", "id": call_id, "ok": False}
         try:
             if self.on_call is None:
                 raise RuntimeError("sub-calls are not available")
-            reply["value"] = self.on_call(str(message.get("kind")), message.get("args") or {})
+            reply["value"] = self.on_call(kind, args)
             reply["ok"] = True
         except BudgetExhausted as exc:
             reply.update(error=str(exc), budget=True)
         except Exception as exc:  # any failure goes back to model code as its exception
             reply["error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RecallmError) else str(exc)
-        try:
-            self._send(reply)
-        except OSError:  # the REPL was killed meanwhile; nobody waits for this answer
-            pass
+        finally:
+            with self._calls_lock:
+                self._calls.discard((generation, call_id))
+        self._reply(reply, generation)
 
-    def _dispatch(self, message: Mapping[str, Any]) -> None:
-        threading.Thread(target=self._answer_call, args=(message,), name="rlm-subcall", daemon=True).start()
+    def _dispatch(self, message: Mapping[str, Any]) -> str | None:
+        """Serve a ``call`` on the bounded pool; a reason when the message is malformed."""
+        call_id, kind, args = message.get("id"), message.get("kind"), message.get("args")
+        if not isinstance(call_id, int) or isinstance(call_id, bool) or not isinstance(kind, str):
+            return f"a 'call' message with id={str(call_id)[:20]!r}, kind={str(kind)[:20]!r}"
+        if not isinstance(args, dict):
+            return f"a 'call' message whose args are a {type(args).__name__}"
+        refuse = None
+        limit = self.limits.max_processes
+        key = (self.starts, call_id)
+        with self._calls_lock:
+            if kind not in self.functions:
+                refuse = f"RuntimeError: {kind[:40]} is not available in this REPL"
+            elif key in self._calls:
+                refuse = f"RuntimeError: sub-call id {call_id} is already in flight"
+            elif len(self._calls) >= limit:  # (calls of a restarted REPL still hold their threads)
+                refuse = f"RuntimeError: more than {limit} sub-calls at once (sandbox.max_processes)"
+            else:
+                self._calls.add(key)
+        if refuse is not None:
+            self._reply({"op": "result", "id": call_id, "ok": False, "error": refuse}, self.starts)
+            return None
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="rlm-subcall")
+        self._pool.submit(self._answer_call, self.starts, call_id, kind, args)
+        return None
 
-    def _died(self) -> str:
-        proc = self._proc
-        try:
-            code = proc.wait(timeout=2) if proc is not None else None
-        except subprocess.TimeoutExpired:
-            self._kill()
-            return "closed its end of the channel"
-        if code is not None and code < 0:
+    def _over_limits(self, *, now: bool = False) -> tuple[str, str] | None:
+        """Samples what the kernel does not cap here (no cgroup; the private directory under
+        ``none``), at most every ``_TICK_S`` unless ``now``: ``(error_type, message)`` when
+        the REPL is over a limit."""
+        memory = self._cgroups is None or not self._cgroups.caps_memory
+        home = self.isolation.kind == "none"
+        if not (memory or home) or self._proc is None:
+            return None
+        if not now and time.monotonic() - self._last_sample < _TICK_S:
+            return None
+        self._last_sample = time.monotonic()
+        if memory:  # the REPL's own uid (not the helpers), else everything below the first process
+            pids = proctree.tree_pids(None if self._uid else self._proc.pid, self._uid)
+            used = proctree.tree_rss(pids if self._uid else [self._proc.pid, *pids])
+            used -= 0 if self._uid else _SAMPLED_HELPERS_MB << 20
+            if used > self._memory_cap:
+                return "MemoryError", (
+                    f"MemoryError: the REPL's processes together used {used >> 20} MiB, more than "
+                    f"memory_mb={self.limits.memory_mb} allows; they were killed"
+                )
+        if home:
+            cap = self.limits.home_mb << 20
+            if proctree.dir_size(self._home, cap) > cap:
+                return "OSError", f"OSError: the private directory holds more than home_mb={self.limits.home_mb} MiB"
+        return None
+
+    def _await(self, op: str, request_id: str, deadline: float) -> tuple[str, Any]:
+        """Read messages, serving sub-calls, until the reply ``op`` to ``request_id``:
+        ``("reply", message)``, ``("timeout", None)``, ``("died", None)``, or
+        ``("violation" | "limit", (error_type, why))`` - then the REPL has been killed."""
+        while True:
+            if self._broken is not None:
+                self._kill()
+                return "violation", ("SandboxError", self._broken)
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return "timeout", None
             try:
-                how = f"killed by {signal.Signals(-code).name}"
+                message = self._reader.read(timeout=min(left, _TICK_S))
+            except EOFError:
+                return "died", None
+            except ProtocolError as exc:
+                self._kill()
+                return "violation", ("SandboxError", f"the REPL broke the protocol ({exc})")
+            over = self._over_limits()
+            if over is not None:
+                self._kill()
+                return "limit", over
+            if message is None:
+                continue
+            got = message.get("op")
+            why = None
+            if got == "call":
+                why = self._dispatch(message)
+            elif got == op and message.get("id") == request_id:
+                why = _malformed(message, _DONE_FIELDS if op == "done" else _VALUE_FIELDS)
+                if why is None:
+                    return "reply", message
+            else:
+                expected = f"the {op!r} of the request in flight"
+                why = f"a {str(got)[:20]!r} message with id {str(message.get('id'))[:20]!r} instead of {expected}"
+            if why is not None:
+                self._kill()
+                return "violation", ("SandboxError", f"the REPL broke the protocol ({why})")
+
+    def _died(self, oom_before: int) -> str:
+        code = None
+        for _ in range(200):  # up to 2 s for the first process to finish dying
+            code = self._exit_status()
+            if code is not None:
+                break
+            time.sleep(0.01)
+        if code is None:
+            how = "closed its end of the channel"
+        elif code < 0 or code > 128:
+            number = -code if code < 0 else code - 128
+            try:
+                how = f"was killed by {signal.Signals(number).name}"
             except ValueError:
-                how = f"killed by signal {-code}"
+                how = f"was killed by signal {number}"
         else:
             how = f"exited with code {code}"
+        if self._cgroups is not None and self._cgroups.oom_kills() > oom_before:
+            how += f" (its processes together went over memory_mb={self.limits.memory_mb})"
         self._kill()
         return how
 
@@ -495,54 +878,56 @@ class Sandbox:
         self.start()
         wall = self.limits.wall_s if wall_s is None else max(0.05, min(self.limits.wall_s, wall_s))
         cpu = self.limits.cpu_s if cpu_s is None else max(0.05, min(self.limits.cpu_s, cpu_s))
-        cell_id = next(self._ids)
+        cell_id = secrets.token_hex(8)  # unguessable: no earlier cell can forge this one's reply
         self.cells += 1
         start = time.monotonic()
+        oom_before = self._cgroups.oom_kills() if self._cgroups is not None else 0
         try:
             self._send({"op": "exec", "id": cell_id, "code": code, "cpu_s": cpu, "wall_s": wall})
-        except OSError:
-            how = self._died()
+        except (OSError, _Stalled):
+            how = self._died(oom_before)
             return self._failed(self._lost(f"the REPL process {how} before the cell ran"), start)
-        deadline = start + wall + self.limits.kill_grace_s
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+        status, payload = self._await("done", cell_id, start + wall + self.limits.kill_grace_s)
+        if (
+            status == "reply" and self.isolation.kind == "none"
+        ):  # what the kernel does not cap is checked after every cell
+            over = self._over_limits(now=True)
+            if over is not None:
                 self._kill()
-                return self._failed(
-                    self._lost(f"TimeoutError: the cell ignored its wall-clock limit of {wall:g}s and was killed"),
-                    start,
-                    timed_out=True,
-                )
-            try:
-                message = self._reader.read(timeout=left)
-            except EOFError:
-                how = self._died()
-                return self._failed(self._lost(f"the REPL process {how} while running the cell"), start)
-            except ProtocolError as exc:
-                self._kill()
-                return self._failed(self._lost(f"the REPL broke the protocol ({exc})"), start)
-            if message is None:
-                continue
-            op = message.get("op")
-            if op == "call":
-                self._dispatch(message)
-            elif op == "done" and message.get("id") == cell_id:
-                return CellResult(
-                    stdout=str(message.get("stdout") or ""),
-                    stdout_chars=int(message.get("stdout_chars") or 0),
-                    error=message.get("error"),
-                    error_type=message.get("error_type"),
-                    final=message.get("final"),
-                    timed_out=bool(message.get("timed_out")),
-                    elapsed=float(message.get("elapsed") or 0.0),
-                )
+                status, payload = "limit", over
+        if status == "reply":
+            cap = self.limits.max_output_chars
+            return CellResult(
+                stdout=payload["stdout"][:cap],
+                stdout_chars=max(0, payload["stdout_chars"]),
+                error=None if payload["error"] is None else payload["error"][:cap],
+                error_type=None if payload["error_type"] is None else payload["error_type"][:100],
+                final=payload["final"],
+                timed_out=payload["timed_out"],
+                elapsed=float(payload["elapsed"]),
+            )
+        if status == "timeout":
+            self._kill()
+            return self._failed(
+                self._lost(f"TimeoutError: the cell ignored its wall-clock limit of {wall:g}s and was killed"),
+                start,
+                timed_out=True,
+            )
+        if status == "died":
+            how = self._died(oom_before)
+            kind = "MemoryError" if "memory_mb" in how else "SandboxError"
+            return self._failed(self._lost(f"the REPL process {how} while running the cell"), start, kind)
+        error_type, why = payload
+        return self._failed(self._lost(why), start, error_type)
 
-    def _failed(self, error: str, start: float, *, timed_out: bool = False) -> CellResult:
+    def _failed(
+        self, error: str, start: float, error_type: str = "SandboxError", *, timed_out: bool = False
+    ) -> CellResult:
         return CellResult(
             stdout="",
             stdout_chars=0,
             error=error,
-            error_type="TimeoutError" if timed_out else "SandboxError",
+            error_type="TimeoutError" if timed_out else error_type,
             final=None,
             timed_out=timed_out,
             elapsed=time.monotonic() - start,
@@ -552,26 +937,40 @@ class Sandbox:
     def get(self, name: str, timeout: float = 30.0) -> tuple[bool, str]:
         """``(True, str(value))`` of a REPL variable, or ``(False, why)``."""
         self.start()
-        request_id = next(self._ids)
+        request_id = secrets.token_hex(8)
+        oom_before = self._cgroups.oom_kills() if self._cgroups is not None else 0
         try:
             self._send({"op": "get", "id": request_id, "name": name})
+        except (OSError, _Stalled):
+            return False, self._lost(f"the REPL process {self._died(oom_before)}")
+        status, payload = self._await("value", request_id, time.monotonic() + timeout)
+        if status == "reply":
+            if payload["ok"]:
+                return True, str(payload["value"])[: self.limits.max_message_mb << 20]
+            return False, str(payload["error"])[: self.limits.max_output_chars]
+        if status == "timeout":
+            self._kill()
+            return False, self._lost(f"reading {name!r} took longer than {timeout:g}s")
+        if status == "died":
+            return False, self._lost(f"the REPL process {self._died(oom_before)}")
+        return False, self._lost(payload[1])
+
+
+def _remove_files_of(uid: int) -> None:
+    """Under ``none``, the REPL's uid could write only to world-writable directories: remove
+    what it left there."""
+    for top in ("/tmp", "/var/tmp", "/dev/shm"):
+        try:
+            entries = list(os.scandir(top))
         except OSError:
-            return False, self._lost(f"the REPL process {self._died()}")
-        deadline = time.monotonic() + timeout
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                self._kill()
-                return False, self._lost(f"reading {name!r} took longer than {timeout:g}s")
+            continue
+        for entry in entries:
             try:
-                message = self._reader.read(timeout=left)
-            except (EOFError, ProtocolError):
-                return False, self._lost(f"the REPL process {self._died()}")
-            if message is None:
-                continue
-            if message.get("op") == "call":
-                self._dispatch(message)
-            elif message.get("op") == "value" and message.get("id") == request_id:
-                if message.get("ok"):
-                    return True, str(message.get("value"))
-                return False, str(message.get("error"))
+                if entry.stat(follow_symlinks=False).st_uid != uid:
+                    continue
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path, ignore_errors=True)
+                else:
+                    os.unlink(entry.path)
+            except OSError:
+                pass

@@ -1,9 +1,12 @@
 """The sandbox side of an RLM's REPL: a persistent Python namespace in its own process.
 
 Standard library only. The host starts it as a script (``python -I -S -B worker.py CONFIG``,
-inside bubblewrap when that is available, see ``recallm.rlm.sandbox``) with two pipe file
-descriptors for the protocol of ``protocol.py`` (bound next to this file). It:
+see ``recallm.rlm.sandbox``) with two pipe file descriptors for the protocol of ``protocol.py``
+and one to read the context from (``protocol.py`` and ``confine.py`` are bound next to it). It:
 
+0. confines its process tree before anything else (``confine.enter``: cgroups, bubblewrap or
+   recallm's own namespaces, an unprivileged uid without capabilities, ``no_new_privs``,
+   ``RLIMIT_NPROC``); only the confined worker process returns from there;
 1. applies its resource limits before any model-written code exists: the address space
    (``RLIMIT_AS``), the size of any file it writes (``RLIMIT_FSIZE``, ``SIGXFSZ`` ignored so a
    write fails instead of killing it), no core files;
@@ -44,7 +47,8 @@ from queue import Queue
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-from protocol import LineReader, write_message  # noqa: E402  (a sibling file, see module doc)
+import confine  # noqa: E402  (sibling files, see module doc)
+from protocol import LineReader, write_message  # noqa: E402
 
 _THIS_DIR = os.path.dirname(os.path.abspath(__file__))
 _EMERGENCY_BYTES = 4 * 1024 * 1024
@@ -141,7 +145,7 @@ class Worker:
         sys.stderr = sys.__stderr__ = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), line_buffering=True)
 
     def load_context(self) -> None:
-        with open(self.config["context_file"], encoding="utf-8") as f:
+        with open(int(self.config["context_fd"]), encoding="utf-8") as f:  # opened by the host, passed down
             payload = json.load(f)
         self.namespace["context"] = payload["context"]
         if payload.get("query") is not None:
@@ -446,6 +450,7 @@ def _disabled(name: str, reason: str):
 
 def main() -> None:
     config = json.loads(sys.argv[1])
+    confine.enter(config)  # returns in the process that runs the REPL, confined (confine.py)
     for path in config.get("sys_path") or ():
         if path not in sys.path:
             sys.path.append(path)
