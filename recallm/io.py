@@ -59,7 +59,6 @@ __all__ = [
     "check_out_dir",
     "check_out_file",
     "check_in_file",
-    "check_in_dir",
     "write_manifest",
     "verify_manifest",
     "MANIFEST_FILE",
@@ -216,18 +215,6 @@ def check_out_dir(path: str | Path | None, name: str) -> Path:
 def check_out_file(path: str | Path | None, name: str) -> Path:
     """``path`` can be (or become) a file: not an existing directory, not under a file."""
     return _out_path(path, name, directory=False)
-
-
-def check_in_dir(path: str | Path | None, name: str) -> Path:
-    """``path`` is an existing directory."""
-    if path is None or str(path) == "":
-        raise RecallmError(f"{name} must be a directory path, got {path!r}")
-    path = Path(path)
-    if not path.exists():
-        raise RecallmError(f"{name} {path} does not exist")
-    if not path.is_dir():
-        raise RecallmError(f"{name} {path} is a file, not a directory")
-    return path
 
 
 _MAGIC = {b"PAR1": "a parquet file", b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file"}

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from recallm.errors import RecallmError, cli_errors
-from recallm.io import check_in_dir, check_out_dir
+from recallm.io import check_out_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -41,13 +42,13 @@ def main(argv: list[str] | None = None) -> int:
     from recallm.modeling import check_recallm_model, create_recallm_model
 
     if args.check:
-        summary = check_recallm_model(check_in_dir(args.check, "--check"))
+        summary = check_recallm_model(args.check)
     else:
         if not args.out:
             raise RecallmError("--out is required with --base and --tiny")
         check_out_dir(args.out, "--out")
-        if args.base:
-            check_in_dir(args.base, "--base")
+        if args.base and os.path.isfile(args.base):
+            raise RecallmError(f"--base {args.base} is a file, not a directory")
         if args.max_recall_tokens is not None and args.max_recall_tokens < 1:
             raise RecallmError(f"--max-recall-tokens must be >= 1, got {args.max_recall_tokens}")
         if args.tiny:

@@ -10,7 +10,7 @@ import argparse
 import sys
 
 from recallm.errors import cli_errors
-from recallm.io import check_in_dir, check_out_dir
+from recallm.io import check_out_dir
 
 
 @cli_errors
@@ -22,7 +22,6 @@ def main(argv: list[str] | None = None) -> int:
     from recallm.grpo.export import export_checkpoint
     from recallm.modeling import check_recallm_model
 
-    check_in_dir(args.checkpoint, "--checkpoint")
     check_out_dir(args.out, "--out")
     out = export_checkpoint(args.checkpoint, args.out)
     print(f"wrote {out}")

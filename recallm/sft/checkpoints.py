@@ -32,7 +32,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from recallm.errors import RecallmError
-from recallm.io import replace, verify_manifest, write_manifest
+from recallm.io import fsync_path, replace, verify_manifest, write_manifest
 
 __all__ = [
     "ManifestCallback",
@@ -145,6 +145,7 @@ def _aside(path: Path) -> Path:
         target = path.with_name(f"corrupt-{path.name}-{n}")
         n += 1
     os.replace(path, target)
+    fsync_path(path.parent)
     return target
 
 
