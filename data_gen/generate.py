@@ -9,8 +9,11 @@ The plan comes from a mixture config (``configs/data/*.yaml``)::
 Everything is validated before any work starts (unknown task, bad parameter, negative count,
 a length a task cannot reach). Each row's RNG is seeded from ``(seed, split, task, i)``, so the
 output does not depend on how rows are spread over worker processes. Work is written in shards
-(atomically: temporary file, then rename); a restarted run skips the shards already written for
-the same plan, so an interrupted run resumes without corrupting anything.
+(atomically: temporary file, fsync, rename); a restarted run skips the shards already written for
+the same plan, so an interrupted run resumes without corrupting anything. The shard manifest and
+the summaries are written atomically too. One run writes an ``out_dir`` at a time: ``run_plan``
+holds its lock (``recallm.io.lock_dir``), and a second writer — another plan deleting and
+rewriting the shards under the same names — is refused with a one-line error.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_jsonl, write_parquet
 from recallm.errors import RecallmError
+from recallm.io import lock_dir, write_json_atomic, write_text_atomic
 
 __all__ = ["Job", "Plan", "plan_from_config", "run_plan", "summarize"]
 
@@ -284,19 +288,24 @@ def preflight(plan: Plan, tokenizer_dir: Path) -> None:
 
 
 def run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int = 1, progress: bool = True) -> dict:
-    """Generate every shard not already on disk, then assemble the outputs and the summary."""
+    """Generate every shard not already on disk, then assemble the outputs and the summary, holding
+    ``out_dir``'s write lock throughout (a second writer is a ``RecallmError``)."""
+    with lock_dir(out_dir, "recallm-data"):
+        return _run_plan(plan, Path(out_dir), tokenizer_dir, workers=workers, progress=progress)
+
+
+def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, progress: bool) -> dict:
     from tqdm import tqdm
 
-    out_dir = Path(out_dir)
     shard_dir = out_dir / "shards"
     fingerprint = plan.fingerprint(str(Path(tokenizer_dir).resolve()))
     manifest = shard_dir / "manifest.json"
-    if manifest.is_file() and json.loads(manifest.read_text()).get("fingerprint") != fingerprint:
+    if manifest.is_file() and _fingerprint_of(manifest) != fingerprint:
         log.warning("the plan changed since the shards in %s were written: regenerating them", shard_dir)
         for old in shard_dir.glob("*.parquet"):
             old.unlink()
     shard_dir.mkdir(parents=True, exist_ok=True)
-    manifest.write_text(json.dumps({"fingerprint": fingerprint}))  # the shards below belong to this plan
+    write_json_atomic(manifest, {"fingerprint": fingerprint})  # the shards below belong to this plan
     todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not (shard_dir / f"{name}.parquet").is_file()]
     total = sum(b - a for _, _, a, b in todo)
     if todo:
@@ -326,6 +335,13 @@ def run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int = 1
     return _assemble(plan, out_dir, shard_dir)
 
 
+def _fingerprint_of(manifest: Path) -> str | None:
+    try:
+        return json.loads(manifest.read_text()).get("fingerprint")
+    except (OSError, ValueError, AttributeError):  # damaged: the shards are of no known plan
+        return None
+
+
 def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
     by_split: dict[str, list[dict]] = defaultdict(list)
     for name, job, _, _ in _shards(plan):
@@ -347,8 +363,8 @@ def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
                 random.Random(plan.seed).shuffle(records)
             written[split] = str(write_parquet(records, out_dir / f"{split}.parquet"))
     summary = summarize(by_split, plan)
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2, sort_keys=True))
-    (out_dir / "summary.md").write_text(summary_markdown(summary))
+    write_json_atomic(out_dir / "summary.json", summary)
+    write_text_atomic(out_dir / "summary.md", summary_markdown(summary))
     return {"files": written, "summary": summary}
 
 

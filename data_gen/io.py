@@ -1,4 +1,5 @@
-"""Reading and writing rows: verl-ready parquet, SFT JSONL; every write is atomic.
+"""Reading and writing rows: verl-ready parquet, SFT JSONL; every write is atomic (``recallm.io``:
+temporary file, fsync, rename).
 
 A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
 
@@ -13,13 +14,13 @@ A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from data_gen.base import Row
 from recallm.errors import RecallmError
+from recallm.io import atomic_path, read_jsonl
 
 __all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl", "atomic_path"]
 
@@ -48,24 +49,6 @@ def row_record(row: Row, index: int, split: str, *, store_prompt_text: bool = Fa
         "reward_model": {"style": "rule", "ground_truth": json.dumps(row.ground_truth)},
         "extra_info": extra,
     }
-
-
-class atomic_path:
-    """``with atomic_path(p) as tmp:`` write to ``tmp``; it replaces ``p`` only if the block succeeds."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.tmp = self.path.with_name(f".{self.path.name}.tmp-{os.getpid()}")
-
-    def __enter__(self) -> Path:
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        return self.tmp
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            os.replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
 
 
 def write_parquet(records: list[dict[str, Any]], path: str | Path) -> Path:
@@ -138,17 +121,3 @@ def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
         for record in records:
             f.write(json.dumps(record) + "\n")
     return Path(path)
-
-
-def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
-    path = Path(path)
-    if not path.is_file():
-        raise RecallmError(f"file {path} does not exist")
-    out = []
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if line.strip():
-            try:
-                out.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from exc
-    return out

@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
+from recallm.config import as_number, check_range, dataclass_values  # noqa: F401  (their home; re-exported)
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -47,51 +48,6 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 _LOCAL_HOSTS = {"localhost", "127.0.0.1", "::1", "[::1]", "0.0.0.0"}
-
-
-def as_number(value: Any, name: str, kind: type = float) -> Any:
-    """``kind(value)``, or a ``RecallmError`` naming ``name`` (booleans are not numbers)."""
-    try:
-        if isinstance(value, bool):
-            raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
-        raise RecallmError(f"{name} must be a number, got {value!r}") from None
-
-
-def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
-    """The values ``cfg`` sets for the fields of dataclass ``cls``, each converted to the field's
-    declared type (``int``, ``float``, ``str``, ``bool``; ``X | None`` also takes None). A key
-    that is not a field, or a value that is not a number where one is declared, is a one-line
-    ``RecallmError`` naming ``where``. Needs postponed annotations (string field types)."""
-    import dataclasses
-
-    cfg = dict(cfg or {})
-    declared = {f.name: str(f.type) for f in dataclasses.fields(cls)}
-    unknown = sorted(set(cfg) - set(declared))
-    if unknown:
-        raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(declared)}")
-    values: dict[str, Any] = {}
-    for name, value in cfg.items():
-        kind = declared[name]
-        if value is None and kind.endswith("| None"):
-            values[name] = None
-            continue
-        kind = kind.split("|")[0].strip()
-        if kind in ("int", "float"):
-            values[name] = as_number(value, f"{where}.{name}", int if kind == "int" else float)
-        elif kind == "str":
-            values[name] = str(value)
-        elif kind == "bool":
-            values[name] = bool(value)
-        else:
-            raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
-    return values
-
-
-def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
-    if not (lo <= value < hi if hi_open else lo <= value <= hi):
-        raise RecallmError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value}")
 
 
 def is_local_url(url: str) -> bool:

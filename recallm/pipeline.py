@@ -90,10 +90,9 @@ def _state(run_dir: Path) -> dict[str, Any]:
 
 
 def _save_state(run_dir: Path, state: Mapping[str, Any]) -> None:
-    path = run_dir / STATE_FILE
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=2, sort_keys=True))
-    os.replace(tmp, path)
+    from recallm.io import write_json_atomic
+
+    write_json_atomic(run_dir / STATE_FILE, state)
 
 
 def _last_progress(log: Path) -> str:

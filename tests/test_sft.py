@@ -188,7 +188,10 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
 
 
-def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir):
+def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir, caplog):
+    """A partial or corrupt newer checkpoint is moved aside with a warning and the newest intact one is
+    used (tests/adversarial/test_checkpoints.py has every kind of damage); resume=<dir> of a damaged
+    one is an error."""
     run_sft(
         _cfg(
             tmp_path,
@@ -206,16 +209,23 @@ def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir):
     assert check_checkpoint(good) == good
     partial = shutil.copytree(good, stage / "checkpoint-3")
     (partial / "optimizer.pt").unlink()
-    with pytest.raises(RecallmError, match="checkpoint-3 is partial: no optimizer state"):
-        find_checkpoint(stage)
-    shutil.rmtree(partial)
     corrupt = shutil.copytree(good, stage / "checkpoint-5")
     (corrupt / "model.safetensors").write_bytes(b"garbage")
-    with pytest.raises(RecallmError, match="checkpoint-5 is corrupt: model.safetensors unreadable"):
-        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", f"init_from={tiny_dir}", "max_steps=4"))
-    (corrupt / "trainer_state.json").write_text("{")
+    with pytest.raises(RecallmError, match="checkpoint-3 is partial: no optimizer state"):
+        check_checkpoint(partial)
+    with pytest.raises(RecallmError, match="checkpoint-5 is corrupt: model.safetensors has 7 bytes"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", f"init_from={tiny_dir}", f"resume={corrupt}"))
+    with caplog.at_level("WARNING", logger="recallm.sft"):
+        assert find_checkpoint(stage) == good
+    assert "checkpoint-5 is corrupt" in caplog.text and "checkpoint-3 is partial" in caplog.text
+    assert sorted(p.name for p in stage.glob("*checkpoint-*")) == [
+        "checkpoint-2",
+        "corrupt-checkpoint-3",
+        "corrupt-checkpoint-5",
+    ]
+    (good / "trainer_state.json").write_text("{")
     with pytest.raises(RecallmError, match="trainer_state.json unreadable"):
-        check_checkpoint(corrupt)
+        check_checkpoint(good)
 
 
 def test_config_errors(tmp_path, sft_data, tiny_dir):
@@ -261,7 +271,7 @@ def test_cli_errors_and_wandb_offline(tmp_path, sft_data, tiny_dir):
     ]
     proc = _cli(tmp_path, *base, "train_file=/nope.jsonl")
     assert proc.returncode == 2
-    assert proc.stderr.strip().splitlines()[-1].startswith("error: SFT data file /nope.jsonl does not exist")
+    assert proc.stderr.strip().splitlines()[-1].startswith("error: train_file /nope.jsonl does not exist")
     proc = _cli(
         tmp_path,
         *base,

@@ -18,7 +18,9 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from recallm.cli.common import run_hydra
 from recallm.errors import cli_errors
+from recallm.io import check_out_dir
 from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
@@ -41,8 +43,17 @@ def _hydra_main(cfg: DictConfig) -> None:
     run(cfg)
 
 
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``); the rest of the
+    config is checked by ``data_gen.annotate`` before the first request."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_missing(cfg, "output_dir"):
+        check_out_dir(str(cfg.output_dir), "output_dir")
+
+
 def main() -> None:
-    _hydra_main()
+    run_hydra("annotate", _hydra_main, check)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
 
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_out_dir
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -63,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         if not args.out:
             raise RecallmError("--out is required with --base, --fetch and --tiny")
+        check_out_dir(args.out, "--out")
         if args.max_recall_tokens is not None and args.max_recall_tokens < 1:
             raise RecallmError(f"--max-recall-tokens must be >= 1, got {args.max_recall_tokens}")
         if args.tiny:

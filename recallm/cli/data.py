@@ -5,7 +5,9 @@
 
 Outputs under ``out_dir``: ``train.parquet``, ``val/<category>_<length>.parquet``,
 ``sft/{train,val}.jsonl``, ``summary.md`` / ``summary.json``, and ``shards/`` (what a restart
-reuses). Everything in the config is checked before the first row is generated.
+reuses). The settings (types, ``out_dir`` a directory no other run is writing, the tokenizer) are
+checked before anything is written; the mixture before the first row is generated. One run
+writes an ``out_dir`` at a time: a second is refused in one line.
 """
 
 from __future__ import annotations
@@ -17,7 +19,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from recallm.cli.common import run_hydra
+from recallm.config import check_value
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_out_dir, check_unlocked, lock_dir
 from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
@@ -38,22 +43,35 @@ def resolve_tokenizer(spec: str, out_dir: Path) -> Path:
     return path
 
 
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    check_value(cfg, "workers", int, min=1)
+    check_value(cfg, "progress", bool)
+    out_dir = check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
+    check_unlocked(out_dir)
+    tokenizer = str(check_value(cfg, "tokenizer", str))
+    if tokenizer != "tiny" and not Path(tokenizer).is_dir():
+        raise RecallmError(
+            f"tokenizer directory {tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"
+        )
+
+
 @cli_errors
 def run(cfg: DictConfig) -> dict:
     from data_gen.generate import plan_from_config, run_plan
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
-    if int(cfg.workers) < 1:
-        raise RecallmError(f"workers must be >= 1, got {cfg.workers}")
+    check(cfg)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
     plan = plan_from_config(data_cfg)  # every check happens here, before any generation
     out_dir = Path(cfg.out_dir)
-    tokenizer_dir = resolve_tokenizer(str(cfg.tokenizer), out_dir)
-    if any(job.split == "sft" for job in plan.jobs):
-        RecallTokenIds.from_tokenizer(load_tokenizer(tokenizer_dir))  # traces need the recall tokens
-    n_rows = sum(job.count for job in plan.jobs)
-    print(f"generating {n_rows} rows ({len(plan.jobs)} jobs) into {out_dir} with tokenizer {tokenizer_dir}")
-    result = run_plan(plan, out_dir, tokenizer_dir, workers=int(cfg.workers), progress=bool(cfg.progress))
+    with lock_dir(out_dir, "recallm-data"):  # from before the tiny tokenizer is built into it
+        tokenizer_dir = resolve_tokenizer(str(cfg.tokenizer), out_dir)
+        if any(job.split == "sft" for job in plan.jobs):
+            RecallTokenIds.from_tokenizer(load_tokenizer(tokenizer_dir))  # traces need the recall tokens
+        n_rows = sum(job.count for job in plan.jobs)
+        print(f"generating {n_rows} rows ({len(plan.jobs)} jobs) into {out_dir} with tokenizer {tokenizer_dir}")
+        result = run_plan(plan, out_dir, tokenizer_dir, workers=cfg.workers, progress=cfg.progress)
     print((out_dir / "summary.md").read_text())
     for name, path in result["files"].items():
         print(f"{name}: {path}")
@@ -67,7 +85,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_main()
+    run_hydra("data_gen", _hydra_main, check)
 
 
 if __name__ == "__main__":

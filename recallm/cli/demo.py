@@ -18,7 +18,10 @@ import hydra
 import torch
 from omegaconf import DictConfig
 
+from recallm.cli.common import run_hydra
+from recallm.config import check_value
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_out_dir
 from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
@@ -163,8 +166,13 @@ def _hydra_main(cfg: DictConfig) -> None:
         sys.exit(code)
 
 
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
+
+
 def main() -> None:
-    _hydra_main()
+    run_hydra("demo", _hydra_main, check)
 
 
 if __name__ == "__main__":

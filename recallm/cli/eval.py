@@ -12,7 +12,8 @@ Everything is checked before the first token is generated: the suite and benchma
 (unknown benchmark, bad length), the validation parquet files, the model directory (and its
 recall tokens when decoding is constrained), that every task reaches its shortest and longest
 length, the out_dir (a different configuration's results are never mixed in) and, for a server,
-that it answers. Mistakes are one ``error: ...`` line and exit code 2. A rerun resumes.
+that it answers. Mistakes are one ``error: ...`` line and exit code 2; the command line and the
+settings' types, ranges and kinds of path are checked before anything is written. A rerun resumes.
 """
 
 from __future__ import annotations
@@ -26,7 +27,10 @@ from typing import Any
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from recallm.cli.common import run_hydra
+from recallm.config import check_value
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_out_dir
 from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
@@ -80,12 +84,27 @@ def run_report(cfg: DictConfig) -> Path:
     return report
 
 
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    if check_value(cfg, "mode", str, choices=("run", "report")) == "report":
+        check_out_dir(check_value(cfg, "report_dir", str), "report_dir")
+        return
+    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
+    check_out_dir(check_value(cfg, "models_dir", str), "models_dir")
+    check_value(cfg, "limit", int, optional=True, min=1)
+    check_value(cfg, "backend.batch_size", int, min=1)
+    for key in ("progress", "report", "overwrite"):
+        check_value(cfg, key, bool)
+    tokenizer = check_value(cfg, "tokenizer_path", str, optional=True)
+    if tokenizer is not None and not Path(tokenizer).is_dir():
+        raise RecallmError(f"tokenizer_path {tokenizer} is not a directory")
+
+
 @cli_errors
 def run(cfg: DictConfig) -> dict[str, Any] | Path:
+    check(cfg)
     if cfg.mode == "report":
         return run_report(cfg)
-    if cfg.mode != "run":
-        raise RecallmError(f"mode must be run or report, got {cfg.mode!r}")
     from data_gen.fit import PromptRenderer
     from recallm.eval.backends import BACKENDS, check_model_dir, make_backend
     from recallm.eval.benchmarks import make_benchmarks
@@ -176,7 +195,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_main()
+    run_hydra("eval", _hydra_main, check, open_keys=("backend.rlm",))  # backend=rlm takes the RLM's own settings
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ import argparse
 import sys
 
 from recallm.errors import cli_errors
+from recallm.io import check_out_dir
 
 
 @cli_errors
@@ -21,6 +22,7 @@ def main(argv: list[str] | None = None) -> int:
     from recallm.grpo.export import export_checkpoint
     from recallm.modeling import check_recallm_model
 
+    check_out_dir(args.out, "--out")
     out = export_checkpoint(args.checkpoint, args.out)
     print(f"wrote {out}")
     for key, value in check_recallm_model(out).items():

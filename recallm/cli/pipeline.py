@@ -16,7 +16,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from recallm.cli.common import run_hydra
+from recallm.config import check_value
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_out_dir
 from recallm.paths import CONFIG_DIR
 
 _STATUS = "--status" in sys.argv
@@ -32,6 +35,12 @@ def _list(value, name: str) -> list[str] | None:
     if not OmegaConf.is_list(value) and not isinstance(value, list):
         raise RecallmError(f"{name} must be a list of stage names, got {value!r}")
     return [str(v) for v in value]
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    check_out_dir(check_value(cfg, "run_dir", str), "run_dir")
+    check_value(cfg, "threads", int, optional=True, min=1)
 
 
 @cli_errors
@@ -69,7 +78,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_main()
+    run_hydra("pipeline", _hydra_main, check)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -20,7 +19,9 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
+from recallm.cli.common import run_hydra
 from recallm.errors import RecallmError, cli_errors
+from recallm.io import check_in_file, check_out_file, replace
 from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
@@ -74,10 +75,21 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
                 counts[category] += 1
                 for key, value in values.items():
                     sums[category][key] += value
-        os.replace(tmp, output_path)
+        replace(tmp, output_path)
     finally:
         tmp.unlink(missing_ok=True)
     return {cat: {k: v / counts[cat] for k, v in vals.items()} | {"count": counts[cat]} for cat, vals in sums.items()}
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "input"):
+        raise RecallmError("input=<file.jsonl> is required")
+    check_in_file(str(cfg.input), "input", kind="jsonl")
+    if cfg.output is not None:
+        check_out_file(str(cfg.output), "output")
 
 
 @cli_errors
@@ -106,7 +118,7 @@ def _hydra_main(cfg: DictConfig) -> None:
 
 
 def main() -> None:
-    _hydra_main()
+    run_hydra("score", _hydra_main, check)
 
 
 if __name__ == "__main__":

@@ -80,9 +80,9 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
 
 
 def _atomic_json(path: Path, value: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(value, indent=2, sort_keys=True) + "\n")
-    os.replace(tmp, path)
+    from recallm.io import write_json_atomic
+
+    write_json_atomic(path, value)
 
 
 def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False) -> None:

@@ -87,6 +87,7 @@ def run_tasks(
     from tqdm import tqdm
 
     from recallm.eval.runner import RESULTS_FILE, SUMMARY_FILE, load_records, prepare_out_dir
+    from recallm.io import write_json_atomic
 
     if parallel < 1:
         raise RecallmError(f"parallel must be >= 1, got {parallel}")
@@ -161,5 +162,5 @@ def run_tasks(
     summary = summarize_tasks(records)
     summary["complete"] = len(records) == len(planned)
     summary["planned"] = len(planned)
-    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_json_atomic(out_dir / SUMMARY_FILE, summary)
     return summary

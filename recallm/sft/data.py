@@ -22,7 +22,6 @@ Options of the recipe that act here:
 
 from __future__ import annotations
 
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Any
 import torch
 
 from recallm.errors import RecallmError
+from recallm.io import iter_jsonl
 
 __all__ = ["SFTDataset", "SFTCollator", "load_sft_file", "strip_recall_spans", "curriculum_order", "check_curriculum"]
 
@@ -153,20 +153,17 @@ def load_sft_file(
     """Read an SFT JSONL file into a dataset (see module doc); returns it and counts.
     ``strip_spans``: the (start, end) recall token ids whose spans are removed from completions."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise RecallmError(
             f"SFT data file {path} does not exist; create it with `recallm-data` (programmatic traces) "
             "or `recallm-annotate` (annotated traces)"
         )
     examples, dropped, tokens = [], 0, 0
     checked = False
-    for number, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
+    for number, record in iter_jsonl(path, "SFT data file"):
         try:
-            record = json.loads(line)
             prompt, completion = list(record["prompt_ids"]), list(record["completion_ids"])
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
+        except (KeyError, TypeError) as exc:
             raise RecallmError(f"{path}:{number}: not an SFT record ({type(exc).__name__}: {exc})") from exc
         if not checked:  # the data must come from this tokenizer (same ids, same chat template)
             again = tokenizer(record.get("prompt_text", ""), add_special_tokens=False)["input_ids"]

@@ -12,8 +12,10 @@ Features:
 * DeepSpeed through the Trainer's integration, with ``deepspeed``/``torchrun``/``accelerate`` on
   GPU nodes, and on CPUs too (1 or 2 processes: gloo, fp32, the accelerate state set up first);
 * ``resume=auto`` continues from the newest checkpoint of the stage's directory (model,
-  optimizer, scheduler, RNG, data position); a partial or corrupt checkpoint is an error, never
-  silently used; ``resume=never`` starts over; ``resume=<dir>`` picks one;
+  optimizer, scheduler, RNG, data position) that verifies (``recallm.sft.checkpoints``: every file
+  against the manifest written when it was saved); newer partial or damaged ones are moved aside
+  with a warning, never silently used; ``resume=never`` starts over; ``resume=<dir>`` picks one
+  (an error if it does not verify). One run writes a stage directory at a time (its lock);
 * console logs always, W&B with ``logger=wandb`` (``WANDB_MODE=offline`` works without network);
   train/eval loss, learning rate, tokens/s; at every evaluation, constrained generation on a few
   validation prompts: recall spans per answer, fraction of spans that are verbatim (1.0 by
@@ -24,15 +26,20 @@ Features:
   ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum``,
   ``position_skip`` (PoSE length extension);
 * output: ``<out_dir>/<stage>/final``, a Hugging Face directory (model, tokenizer, chat template)
-  that ``AutoModelForCausalLM`` loads after ``import recallm``.
+  that ``AutoModelForCausalLM`` loads after ``import recallm``, written whole or not at all
+  (temporary directory, fsync, rename); ``stage=full`` verifies it before starting from it.
 
-Errors (one line each, exit code 2 from the CLI): unknown stage, missing model or data file,
-data tokenised with another tokenizer, batch sizes that do not divide, non-positive learning
-rate or epochs, a corrupt or partial checkpoint.
+Errors (one line each, exit code 2 from the CLI; ``check_config`` runs before anything is
+written): unknown stage, a value of the wrong type, missing model or data file (or a parquet file
+where JSONL is read), an output directory that is a file, data tokenised with another tokenizer,
+batch sizes that do not divide, non-positive learning rate or epochs, a stage directory another
+run is writing, no intact checkpoint to resume from, a damaged model to start from.
 """
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import json
 import logging
 import math
@@ -44,55 +51,23 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
+from recallm.config import check_value
 from recallm.errors import RecallmError
+from recallm.io import check_in_file, check_out_dir, iter_jsonl, lock_dir
+from recallm.sft.checkpoints import (
+    ManifestCallback,
+    agreed,
+    check_checkpoint,
+    check_model_dir,
+    final_from_checkpoint,
+    find_checkpoint,
+    save_final,
+)
 
-__all__ = ["RecallTrainer", "run_sft", "find_checkpoint", "check_checkpoint", "STAGES"]
+__all__ = ["RecallTrainer", "run_sft", "check_config", "find_checkpoint", "check_checkpoint", "STAGES"]
 
 log = logging.getLogger(__name__)
 STAGES = ("embed", "full")
-
-
-# --------------------------------------------------------------------------- checkpoints
-def check_checkpoint(path: Path) -> Path:
-    """Raise ``RecallmError`` unless ``path`` is a complete, readable Trainer checkpoint."""
-    path = Path(path)
-    if not path.is_dir():
-        raise RecallmError(f"checkpoint {path} does not exist")
-    state = path / "trainer_state.json"
-    try:
-        json.loads(state.read_text())
-    except (OSError, json.JSONDecodeError) as exc:
-        raise RecallmError(f"checkpoint {path} is partial or corrupt: trainer_state.json unreadable ({exc})") from exc
-    weights = [path / "model.safetensors", path / "model.safetensors.index.json", path / "pytorch_model.bin"]
-    if not any(w.is_file() for w in weights):
-        raise RecallmError(f"checkpoint {path} is partial: no model weights")
-    if (path / "model.safetensors").is_file():
-        from safetensors import safe_open
-
-        try:
-            with safe_open(str(path / "model.safetensors"), framework="pt") as f:
-                f.keys()
-        except Exception as exc:  # safetensors raises its own error types
-            raise RecallmError(f"checkpoint {path} is corrupt: model.safetensors unreadable ({exc})") from exc
-    deepspeed_dirs = [d for d in path.glob("global_step*") if d.is_dir()]
-    if not (path / "optimizer.pt").is_file() and not deepspeed_dirs:
-        raise RecallmError(f"checkpoint {path} is partial: no optimizer state (optimizer.pt or global_step*/)")
-    if not deepspeed_dirs and not (path / "scheduler.pt").is_file():
-        raise RecallmError(f"checkpoint {path} is partial: no scheduler.pt")
-    return path
-
-
-def find_checkpoint(stage_dir: Path) -> Path | None:
-    """The newest ``checkpoint-<step>`` of a stage directory (checked), or None if there is none."""
-    candidates = []
-    for d in Path(stage_dir).glob("checkpoint-*"):
-        try:
-            candidates.append((int(d.name.split("-")[-1]), d))
-        except ValueError:
-            continue
-    if not candidates:
-        return None
-    return check_checkpoint(max(candidates)[1])
 
 
 # ------------------------------------------------------------------------------- trainer
@@ -202,29 +177,39 @@ def _prepare_cpu_distributed(deepspeed: bool) -> dict[str, Any]:
 
 
 def stage_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The recipe values of the run's stage, validated."""
-    stage = cfg["stage"]
+    """The recipe values of the run's stage, validated (types, ranges, batch sizes)."""
+    stage = check_value(cfg, "stage", str)
     if stage not in STAGES:
         raise RecallmError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
     recipe = cfg["sft"]
     values = dict(recipe[stage])
-    if values.get("steps") is not None:  # a fixed number of optimizer steps instead of epochs
-        if not int(values["steps"]) > 0:
-            raise RecallmError(f"sft.{stage}.steps must be > 0, got {values['steps']}")
+    at = f"sft.{stage}"
+    if check_value(cfg, f"{at}.steps", int, optional=True) is not None:  # fixed optimizer steps, not epochs
+        if not values["steps"] > 0:
+            raise RecallmError(f"{at}.steps must be > 0, got {values['steps']}")
         values.setdefault("epochs", 1)
     for key in ("epochs", "lr"):
-        if not float(values.get(key, 0)) > 0:
-            raise RecallmError(f"sft.{stage}.{key} must be > 0, got {values.get(key)}")
+        check_value(cfg, f"{at}.{key}", float, optional=True)
+        if not (values.get(key) or 0) > 0:
+            raise RecallmError(f"{at}.{key} must be > 0, got {values.get(key)}")
+    check_value(cfg, f"{at}.warmup_steps", int, optional=True, min=0)
+    check_value(cfg, f"{at}.warmup_ratio", float, optional=True, min=0, max=1)
+    check_value(cfg, f"{at}.weight_decay", float, optional=True, min=0)
+    for key in ("max_length", "per_device_batch_size", "global_batch_size", "save_steps", "logging_steps"):
+        check_value(cfg, f"sft.{key}", int, optional=key in ("save_steps", "logging_steps"), min=1)
+    check_value(cfg, "sft.save_total_limit", int, optional=True, min=1)
+    for key in ("min_lr_ratio", "grad_clip"):
+        check_value(cfg, f"sft.{key}", float, optional=True, min=0)
     if recipe.get("curriculum") is not None:
         from recallm.sft.data import check_curriculum
 
         check_curriculum(recipe["curriculum"])
-    skip = recipe.get("position_skip")
-    if skip is not None and not int(skip) > int(recipe["max_length"]):
+    skip = check_value(cfg, "sft.position_skip", int, optional=True)
+    if skip is not None and not skip > recipe["max_length"]:
         raise RecallmError(f"sft.position_skip must exceed sft.max_length={recipe['max_length']}, got {skip}")
     world = _world_size()
-    per_device, global_batch = int(recipe["per_device_batch_size"]), int(recipe["global_batch_size"])
-    if per_device < 1 or global_batch % (per_device * world):
+    per_device, global_batch = recipe["per_device_batch_size"], recipe["global_batch_size"]
+    if global_batch % (per_device * world):
         raise RecallmError(
             f"sft.global_batch_size={global_batch} is not a multiple of per_device_batch_size={per_device} x "
             f"{world} process(es)"
@@ -233,16 +218,52 @@ def stage_settings(cfg: dict[str, Any]) -> dict[str, Any]:
     return values
 
 
+def check_config(cfg: Any) -> dict[str, Any]:
+    """Everything about a run's config that can be checked before anything is written — the
+    settings' types and ranges, the kinds of path (output directories that are files, data files
+    that are missing, directories or parquet) — one ``RecallmError`` each; returns the stage's
+    recipe values (``stage_settings``). ``recallm-sft`` runs it before Hydra starts."""
+    values = stage_settings(cfg)
+    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
+    if cfg.get("models_dir") is not None:
+        check_out_dir(str(cfg["models_dir"]), "models_dir")
+    hint = "create it with `recallm-data` (programmatic traces) or `recallm-annotate` (annotated traces)"
+    check_in_file(check_value(cfg, "train_file", str), "train_file", kind="jsonl", hint=hint)
+    if cfg.get("val_file") is not None:
+        check_in_file(str(cfg["val_file"]), "val_file", kind="jsonl", hint=hint)
+    for key in ("init_from", "model.path"):
+        path = check_value(cfg, key, str, optional=True)
+        if path is not None and not Path(path).is_dir():
+            raise RecallmError(f"{key} {path} is not a model directory")
+    resume = str(check_value(cfg, "resume", str, optional=True) or "auto")
+    if resume not in ("auto", "never") and not Path(resume).is_dir():
+        raise RecallmError(f"resume must be auto, never or a checkpoint directory; {resume} is not a directory")
+    check_value(cfg, "logger", str, optional=True, choices=("console", "wandb"))
+    check_value(cfg, "max_steps", int, optional=True, min=1)
+    return values
+
+
+def _init_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
+    """The model directory stage=full starts from, verified (every file intact)."""
+    init = Path(cfg.get("init_from") or out_dir / "embed" / "final")
+    if not (init / "config.json").is_file():
+        raise RecallmError(
+            f"stage=full starts from {init}, which is not a model directory: run stage=embed first or pass "
+            "init_from=<model dir>"
+        )
+    problem = check_model_dir(init)
+    if problem:
+        raise RecallmError(
+            f"stage=full starts from {init}, which is incomplete or damaged ({problem}): run stage=embed again "
+            "(it resumes from its last checkpoint) or pass init_from=<model dir>"
+        )
+    return init
+
+
 def _model_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
     stage = cfg["stage"]
     if stage == "full":
-        init = Path(cfg.get("init_from") or out_dir / "embed" / "final")
-        if not (init / "config.json").is_file():
-            raise RecallmError(
-                f"stage=full starts from {init}, which is not a model directory: run stage=embed first or pass "
-                "init_from=<model dir>"
-            )
-        return init
+        return Path(cfg.get("init_from") or out_dir / "embed" / "final")  # verified by run_sft (_init_dir)
     model = cfg["model"]
     if model.get("path"):
         return Path(model["path"])
@@ -259,6 +280,13 @@ def _model_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
             torch.distributed.barrier()
         return path
     raise RecallmError(f"model.path is required for model {model.get('name')!r}")
+
+
+def _last_step_of(checkpoint: Path, trainer: Trainer) -> int | None:
+    """The checkpoint's step if it is the run's last one (or past it), else None."""
+    step = int(json.loads((checkpoint / "trainer_state.json").read_text()).get("global_step", 0))
+    *_, max_steps = trainer.set_initial_training_values(trainer.args, trainer.get_train_dataloader())
+    return step if step >= max_steps else None
 
 
 def deepspeed_file(spec) -> Path | None:
@@ -278,23 +306,32 @@ def deepspeed_file(spec) -> Path | None:
 
 def run_sft(cfg: dict[str, Any]) -> Path:
     """Run one SFT stage from a resolved config mapping; returns the final model directory."""
+    import recallm  # noqa: F401  (the masked model classes)
+
+    settings = check_config(cfg)
+    stage = cfg["stage"]
+    stage_dir = Path(cfg["out_dir"]) / stage
+    deepspeed = deepspeed_file(cfg.get("deepspeed"))
+    resume = str(cfg.get("resume") or "auto")
+    if resume not in ("auto", "never"):
+        check_checkpoint(Path(resume))
+    if stage == "full":
+        _init_dir(cfg, Path(cfg["out_dir"]))  # before anything is written (each process loads it next anyway)
+    with contextlib.ExitStack() as stack:
+        if int(os.environ.get("RANK", "0")) == 0:  # one run writes a stage directory at a time
+            stack.enter_context(lock_dir(stage_dir, f"recallm-sft stage={stage}"))
+        return _run_stage(cfg, settings, stage_dir, deepspeed, resume)
+
+
+def _run_stage(cfg: dict[str, Any], settings: dict[str, Any], stage_dir: Path, deepspeed, resume: str) -> Path:
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401  (the masked model classes)
     from recallm.modeling import check_recallm_model
     from recallm.sft.data import SFTCollator, load_sft_file
     from recallm.sft.freeze import freeze_all_but_token_rows
     from recallm.tokens import RecallTokenIds, load_tokenizer, pad_token_id
 
-    settings = stage_settings(cfg)
-    stage = cfg["stage"]
-    recipe = cfg["sft"]
-    out_dir = Path(cfg["out_dir"])
-    stage_dir = out_dir / stage
-    deepspeed = deepspeed_file(cfg.get("deepspeed"))
-    resume = str(cfg.get("resume", "auto"))
-    if resume not in ("auto", "never"):
-        check_checkpoint(Path(resume))
+    stage, recipe, out_dir = cfg["stage"], cfg["sft"], Path(cfg["out_dir"])
     extra_args = _prepare_cpu_distributed(bool(deepspeed))
     model_dir = _model_dir(cfg, out_dir)
     check_recallm_model(model_dir)
@@ -315,8 +352,7 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         )
         n_prompts = int(recipe["eval"].get("recall_prompts", 0))
         if n_prompts:
-            for line in Path(cfg["val_file"]).read_text().splitlines()[:n_prompts]:
-                val_records.append(json.loads(line))
+            val_records = [record for _, record in itertools.islice(iter_jsonl(cfg["val_file"]), n_prompts)]
     if stage == "embed":
         freeze_all_but_token_rows(model, list(ids.as_config().values()))
         weight_decay = 0.0
@@ -397,11 +433,11 @@ def run_sft(cfg: dict[str, Any]) -> Path:
         ),
         processing_class=tokenizer,
         recall_eval={"records": val_records, "max_new_tokens": eval_cfg.get("max_new_tokens", 64)},
-        callbacks=cfg.get("_callbacks") or None,
+        callbacks=[ManifestCallback(), *(cfg.get("_callbacks") or [])],
     )
     checkpoint = None
     if resume == "auto":
-        checkpoint = find_checkpoint(stage_dir)
+        checkpoint = agreed(lambda: find_checkpoint(stage_dir))
     elif resume != "never":
         checkpoint = Path(resume)
     if checkpoint is not None:
@@ -411,15 +447,17 @@ def run_sft(cfg: dict[str, Any]) -> Path:
             f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as too "
             f"long), model {model_dir}, output {stage_dir}" + (f", resuming from {checkpoint}" if checkpoint else "")
         )
-    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-    final = stage_dir / "final"
-    trainer.save_model(str(final))
-    if trainer.is_world_process_zero():
-        tokenizer.save_pretrained(final)
-        (final / "recallm_sft.json").write_text(
-            json.dumps(
-                {"stage": stage, "init": str(model_dir), "steps": trainer.state.global_step, **train_stats}, indent=2
-            )
+    done = _last_step_of(checkpoint, trainer) if checkpoint is not None else None
+    info = {"stage": stage, "init": str(model_dir), "steps": done, **train_stats}
+    final = None
+    if done is not None:  # a rerun after a kill while `final` was written: the checkpoint is the result
+        final = final_from_checkpoint(
+            checkpoint, tokenizer, stage_dir / "final", info, main=trainer.is_world_process_zero()
         )
+    if final is None:
+        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+        info["steps"] = trainer.state.global_step
+        final = save_final(trainer, tokenizer, stage_dir / "final", info)
+    if trainer.is_world_process_zero():
         print(f"wrote {final}")
     return final

@@ -1,0 +1,349 @@
+"""Reading config values by type — the one home of it, until typed schemas per app replace the
+defaults-as-types rule below.
+
+Two layers:
+
+* **Command-line overrides** (``check_overrides``), for every Hydra command before anything runs:
+  each ``key=value`` must have the type of the default it replaces (an integer where the default is
+  an integer, a number where it is a float, ``true``/``false`` where it is a boolean, a mapping
+  where it is a mapping; ``null`` is always accepted here — the command's own checks say where a
+  value is required). ``+key=value`` may add only a *known* setting: a key that some shipped config
+  of the same group sets (``+sft.embed.steps=100`` on a recipe without it), or one under an open
+  node (an empty mapping such as ``engine_kwargs: {}``, or a node the command declares open);
+  anything else — ``+sft.lr=123.0``, which nothing reads — is refused with the nearest real keys.
+* **Values a command reads** (``check_value``): type, range, choices, required — one line naming
+  the key, e.g. ``workers must be >= 1, got 0``. ``as_number``, ``check_range`` and
+  ``dataclass_values`` (settings dataclasses from config mappings) are the older, converting
+  readers used by the RLM and annotation settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+
+__all__ = [
+    "check_overrides",
+    "check_value",
+    "as_number",
+    "check_range",
+    "dataclass_values",
+]
+
+_ABSENT = object()
+_KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
+
+
+# --------------------------------------------------------------------------- values a command reads
+def _describe(value: Any) -> str:
+    return repr(value) if not hasattr(value, "_metadata") else repr(_plain(value))
+
+
+def _plain(value: Any) -> Any:
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(value):
+        return OmegaConf.to_container(value, resolve=False)
+    return value
+
+
+def _is_kind(value: Any, kind: type) -> bool:
+    if kind is bool:
+        return isinstance(value, bool)
+    if isinstance(value, bool):
+        return False
+    if kind is int:
+        return isinstance(value, int)
+    if kind is float:
+        return isinstance(value, (int, float))
+    if kind is dict:
+        return isinstance(value, Mapping) or (hasattr(value, "_metadata") and hasattr(value, "keys"))
+    return isinstance(value, kind)
+
+
+def _get(cfg: Any, key: str) -> Any:
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_config(cfg):
+        return OmegaConf.select(cfg, key, default=None)
+    node = cfg
+    for part in key.split("."):
+        if not isinstance(node, Mapping):
+            return None
+        node = node.get(part)
+    return node
+
+
+def check_value(
+    cfg: Any,
+    key: str,
+    kind: type,
+    *,
+    optional: bool = False,
+    min: float | None = None,  # noqa: A002  (the natural name)
+    max: float | None = None,  # noqa: A002
+    choices: Sequence[Any] | None = None,
+) -> Any:
+    """The value at dotted ``key`` of ``cfg`` (a DictConfig or nested mappings), checked: of ``kind``
+    (``int``, ``float``, ``bool``, ``str``, ``dict``; a bool is not a number), in ``[min, max]``, one
+    of ``choices``; ``None`` only if ``optional``. A one-line ``RecallmError`` naming ``key``."""
+    value = _get(cfg, key)
+    if value is None:
+        if optional:
+            return None
+        raise RecallmError(f"{key} must be set ({_KINDS.get(kind, kind.__name__)}), got null")
+    if kind is str and isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)  # a name or path that looks like a number on the command line
+    if not _is_kind(value, kind):
+        raise RecallmError(f"{key} must be {_KINDS.get(kind, kind.__name__)}, got {_describe(value)}")
+    if min is not None and value < min:
+        raise RecallmError(f"{key} must be >= {min}, got {value}")
+    if max is not None and value > max:
+        raise RecallmError(f"{key} must be <= {max}, got {value}")
+    if choices is not None and value not in choices:
+        raise RecallmError(f"{key} must be one of {', '.join(map(str, choices))}, got {_describe(value)}")
+    return value
+
+
+def as_number(value: Any, name: str, kind: type = float) -> Any:
+    """``kind(value)``, or a ``RecallmError`` naming ``name`` (booleans are not numbers)."""
+    try:
+        if isinstance(value, bool):
+            raise TypeError
+        return kind(value)
+    except (TypeError, ValueError):
+        raise RecallmError(f"{name} must be a number, got {value!r}") from None
+
+
+def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
+    """The values ``cfg`` sets for the fields of dataclass ``cls``, each converted to the field's
+    declared type (``int``, ``float``, ``str``, ``bool``; ``X | None`` also takes None). A key
+    that is not a field, or a value that is not a number where one is declared, is a one-line
+    ``RecallmError`` naming ``where``. Needs postponed annotations (string field types)."""
+    cfg = dict(cfg or {})
+    declared = {f.name: str(f.type) for f in dataclasses.fields(cls)}
+    unknown = sorted(set(cfg) - set(declared))
+    if unknown:
+        raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(declared)}")
+    values: dict[str, Any] = {}
+    for name, value in cfg.items():
+        kind = declared[name]
+        if value is None and kind.endswith("| None"):
+            values[name] = None
+            continue
+        kind = kind.split("|")[0].strip()
+        if kind in ("int", "float"):
+            values[name] = as_number(value, f"{where}.{name}", int if kind == "int" else float)
+        elif kind == "str":
+            values[name] = str(value)
+        elif kind == "bool":
+            values[name] = bool(value)
+        else:
+            raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
+    return values
+
+
+def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
+    if not (lo <= value < hi if hi_open else lo <= value <= hi):
+        raise RecallmError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value}")
+
+
+# ------------------------------------------------------------------------ command-line overrides
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
+    """Dotted paths of every mapping key under ``node`` (plain containers) -> value."""
+    out: dict[str, Any] = {}
+    if isinstance(node, Mapping):
+        for k, v in node.items():
+            path = f"{prefix}.{k}" if prefix else str(k)
+            out[path] = v
+            out.update(_flatten(v, path))
+    return out
+
+
+def _group_settings(config_dir: Path, choices: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
+    """package -> {relative dotted key: value} of every option file of each chosen config group of
+    ``config_dir`` (files placed at the global package are left out)."""
+    from omegaconf import OmegaConf
+
+    out: dict[str, dict[str, Any]] = {}
+    for choice in choices:
+        group, _, package = str(choice).partition("@")
+        if group.startswith("hydra") or ".." in group:
+            continue
+        folder = config_dir / group
+        if not folder.is_dir():
+            continue
+        known: dict[str, Any] = {}
+        for file in sorted(folder.glob("*.yaml")):
+            head = file.read_text(encoding="utf-8", errors="replace")[:2000]
+            if "@package _global_" in head:
+                continue
+            try:
+                known.update(_flatten(OmegaConf.to_container(OmegaConf.load(file), resolve=False)))
+            except Exception:  # noqa: BLE001  (a broken option file is Hydra's to report when chosen)
+                continue
+        out[package or group.replace("/", ".")] = known
+    return out
+
+
+def _lookup(cfg: Any, key: str) -> Any:
+    from omegaconf import OmegaConf
+    from omegaconf.errors import MissingMandatoryValue
+
+    try:
+        return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
+    except MissingMandatoryValue:  # `???`: there, no type
+        return "???"
+    except Exception:  # noqa: BLE001  (an odd key: treat as absent)
+        return _ABSENT
+
+
+def _type_error(key: str, default: Any, value: Any) -> str | None:
+    from omegaconf import OmegaConf
+
+    if value is None or default is None or default is _ABSENT or (isinstance(default, str) and default == "???"):
+        return None
+    if isinstance(default, bool):
+        kind: type | None = bool
+    elif isinstance(default, int):
+        kind = int
+    elif isinstance(default, float):
+        kind = float
+    elif OmegaConf.is_dict(default) or isinstance(default, Mapping):
+        kind = dict
+    elif isinstance(default, str):
+        if OmegaConf.is_config(value) or isinstance(value, (Mapping, list)):
+            return f"{key} must be a single value (a string), got {_describe(value)}"
+        return None
+    else:
+        return None
+    if _is_kind(value, kind):
+        return None
+    return f"{key} must be {_KINDS[kind]}, got {_describe(value)}"
+
+
+def _suggest(reference: Any, groups: Mapping[str, Mapping[str, Any]], parent: str, name: str) -> str:
+    """The real settings nearest to ``parent.name``: same name deeper down, or close spellings."""
+    from omegaconf import OmegaConf
+
+    paths = {f"{package}.{k}" for package, known in groups.items() for k in known}
+    paths = {p for p in paths if not parent or p.startswith(parent + ".")}
+    node = reference if not parent else _lookup(reference, parent)
+    if OmegaConf.is_dict(node):
+        paths |= {f"{parent}.{p}" if parent else p for p in _flatten(OmegaConf.to_container(node, resolve=False))}
+    same = sorted(p for p in paths if p.endswith("." + name) or p == name)[:4]
+    if same:
+        return f"did you mean {' or '.join(same)}?"
+    siblings = sorted(k.rpartition(".")[2] for k in paths if k.rpartition(".")[0] == parent)
+    close = difflib.get_close_matches(name, siblings, n=3)
+    if close:
+        return f"did you mean {' or '.join(f'{parent}.{c}' if parent else c for c in close)}?"
+    return f"{parent or 'the config'} has: {', '.join(siblings[:30])}"
+
+
+def _new_key(
+    key: str,
+    reference: Any,
+    groups: Mapping[str, Mapping[str, Any]],
+    open_keys: Sequence[str],
+    closed: Callable[[str], bool] | None,
+) -> tuple[bool, Any]:
+    """Whether ``+key`` may be added; and the type-giving value a shipped option file sets for it."""
+    from omegaconf import OmegaConf
+
+    for package, known in groups.items():
+        if key.startswith(package + ".") and key[len(package) + 1 :] in known:
+            return True, known[key[len(package) + 1 :]]
+    if any(key == k or key.startswith(k + ".") for k in open_keys):
+        return True, _ABSENT
+    if closed is not None and not closed(key):
+        return True, _ABSENT
+    parts = key.split(".")
+    for i in range(len(parts) - 1, -1, -1):
+        parent = ".".join(parts[:i])
+        node = reference if not parent else _lookup(reference, parent)
+        if node is _ABSENT:
+            continue
+        if node is None or (OmegaConf.is_dict(node) and len(node) == 0) or not OmegaConf.is_dict(node):
+            return True, _ABSENT  # a free-form (empty or null) node, or one Hydra itself will refuse
+        return False, (parent, parts[i])
+    return False, ("", parts[0])
+
+
+def check_overrides(
+    config_name: str,
+    overrides: Sequence[str],
+    *,
+    config_dir: str | Path | None = None,
+    open_keys: Sequence[str] = (),
+    closed: Callable[[str], bool] | None = None,
+) -> Any:
+    """Compose ``config_name`` with ``overrides`` as Hydra would and check them (module doc); returns
+    the composed config (without its ``hydra`` node). A bad override, or one Hydra cannot apply, is
+    a one-line ``RecallmError``. ``open_keys``: nodes under which any key may be added; ``closed``:
+    the keys the unknown-key rule applies to (default: all)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from hydra.errors import HydraException
+    from omegaconf import OmegaConf, open_dict
+    from omegaconf.errors import OmegaConfBaseException
+
+    from recallm.paths import CONFIG_DIR
+
+    config_dir = Path(config_dir or CONFIG_DIR)
+    overrides = list(overrides)
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except HydraException as exc:
+        raise RecallmError(f"bad override: {_first_line(exc)}") from None
+
+    def _compose(items: list[str], hydra_node: bool):
+        try:
+            if GlobalHydra.instance().is_initialized():
+                return compose(config_name, overrides=items, return_hydra_config=hydra_node)
+            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
+                return compose(config_name, overrides=items, return_hydra_config=hydra_node)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise RecallmError(f"bad override: {_first_line(exc)}") from None
+
+    cfg = _compose(overrides, True)
+    choices = dict(cfg.hydra.runtime.choices)
+    group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
+    is_group = [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]
+    reference = _compose([o.input_line for o, g in zip(parsed, is_group, strict=True) if g], False)
+    groups = _group_settings(config_dir, choices)
+    for override, group in zip(parsed, is_group, strict=True):
+        key = override.key_or_group
+        if group or override.is_delete() or override.package is not None:
+            continue
+        default = _lookup(reference, key)
+        if default is _ABSENT:
+            allowed, found = _new_key(key, reference, groups, open_keys, closed)
+            if not allowed:
+                parent, name = found
+                where = f"{parent} has no key {name}" if parent else f"there is no setting {name}"
+                raise RecallmError(
+                    f"unknown setting {key}: {where}, nothing would read it ({_suggest(reference, groups, parent, name)})"
+                )
+            default = found
+        try:
+            value = OmegaConf.select(cfg, key, throw_on_missing=False)
+        except OmegaConfBaseException as exc:
+            raise RecallmError(f"{key}: cannot resolve its value ({_first_line(exc)})") from None
+        problem = _type_error(key, default, value)
+        if problem:
+            raise RecallmError(problem)
+    with open_dict(cfg):
+        cfg.pop("hydra", None)
+    return cfg

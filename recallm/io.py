@@ -1,0 +1,393 @@
+"""Files, written once for the whole project: atomic writes, the JSONL reader, output-directory
+locks, what kind of path a setting names, and checksummed file manifests.
+
+* **Atomic writes.** ``replace(tmp, path)`` is the one atomic rename: it fsyncs ``tmp`` (a file,
+  or a directory and everything in it), renames it over ``path`` and fsyncs the directory that
+  holds ``path``, so that after a crash or a power cut ``path`` is either the old content or the
+  new, never a mix or an empty file. ``atomic_path`` (write to a temporary name, then ``replace``),
+  ``write_text_atomic`` / ``write_json_atomic`` and ``atomic_dir`` (a whole directory, e.g. a
+  model's ``final``) are built on it.
+* **JSONL.** ``iter_jsonl`` / ``read_jsonl``: a missing file, a directory, a parquet or other
+  binary file, a line that is not UTF-8 or not JSON are each a one-line ``RecallmError`` naming
+  the file (and line).
+* **Locks.** ``lock_dir(dir, what)``: one writer per output directory (``flock`` on
+  ``<dir>/.recallm.lock``, released by the kernel when the process dies, so a killed run leaves no
+  stale lock); a second writer — another process, or another thread — gets a ``RecallmError``
+  naming the holder. Re-entrant within one thread.
+* **Kinds of path.** ``check_out_dir`` / ``check_out_file`` / ``check_in_file``: a setting that
+  names an output directory but points at a file (or under one), an input that is a directory or
+  a parquet file where JSONL is read — a one-line error before anything is written.
+* **Manifests.** ``write_manifest(dir)`` records every file's size and CRC-32 in
+  ``recallm_files.json`` (fsyncing each file on the way); ``verify_manifest(dir)`` checks them, so
+  a truncated or overwritten file of a checkpoint is found before it is used.
+
+Standard library only (no torch): ``data_gen`` and ``rewards`` may import it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import fcntl
+import json
+import logging
+import os
+import secrets
+import shutil
+import socket
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+
+__all__ = [
+    "fsync_path",
+    "replace",
+    "atomic_path",
+    "atomic_dir",
+    "write_text_atomic",
+    "write_json_atomic",
+    "iter_jsonl",
+    "read_jsonl",
+    "lock_dir",
+    "check_unlocked",
+    "check_out_dir",
+    "check_out_file",
+    "check_in_file",
+    "write_manifest",
+    "verify_manifest",
+    "MANIFEST_FILE",
+    "LOCK_FILE",
+]
+
+log = logging.getLogger(__name__)
+
+MANIFEST_FILE = "recallm_files.json"
+LOCK_FILE = ".recallm.lock"
+_CHUNK = 8 << 20
+
+
+# ------------------------------------------------------------------------------ atomic writes
+def fsync_path(path: str | Path) -> None:
+    """fsync one file or directory (by opening it read-only: enough on Linux and macOS)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _fsync_tree(path: Path) -> None:
+    for root, _, files in os.walk(path, topdown=False):
+        for name in files:
+            fsync_path(os.path.join(root, name))
+        fsync_path(root)
+
+
+def replace(tmp: str | Path, path: str | Path) -> Path:
+    """Atomically put ``tmp`` (a file or a directory, completely written) at ``path``: fsync ``tmp``,
+    rename it, fsync ``path``'s directory. A directory replaces an existing one through a rename
+    aside (the old one is deleted after the new one is in place)."""
+    tmp, path = Path(tmp), Path(path)
+    if tmp.is_dir():
+        _fsync_tree(tmp)
+        old = None
+        if path.exists():
+            old = path.with_name(f".{path.name}.old-{os.getpid()}-{secrets.token_hex(3)}")
+            os.replace(path, old)
+        os.replace(tmp, path)
+        fsync_path(path.parent)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+        return path
+    fsync_path(tmp)
+    os.replace(tmp, path)
+    fsync_path(path.parent)
+    return path
+
+
+def _tmp_name(path: Path) -> Path:
+    return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
+
+
+class atomic_path:
+    """``with atomic_path(p) as tmp:`` write to ``tmp``; it replaces ``p`` (``replace``: fsync'd) only
+    if the block succeeds, and is removed if it fails."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.tmp = _tmp_name(self.path)
+
+    def __enter__(self) -> Path:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        return self.tmp
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            replace(self.tmp, self.path)
+        else:
+            self.tmp.unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | Path) -> Iterator[Path]:
+    """``with atomic_dir(d) as tmp:`` fill the directory ``tmp``; it replaces ``d`` whole if the block
+    succeeds. A temporary directory left by a killed earlier attempt is removed first."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    replace(tmp, path)
+
+
+def write_text_atomic(path: str | Path, text: str) -> Path:
+    with atomic_path(path) as tmp:
+        tmp.write_text(text, encoding="utf-8")
+    return Path(path)
+
+
+def write_json_atomic(path: str | Path, value: Any, *, indent: int | None = 2, sort_keys: bool = True) -> Path:
+    """``value`` as JSON (and a final newline), atomically."""
+    return write_text_atomic(path, json.dumps(value, indent=indent, sort_keys=sort_keys) + "\n")
+
+
+# ------------------------------------------------------------------------------------- JSONL
+def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int, Any]]:
+    """``(line number, value)`` of every non-blank line (see module doc for the errors)."""
+    path = Path(path)
+    check_in_file(path, what, kind="jsonl")
+    with path.open("rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise RecallmError(f"{path}:{number}: not UTF-8 text (a JSONL file is expected)") from None
+            try:
+                yield number, json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+
+
+def read_jsonl(path: str | Path, what: str = "JSONL file") -> list[Any]:
+    return [value for _, value in iter_jsonl(path, what)]
+
+
+# ------------------------------------------------------------------------------- kinds of path
+def _file_above(path: Path) -> Path | None:
+    """The nearest existing ancestor of ``path`` if it is not a directory."""
+    for parent in path.parents:
+        if parent.exists():
+            return None if parent.is_dir() else parent
+    return None
+
+
+def _out_path(path: str | Path | None, name: str, *, directory: bool) -> Path:
+    kind = "directory" if directory else "file"
+    if path is None or str(path) == "":
+        raise RecallmError(f"{name} must be a {kind} path, got {path!r}")
+    path = Path(str(path))
+    if path.exists() and path.is_dir() != directory:
+        raise RecallmError(f"{name} {path} is a {'file' if directory else 'directory'}, not a {kind}")
+    blocker = _file_above(path)
+    if blocker is not None:
+        raise RecallmError(f"{name} {path}: {blocker} is a file, not a directory")
+    return path
+
+
+def check_out_dir(path: str | Path | None, name: str) -> Path:
+    """``path`` can be (or become) a directory: not an existing file, not under one."""
+    return _out_path(path, name, directory=True)
+
+
+def check_out_file(path: str | Path | None, name: str) -> Path:
+    """``path`` can be (or become) a file: not an existing directory, not under a file."""
+    return _out_path(path, name, directory=False)
+
+
+_MAGIC = {b"PAR1": "a parquet file", b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file"}
+
+
+def check_in_file(path: str | Path | None, name: str, *, kind: str | None = None, hint: str = "") -> Path:
+    """``path`` is an existing, readable file — of ``kind`` ``"jsonl"`` (text, not parquet or other
+    binary data) or ``"parquet"`` when given. ``hint`` ends the message of a missing file."""
+    if path is None or str(path) == "":
+        raise RecallmError(f"{name} must be a file path, got {path!r}")
+    path = Path(path)
+    if not path.exists():
+        raise RecallmError(f"{name} {path} does not exist{'; ' + hint if hint else ''}")
+    if path.is_dir():
+        raise RecallmError(f"{name} {path} is a directory, not a file")
+    if kind is None:
+        return path
+    try:
+        with path.open("rb") as f:
+            head = f.read(4096)
+    except OSError as exc:
+        raise RecallmError(f"{name} {path} cannot be read ({exc.strerror})") from None
+    found = next((what for magic, what in _MAGIC.items() if head.startswith(magic)), None)
+    if kind == "jsonl":
+        if found is None and b"\x00" in head:
+            found = "a binary file"
+        if found is not None:
+            raise RecallmError(f"{name} {path} is {found}, not JSONL (one JSON object per line)")
+    elif kind == "parquet" and not head.startswith(b"PAR1"):
+        raise RecallmError(f"{name} {path} is not a parquet file")
+    return path
+
+
+# ---------------------------------------------------------------------------------------- locks
+_BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
+_HELD: dict[tuple[Path, int], list[int]] = {}  # (directory, thread) -> [fd, depth]
+_HELD_GUARD = threading.Lock()
+
+
+def _holder(fd: int) -> str:
+    try:
+        return os.pread(fd, 512, 0).decode("utf-8", "replace").strip() or "an unknown process"
+    except OSError:
+        return "an unknown process"
+
+
+def _busy(directory: Path, holder: str) -> RecallmError:
+    return RecallmError(
+        f"{directory} is in use by another writer ({holder}); wait for it to finish or choose another output directory"
+    )
+
+
+@contextlib.contextmanager
+def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
+    """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
+    writer in the message a second one gets (module doc)."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    key = (directory.resolve(), threading.get_ident())
+    with _HELD_GUARD:
+        held = _HELD.get(key)
+        if held is not None:
+            held[1] += 1
+    if held is not None:
+        try:
+            yield directory
+        finally:
+            with _HELD_GUARD:
+                held[1] -= 1
+        return
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as exc:
+        holder = _holder(fd)
+        os.close(fd)
+        if exc.errno in _BUSY:
+            raise _busy(directory, holder) from None
+        log.warning("cannot lock %s (%s): a second writer would not be detected", directory, exc.strerror)
+        yield directory  # a file system without locks: go on unlocked
+        return
+    try:
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{what}, pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode(), 0)
+        with _HELD_GUARD:
+            _HELD[key] = [fd, 1]
+        yield directory
+    finally:
+        with _HELD_GUARD:
+            _HELD.pop(key, None)
+        with contextlib.suppress(OSError):
+            os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+
+
+def check_unlocked(directory: str | Path) -> None:
+    """Raise the ``lock_dir`` error if another writer holds ``directory`` now (writes nothing: for
+    checks before a run starts; the run itself takes the lock)."""
+    directory = Path(directory)
+    lock = directory / LOCK_FILE
+    if not lock.is_file():
+        return
+    if (directory.resolve(), threading.get_ident()) in _HELD:
+        return
+    try:
+        fd = os.open(lock, os.O_RDWR)  # (NFS emulates flock with write locks)
+    except OSError:
+        return  # not ours to probe: the run itself finds out
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno in _BUSY:
+                raise _busy(directory, _holder(fd)) from None
+            return
+        fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
+
+
+# ------------------------------------------------------------------------------------ manifests
+def _crc(path: Path, sync: bool) -> tuple[int, str]:
+    crc, size = 0, 0
+    with path.open("rb") as f:
+        while chunk := f.read(_CHUNK):
+            crc = zlib.crc32(chunk, crc)
+            size += len(chunk)
+        if sync:
+            os.fsync(f.fileno())
+    return size, f"{crc:08x}"
+
+
+def _files(directory: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+    )
+
+
+def _checksums(directory: Path, names: list[str], *, sync: bool = False) -> dict[str, tuple[int, str]]:
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(names)))) as pool:  # zlib and reads release the GIL
+        return dict(zip(names, pool.map(lambda n: _crc(directory / n, sync), names), strict=True))
+
+
+def write_manifest(directory: str | Path) -> Path:
+    """Record the size and CRC-32 of every file under ``directory`` in ``MANIFEST_FILE`` (fsyncing
+    each file first); the manifest itself is written atomically."""
+    directory = Path(directory)
+    sums = _checksums(directory, _files(directory), sync=True)
+    files = {name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()}
+    return write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": files})
+
+
+def verify_manifest(directory: str | Path) -> bool:
+    """Check ``directory`` against its manifest: False when it has none; True when every listed file
+    is there with its size and CRC-32; otherwise a ``RecallmError`` naming the first bad file."""
+    directory = Path(directory)
+    path = directory / MANIFEST_FILE
+    if not path.is_file():
+        return False
+    try:
+        files = json.loads(path.read_text())["files"]
+        expected = {str(name): (int(v["size"]), str(v["crc32"])) for name, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+        raise RecallmError(f"{MANIFEST_FILE} unreadable ({type(exc).__name__})") from None
+    for name, (size, _) in expected.items():
+        file = directory / name
+        if not file.is_file():
+            raise RecallmError(f"{name} is missing")
+        if file.stat().st_size != size:
+            raise RecallmError(f"{name} has {file.stat().st_size} bytes, {size} were written")
+    for name, (_, crc) in _checksums(directory, sorted(expected)).items():
+        if crc != expected[name][1]:
+            raise RecallmError(f"{name} changed since it was written (CRC-32 {crc}, expected {expected[name][1]})")
+    return True
