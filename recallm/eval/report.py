@@ -383,7 +383,7 @@ def _lost_in_thought(ctx: ReportContext) -> list[str]:
                 row.append(_num(value) if key in ("relative_gap_pct", "reasoning_tokens") else _pct(value))
         rows.append(row)
     for label, values in _reference_rows(ctx, "lost_in_thought", list(range(12))):
-        rows.append([label] + [_ref(v) if i < 8 or i in (8, 9) else _num(v) for i, v in enumerate(values)])
+        rows.append([label] + [_ref(v) if i < 10 else _num(v) for i, v in enumerate(values)])
     lines += _table(header, rows)
     lines.append(
         "S = mean over lengths up to 32K, L = over 64K and above; Rel. gap = (Retrieval - Reas.-Retr.) / Retrieval; "

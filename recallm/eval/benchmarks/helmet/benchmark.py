@@ -197,6 +197,8 @@ class Helmet(Benchmark):
 
         if self.name == "helmet_json_kv" and self.per_cell is None:
             raise RecallmError(f"benchmark {self.name}: per_cell is required")
+        if self._ruler is not None:
+            self._ruler.specs()  # (checks the essays' path)
         specs = []
         for name, task in self.tasks.items():
             if task.data_backed:  # every file the plan reads exists (its content is checked when read)
@@ -415,11 +417,9 @@ class Helmet(Benchmark):
             metrics = {"exact_match": values["exact_match"]}
             score = values["exact_match"]
         elif task.family == "msmarco":
-            score = max(m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 10) for r in readings if r)
-            metrics = {
-                "NDCG@10": score,
-                "NDCG@5": max(m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 5) for r in readings if r),
-            }
+            score = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 10) for r in readings if r), default=0.0)
+            ndcg5 = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 5) for r in readings if r), default=0.0)
+            metrics = {"NDCG@10": score, "NDCG@5": ndcg5}
             answer = " > ".join(m.parse_rankings(region))[:200] or None
         elif task.family == "alce":
             score, metrics, answer = self._cite(task, region, ref)

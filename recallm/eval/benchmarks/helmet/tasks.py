@@ -239,9 +239,10 @@ TASKS: dict[str, HelmetTask] = {
 
 
 def _records(path: str, task: HelmetTask, what: str = "data", split: str = "train") -> list[dict[str, Any]]:
+    """The records of a local copy, not cached (the benchmark keeps only the items it asks)."""
     from data_gen.datasets.io import load_records
 
-    return load_records(path, dataset=f"helmet {task.name} ({what})", hint=task.hint, split=split)
+    return load_records(path, dataset=f"helmet {task.name} ({what})", hint=task.hint, split=split, cache=False)
 
 
 def _field(record: Mapping[str, Any], task: HelmetTask, path: str, *keys: str) -> Any:
@@ -427,14 +428,19 @@ def narrativeqa_source(task: HelmetTask, path: str, seed: int, shots: int) -> So
         _field(r, task, path, "document", "text")
         _field(r, task, path, "question", "text")
         _field(r, task, path, "answers")
-    train = _records(path, task, "demonstrations", split="train") if shots else []
+    # demonstrations: questions and answers only (the train split's stories are let go)
+    train = [
+        {"question": r["question"]["text"], "answer": r["answers"][0]["text"]}
+        for r in (_records(path, task, "demonstrations", split="train") if shots else [])
+        if r.get("answers")
+    ]
 
     def make(record, size, rng) -> Sample:
         demo_text = ""
         if shots:
             picks = rng.sample(range(len(train)), min(shots, len(train)))
             demo_text = _long_document_demo(
-                [f"Question: {train[i]['question']['text']}\nAnswer: {train[i]['answers'][0]['text']}" for i in picks],
+                [f"Question: {train[i]['question']}\nAnswer: {train[i]['answer']}" for i in picks],
                 "For example:",
                 "Now, use the following story to answer the question:",
             )
@@ -509,9 +515,11 @@ def multi_lexsum_source(task: HelmetTask, path: str, keypoints_path: str | None,
     for r in records[:1]:
         for name in ("id", "sources", "summary/short"):
             _field(r, task, path, name)
-    train = (
-        [r for r in _records(path, task, "demonstrations", split="train") if r.get("summary/short")] if shots else []
-    )
+    train = [  # demonstrations: short summaries only
+        {"summary/short": r["summary/short"]}
+        for r in (_records(path, task, "demonstrations", split="train") if shots else [])
+        if r.get("summary/short")
+    ]
     keypoints: dict[str, dict[str, Any]] = {}
     if keypoints_path is not None:
         for r in _records(keypoints_path, task, "key points"):
