@@ -491,3 +491,14 @@ def test_the_paper_suite_through_the_cli_with_a_judge(data, tiny_dir, tmp_path, 
         assert "holds results of another configuration" in err and "judge" in err
     finally:
         stub.close()
+
+
+def test_records_of_another_layout_are_one_line(data, renderer, tmp_path):
+    odd = tmp_path / "odd.jsonl"
+    odd.write_text(json.dumps({"qid": "1", "query": "q", "ctxs": [{"id": "1", "text": "t"}]}) + "\n")  # no labels
+    bench = helmet(data, lengths=[4096], per_cell=1, tasks=["msmarco_rerank"],
+                   task_params={"msmarco_rerank": {"path": str(odd), "shots": 0}})  # fmt: skip
+    with pytest.raises(
+        RecallmError, match=r"an item of .*odd.jsonl is not in the expected layout \(KeyError: 'label'\)"
+    ):
+        bench.build(Spec(4096, "helmet", 0, "msmarco_rerank"), renderer)

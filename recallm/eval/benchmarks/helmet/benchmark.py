@@ -277,7 +277,13 @@ class Helmet(Benchmark):
                 f"items, fewer than per_cell={self.per_cell_of(spec.task)}"
             )
         size = size_at(task.sizes, target) if task.sizes else 0
-        sample = pool.source.make(item, size, rng)
+        try:
+            sample = pool.source.make(item, size, rng)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:  # a record of another layout
+            raise RecallmError(
+                f"{self.name} {spec.task}: an item of {self.path_of(spec.task, 'path', target)} is not in the expected "
+                f"layout ({type(exc).__name__}: {exc}); {task.hint}"
+            ) from None
         return self._fit(spec, task, sample, renderer, target)
 
     def _long_enough(self, name: str, minimum: int, renderer: PromptRenderer):

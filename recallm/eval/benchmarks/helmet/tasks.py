@@ -387,8 +387,17 @@ def alce_source(task: HelmetTask, path: str, demo_path: str, seed: int, shots: i
         _field(r, task, path, "docs")
         _field(r, task, path, "answers" if qampari else "qa_pairs")
 
+    def fill(template: str, **fields: Any) -> str:
+        try:
+            return template.format(**fields)
+        except (KeyError, IndexError, ValueError) as exc:
+            raise RecallmError(
+                f"helmet {task.name}: {prompt_file}'s template {template[:40]!r}... needs a field the data lacks "
+                f"({type(exc).__name__}: {exc}); {task.hint}"
+            ) from None
+
     def docs_text(docs) -> str:
-        return "\n\n".join(doc_prompt.format(**d, ID=i + 1) for i, d in enumerate(docs))
+        return "\n\n".join(fill(doc_prompt, **{"title": "", "text": "", **d, "ID": i + 1}) for i, d in enumerate(docs))
 
     def make(record, size, rng) -> Sample:
         docs = list(record["docs"])[:size]
@@ -397,7 +406,8 @@ def alce_source(task: HelmetTask, path: str, demo_path: str, seed: int, shots: i
             chosen = rng.sample(demo_pool, min(shots, len(demo_pool)))
             demo_text = (
                 "\n\n\n".join(
-                    demo_prompt.format(**d, instruction=instruction, context=docs_text(d["docs"])) for d in chosen
+                    fill(demo_prompt, **{**d, "instruction": instruction, "context": docs_text(d.get("docs") or [])})
+                    for d in chosen
                 )
                 + "\n\n\n"
             )
