@@ -11,6 +11,7 @@ import pytest
 from data_gen.fit import PromptRenderer
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks import make_benchmarks
+from recallm.eval.benchmarks.ruler import RULER_TASKS
 from recallm.eval.scoring import injection_prefix
 from recallm.eval.types import Generation, Spec
 
@@ -71,8 +72,8 @@ def test_lost_in_thought_pairs_share_one_dictionary(renderer):
             )  # same lines, same order
             assert (ref["key"], ref["value"]) in dictionary and len({k for k, _ in dictionary}) == len(dictionary)
             assert solve(rr.prompt_text) == int(ref["key"])  # the math problem's answer is the key
-            assert f"Key: {ref['key']}." in r.prompt_text
-            question_at = r.prompt_text.index("Key: ")
+            assert f"Your key: {ref['key']}" in r.prompt_text and "Math problem:" in rr.prompt_text
+            question_at = r.prompt_text.index("Your key: ")
             first_entry = r.prompt_text.index(dictionary[0][0] + (":" if ref["format"] == "lines" else ""))
             assert (question_at < first_entry) == (i < 3)  # query before the dictionary, then after
     again = make("lost_in_thought", lengths=[512], per_cell=1, key_type="toy", value_type="toy")
@@ -99,9 +100,10 @@ def test_lost_in_thought_scoring_and_injection(renderer):
     assert follow.prefix == f"The answer is x = {key}\nLooking up key {key} in the dictionary: {key}: "
     assert follow.prefix.endswith(injection_prefix(fmt, key)) and follow.max_new_tokens == 32
     scored = bench.score(rr, out, gen(f"{value}\nSo"))
-    assert scored.metrics == {"accuracy": 0.0, "math": 1.0, "accuracy_given_math": 0.0, "injected": 1.0}
+    located = {"attempted": 1.0, "located_by_judge": 0.0}  # no judge: located by string matching
+    assert scored.metrics == {"accuracy": 0.0, "math": 1.0, "accuracy_given_math": 0.0, "injected": 1.0, **located}
     scored = bench.score(rr, gen(f"x = {key}.</think>\nAnswer: {value}"), gen("zzz"))
-    assert scored.metrics == {"accuracy": 1.0, "math": 1.0, "accuracy_given_math": 1.0, "injected": 0.0}
+    assert scored.metrics == {"accuracy": 1.0, "math": 1.0, "accuracy_given_math": 1.0, "injected": 0.0, **located}
     wrong_key = str(int(key) + 1)
     assert bench.followup(rr, gen(f"x = {wrong_key}")) is None
     assert bench.score(rr, gen(f"x = {wrong_key}</think>Answer: no"), None).metrics == {"accuracy": 0.0, "math": 0.0}
@@ -139,6 +141,7 @@ def test_lost_in_thought_table_is_hand_computed():
         "reasoning_retrieval": 0.5,
         "reasoning_retrieval_given_math": 0.5,
         "injected": 1.0,
+        "coverage": None,  # (no record says whether a retrieval attempt was located)
         "math": 1.0,
         "relative_gap_pct": 50.0,
         "reasoning_tokens": 25.0,
@@ -157,7 +160,8 @@ def test_lost_in_thought_table_is_hand_computed():
 
 @pytest.fixture(scope="module")
 def ruler(renderer):
-    bench = make("ruler", lengths=[1024], per_cell=1)
+    offline = [t for t in RULER_TASKS if not t.startswith("qa_")]  # (the QA tasks read data: test_eval_helmet.py)
+    bench = make("ruler", lengths=[1024], per_cell=1, tasks=offline)
     return bench, {task: bench.build(Spec(1024, "ruler", 0, task), renderer) for task in bench.tasks}
 
 
@@ -229,7 +233,7 @@ def test_ruler_is_deterministic_and_scored_as_ruler(ruler, renderer):
 
 def test_ruler_settings_are_checked(renderer):
     with pytest.raises(RecallmError, match="unknown tasks"):
-        make("ruler", lengths=[1024], per_cell=1, tasks=["qa_1"])
+        make("ruler", lengths=[1024], per_cell=1, tasks=["qa_3"])
     with pytest.raises(RecallmError, match=r"task_params.cwe: unknown keys \['freq'\]"):
         make("ruler", lengths=[1024], per_cell=1, task_params={"cwe": {"freq": 3}})
     with pytest.raises(RecallmError, match="haystack must be one of"):
@@ -246,21 +250,29 @@ def test_ruler_settings_are_checked(renderer):
 
 
 def test_helmet_json_kv(renderer):
-    bench = make("helmet_json_kv", lengths=[512], per_cell=2)
-    ex = bench.build(Spec(512, "helmet_json_kv", 1, "json_kv"), renderer)
-    key, value = ex.reference["key"], ex.reference["value"]
-    assert abs(ex.prompt_tokens - 512) <= 0.05 * 512
-    assert f'"{key}": "{value}"' in ex.prompt_text and f'Key: "{key}"' in ex.prompt_text
-    obj = ex.prompt_text.split("JSON data:\n")[1].split("\n\nKey:")[0]
     import json
 
-    assert json.loads(obj)[key] == value
-    again = make("helmet_json_kv", lengths=[512], per_cell=2)
-    assert again.build(Spec(512, "helmet_json_kv", 1, "json_kv"), renderer).prompt_text == ex.prompt_text
+    bench = make("helmet_json_kv", lengths=[512, 2048], per_cell=6)
+    ex = bench.build(Spec(2048, "helmet_json_kv", 1, "json_kv"), renderer)
+    key, value = ex.reference["key"], ex.reference["value"]
+    assert ex.prompt_tokens <= 2048 - 100  # HELMET keeps 100 tokens free for json_kv's answer
+    text = ex.messages[-1]["content"]  # HELMET's template: the object, the instruction, two demonstrations, the key
+    obj = json.loads(text.split("JSON data:\n")[1].split("\n\nExtract the value")[0])
+    assert obj[key] == value and len(obj) == ex.reference["pairs"] > 4
+    assert text.endswith(f'Key: "{key}"') and text.count("Corresponding value:") == 2
+    depths = [list(json.loads(bench.build(Spec(2048, "helmet_json_kv", i, "json_kv"), renderer).messages[-1]["content"]
+                          .split("JSON data:\n")[1].split("\n\nExtract")[0])) for i in range(6)]  # fmt: skip
+    keys = [bench.build(Spec(2048, "helmet_json_kv", i, "json_kv"), renderer).reference["key"] for i in range(6)]
+    assert [d.index(k) for d, k in zip(depths, keys, strict=True)] == [
+        round(i / 5 * (len(d) - 1)) for i, d in enumerate(depths)
+    ]
+    again = make("helmet_json_kv", lengths=[512, 2048], per_cell=6)
+    assert again.build(Spec(2048, "helmet_json_kv", 1, "json_kv"), renderer).prompt_text == ex.prompt_text
     assert bench.score(ex, gen(f"ok</think>\nAnswer: {value}"), None).score == 1.0
     assert bench.score(ex, gen(f"ok</think>\nAnswer: ({value.upper()})."), None).score == 1.0
     assert bench.score(ex, gen(f"ok</think>\nAnswer: {value[:-1]}"), None).score == 0.0
     assert bench.score(ex, gen(f"{value}</think>\nAnswer: none"), None).score == 0.0
+    assert bench.describe() == {"lengths": [512, 2048], "per_cell": 6, "prompt": "helmet"}
 
 
 # --------------------------------------------------------------------------- in-domain
@@ -375,11 +387,20 @@ def test_shipped_suites_build(suite):
     benches = make_benchmarks(OmegaConf.to_container(cfg.eval, resolve=True), reward_config=cfg.reward)
     names = {b.name for b in benches}
     if suite == "paper":
-        assert names == {"lost_in_thought", "ruler", "helmet_json_kv", "in_domain"}
+        assert names == {"lost_in_thought", "ruler", "helmet", "in_domain"}
         ruler = next(b for b in benches if b.name == "ruler")
         assert ruler.lengths == [4096, 8192, 16384, 32768, 65536, 131072] and ruler.generation.max_new_tokens == 8192
+        assert ruler.tasks == list(RULER_TASKS) and len(ruler.tasks) == 13 and ruler.per_cell == 100
+        assert ruler.cfg["squad_path"] == "data/ruler/squad.json" and ruler.cfg["haystack_path"].endswith("Essays.json")
         lit = next(b for b in benches if b.name == "lost_in_thought")
         assert (lit.generation.max_new_tokens, lit.generation.temperature, lit.generation.top_p) == (10240, 0.6, 0.95)
+        assert lit.lengths == [4096, 16384, 32768, 65536, 98304, 131072] and lit.cfg["injection_examples"] == 200
+        helmet = next(b for b in benches if b.name == "helmet")
+        assert helmet.lengths == [8192, 16384, 32768, 65536, 131072] and len(helmet.task_names) == 21
+        assert helmet.per_cell_of("nq") == 100 and helmet.per_cell_of("clinic150") == 500
+        assert helmet.generation.max_new_tokens == 10240 and helmet.cfg["helmet_dir"] == "data/HELMET"
+        # the 128K cells are fitted to 125K, so that there is room to generate within 131,072 positions
+        assert all(b.target(131072) == 128000 and b.target(65536) == 65536 for b in benches)
     elif suite == "toy":
         assert names == {"synthetic", "in_domain"}
         synthetic = next(b for b in benches if b.name == "synthetic")

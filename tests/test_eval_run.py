@@ -8,8 +8,6 @@ import hashlib
 import json
 import re
 import socket
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -108,7 +106,11 @@ def test_hf_end_to_end_constrained_and_not(hf_runs):
         for r in recs:
             assert r["spans"]["source"] == "tokens" and r["spans"]["count"] >= 1  # forced open
             assert 1 <= r["output_tokens"] <= 12 and r["finish_reason"] in ("stop", "length")
-            assert len(r["prompt_id"]) == 16 and 400 < r["prompt_tokens"] <= 1.05 * 512  # retrieval: no math problem
+            assert len(r["prompt_id"]) == 16
+            if r["benchmark"] == "lost_in_thought":  # fitted (the retrieval prompt has no math problem)
+                assert 350 < r["prompt_tokens"] <= 1.05 * 512
+            else:  # HELMET keeps json_kv's 100 answer tokens free
+                assert r["prompt_tokens"] <= 512 - 100
             assert r["score"] == 0.0  # an untrained model never closes its think block
         bench = summary["benchmarks"]["helmet_json_kv"]
         assert bench["by_length"]["512"]["all"]["n"] == 2 and bench["overall"]["recall_usage"] == 1.0
@@ -130,7 +132,8 @@ def test_report_compares_runs(hf_runs, tmp_path):
     report = build_report([str(hf_runs["constrained"][0]), str(hf_runs["free"][0])], tmp_path / "report")
     text = report.read_text()
     assert "| constrained |" in text and "| free |" in text
-    assert "## helmet_json_kv" in text and "### Lost in thought (Table 4)" in text
+    assert "## helmet_json_kv" in text and "## Table 4: lost in thought" in text
+    assert "| paper · Qwen2.5-7B-Instruct (Table 4) | 33.0 | 11.9 |" in text  # the paper's numbers beside the runs
     # the verbatim table: 100.0 for the constrained run
     spans = text.split("## Recall spans")[1]
     assert re.search(r"\| constrained \| 100\.0 \| 100\.0 \|", spans)
@@ -320,65 +323,33 @@ def canned(prompt: str) -> str:
         key = str(_solve(prompt))
         line, value = _entry(prompt, key)
         return f"So x = {key}. {S}{line}{E}</think>\nAnswer: {value if good else 'wrongvalue'}"
-    m = re.search(r"Key: (\d+)\. What is the value", prompt)
+    m = re.search(r"Your key: (\d+)", prompt)
     if m:  # retrieval: a recall span that is not in the prompt
         _, value = _entry(prompt, m.group(1))
         return f"{S}this text is nowhere{E}</think>\nAnswer: {value if good else 'wrongvalue'}"
-    m = re.search(r'Key: "([0-9a-f-]+)"', prompt)
-    if m:  # HELMET json_kv
-        value = re.search(rf'"{m.group(1)}": "([0-9a-f-]+)"', prompt).group(1)
+    asked = re.findall(r'Key: "([0-9a-f-]+)"', prompt)
+    if asked:  # HELMET json_kv: the last key is the one asked (the others are demonstrations)
+        value = re.search(rf'"{asked[-1]}": "([0-9a-f-]+)"', prompt).group(1)
         return f"Found it.</think>\nAnswer: {value if good else value[:8]}"
     return "I do not know.</think>\nAnswer: none"
 
 
-class Stub:
-    def __init__(self) -> None:
-        self.requests: list[tuple[str, dict]] = []
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def _send(self, body: dict) -> None:
-                data = json.dumps(body).encode()
-                self.send_response(200)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def do_GET(self):
-                self._send({"data": [{"id": "stub"}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                stub.requests.append((self.path, body))
-                if self.path.endswith("/chat/completions"):
-                    text = canned(body["messages"][-1]["content"])
-                    choice = {"message": {"role": "assistant", "content": text}, "finish_reason": "stop"}
-                else:
-                    injected = re.search(r"Looking up key (\d+) in the dictionary: [^\n]*$", body["prompt"])
-                    if injected:  # a continuation after the lost-in-thought injection: always the right value
-                        text = _entry(body["prompt"], injected.group(1))[1] + "\nThat is it."
-                    else:  # api=completions: the rendered chat prompt
-                        user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", body["prompt"], re.DOTALL)
-                        text = canned(user.group(1))
-                    choice = {"text": text, "finish_reason": "stop"}
-                self._send({"choices": [choice], "usage": {"completion_tokens": len(text.split())}})
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self) -> None:
-        self.server.shutdown()
-        self.server.server_close()
+def respond(path: str, body: dict) -> str:
+    """The stub model behind the OpenAI-compatible stub server (``tests/openai_stub.py``)."""
+    if path.endswith("/chat/completions"):
+        return canned(body["messages"][-1]["content"])
+    injected = re.search(r"Looking up key (\d+) in the dictionary: [^\n]*$", body["prompt"])
+    if injected:  # a continuation after the lost-in-thought injection: always the right value
+        return _entry(body["prompt"], injected.group(1))[1] + "\nThat is it."
+    user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", body["prompt"], re.DOTALL)  # api=completions
+    return canned(user.group(1))
 
 
 @pytest.fixture
 def stub():
-    s = Stub()
+    from tests.openai_stub import OpenAIStub
+
+    s = OpenAIStub(respond)
     yield s
     s.close()
 

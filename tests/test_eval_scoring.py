@@ -136,3 +136,89 @@ def test_generation_settings_are_checked():
         GenerationSettings.from_mapping({"max_new_tokens": 8, "temprature": 0.6})
     with pytest.raises(RecallmError, match="max_new_tokens is required"):
         GenerationSettings.from_mapping({"temperature": 0.6})
+
+
+# --------------------------------------------------------------------------- HELMET's metrics
+
+
+def test_helmet_parse_output_reads_after_the_prefix_else_the_first_line():
+    from recallm.eval.scoring import helmet_parse_output
+
+    assert helmet_parse_output("I think.\nANSWER: Paris \nmore") == "Paris"
+    assert helmet_parse_output("first line\nsecond") == "first line"
+    assert helmet_parse_output("label: label: 5\n", "label:") == "5"  # a repeated prefix is stripped again
+    assert helmet_parse_output("Ranking: 3 > 1", "Ranking:") == "3 > 1"
+
+
+def test_exact_match_token_f1_and_rouge_l_by_hand():
+    from recallm.eval.scoring import exact_match, helmet_metrics, rouge_l, token_f1
+
+    assert exact_match("The Paris!", ["paris"]) == 1.0 and exact_match("Paris France", ["paris"]) == 0.0
+    assert exact_match("x", [["y", "X"]]) == 1.0  # alias lists are flattened
+    # pred {cat, sat}, gold {cat, sat, down}: P = 1, R = 2/3, F1 = 0.8
+    assert token_f1("the cat sat", ["a cat sat down", "dog"]) == pytest.approx(0.8)
+    assert token_f1("yes it is", ["no"]) == 0.0 and token_f1("Yes.", ["yes"]) == 1.0
+    # LCS(the cat sat on the mat, the cat is on the mat) = 5 of 6 tokens each way
+    r = rouge_l("the cat sat on the mat", ["the cat is on the mat", "nothing"])
+    assert r["rougeL_f1"] == pytest.approx(5 / 6) and r["rougeL_recall"] == pytest.approx(5 / 6)
+    assert rouge_l("cats running", ["cat runs"])["rougeL_f1"] == pytest.approx(1.0)  # the Porter stemmer
+    # each metric is the best over the readings of one output
+    best = helmet_metrics(["The answer is Paris, surely.", "Paris"], ["paris"], rouge=False)
+    assert best == {"exact_match": 1.0, "f1": 1.0, "substring_exact_match": 1.0}
+    assert helmet_metrics([None], ["x"], rouge=False)["substring_exact_match"] == 0.0
+
+
+def test_rankings_and_trec_ndcg_by_hand():
+    import math
+
+    from recallm.eval.scoring import parse_rankings, trec_ndcg
+
+    assert parse_rankings("Ranking: [3] > [1] > 2, then 7 > 8") == {"3": 3.0, "1": 2.0, "2": 1.0}
+    assert parse_rankings("ID3 > ID1 > ID3 > ID2") == {"3": 4.0, "1": 3.0, "2": 1.0}  # repeats keep their first place
+    assert parse_rankings("no numbers") == {"no numbers": 1.0}  # no chain: matches nothing
+    qrels = {"a": 0, "b": 2, "c": 1, "d": 3}
+    dcg = 2 / math.log2(3) + 1 / math.log2(4)  # linear gains: a (0), b (2), c (1)
+    ideal = 3 + 2 / math.log2(3) + 1 / math.log2(4)
+    assert trec_ndcg({"a": 3, "b": 2, "c": 1}, qrels) == pytest.approx(dcg / ideal)
+    assert trec_ndcg({"d": 3, "b": 2, "c": 1}, qrels) == pytest.approx(1.0)
+    assert trec_ndcg({"b": 2, "d": 1}, qrels, k=1) == pytest.approx(2 / 3)
+    # score ties are broken by document id, descending (trec_eval): b before a
+    assert trec_ndcg({"a": 1, "b": 1}, {"a": 1}) == pytest.approx(1 / math.log2(3))
+    assert trec_ndcg({"x": 1}, {"a": 0}) == 0.0
+
+
+def test_alce_correctness_metrics_by_hand():
+    from recallm.eval.scoring import asqa_str_em, qampari_scores, remove_citations
+
+    assert remove_citations("Paris [1][2] is big [3].") == "Paris is big."
+    s = qampari_scores("item1 [1], Item2 [2], wrong.", [["item1"], ["item2", "i2"], ["item3"]])
+    assert s["qampari_prec"] == pytest.approx(2 / 3) and s["qampari_rec"] == pytest.approx(2 / 3)
+    assert s["qampari_rec_top5"] == pytest.approx(2 / 3) and s["num_preds"] == 3
+    many = [[f"e{i}"] for i in range(7)]
+    assert qampari_scores("e0, e1, e2, e3, e4", many)["qampari_rec_top5"] == 1.0  # 5 found of min(5, 7)
+    assert qampari_scores("", many)["qampari_prec"] == 0.0
+    pairs = [{"short_answers": ["alpha"]}, {"short_answers": ["beta", "b2"]}]
+    assert asqa_str_em("It was Alpha [1] and gamma.", pairs) == (0.5, 0.0)
+    assert asqa_str_em("alpha and b2", pairs) == (1.0, 1.0)
+
+
+def test_citation_recall_and_precision_by_hand():
+    from recallm.eval.scoring import citation_scores
+
+    docs = ["Title: A\nParis is in France", "Title: B\nBerlin is in Germany", "Title: C\nRome"]
+    calls = []
+
+    def entails(premise: str, claim: str) -> bool:  # supported when the claim's first word is in the premise
+        calls.append((premise, claim))
+        return claim.split()[0] in premise
+
+    out = "Paris is in France [1]. Berlin is big [1][2]. No citation here. Rome rules [9]."
+    scores = citation_scores(out, docs, entails)
+    # claims: Paris [1] supported; Berlin [1][2] supported jointly, [1] is not needed, [2] is; no citation;
+    # [9] is out of range. Recall 2/4; precision: 1 (Paris) + 1 ([2] of Berlin) over 3 citations in range
+    assert scores == {"citation_rec": pytest.approx(2 / 4), "citation_prec": pytest.approx(2 / 3)}
+    assert ("Title: A\nParis is in France\nTitle: B\nBerlin is in Germany", "Berlin is big.") in calls
+    assert citation_scores("", docs, entails) is None
+    # QAMPARI: the claims are "question item", one per comma-separated item
+    q = citation_scores("Paris [1], Rome [2]", docs, lambda p, c: c.split()[-1] in p, question="Cities?", qampari=True)
+    assert q == {"citation_rec": 0.5, "citation_prec": 0.5}

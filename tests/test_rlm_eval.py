@@ -14,7 +14,7 @@ from recallm.eval.types import GenerationSettings, GenRequest
 SOLVER = """```repl
 import re
 answer = 'unknown'
-key = re.search(r"Key: (\\d+)\\.", context)
+key = re.search(r"Your key: (\\d+)", context)
 if key:
     found = re.search(r"(?m)^\\W*" + key.group(1) + r"\\W+(\\w+)", context)
     answer = found.group(1) if found else 'unknown'

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import os
 
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir

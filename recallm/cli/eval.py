@@ -7,13 +7,16 @@
     recallm-eval backend.recall_constrained=false out_dir=outputs/eval/no-mask     # the "no logit masking" ablation
     recallm-eval benchmarks=[ruler] eval.benchmarks.ruler.per_cell=5                 # one benchmark of the suite
     recallm-eval mode=report runs=[outputs/eval/a,outputs/eval/b] report_dir=outputs/eval/report
+    recallm-eval eval=paper eval.data_root=/data eval.judge.model=gemma-3-27b-it eval.judge.base_url=http://judge:8001/v1 \\
+        model_path=/runs/recallm-qwen backend.name=vllm paper_model=RecaLLM-Qwen2.5-7B out_dir=/runs/eval/qwen
 
 Everything is checked before the first token is generated: the suite and benchmark settings
 (unknown benchmark, bad length), the validation parquet files, the model directory (and its
 recall tokens when decoding is constrained), that every task reaches its shortest and longest
-length, the out_dir (a different configuration's results are never mixed in) and, for a server,
-that it answers. Mistakes are one ``error: ...`` line and exit code 2; the command line and the
-settings' types, ranges and kinds of path are checked before anything is written. A rerun resumes.
+length, the out_dir (a different configuration's results are never mixed in) and, for a server
+or a judge, that it answers. Mistakes are one ``error: ...`` line and exit code 2; the command line
+and the settings' types, ranges and kinds of path are checked before anything is written. A rerun
+resumes.
 """
 
 from __future__ import annotations
@@ -120,7 +123,10 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         only = OmegaConf.to_container(only, resolve=True) if OmegaConf.is_list(only) else [str(only)]
     if backend_cfg.get("name") not in BACKENDS:
         raise RecallmError(f"unknown backend {backend_cfg.get('name')!r}; expected one of {', '.join(BACKENDS)}")
-    benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg)
+    from recallm.eval.judge import make_judge
+
+    judge = make_judge(suite.get("judge"))
+    benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg, judge=judge)
     specs = [s for b in benchmarks for s in b.specs()]
     model_path = resolve_model(str(cfg.model_path), Path(cfg.models_dir))
     constrained = bool(backend_cfg.get("recall_constrained", True))
@@ -135,6 +141,8 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
             )
     tokenizer = load_tokenizer(Path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path)
     renderer = PromptRenderer(tokenizer, suite.get("system_prompt"))
+    if judge is not None:
+        judge.ping()
     log.info("checking that every task reaches its lengths")
     preflight(benchmarks, specs, renderer)
     out_dir = Path(cfg.out_dir)
@@ -157,6 +165,8 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         "backend": backend_cfg["name"],
         "recall_constrained": constrained,
         "suite": suite.get("name"),
+        "paper_model": cfg.paper_model,
+        "judge": judge.model if judge is not None else None,
     }
     print(
         f"evaluating {model_path} ({backend_cfg['name']}) on {', '.join(b.name for b in benchmarks)}: "
@@ -180,6 +190,8 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         )
     finally:
         backend.close()
+        if judge is not None:
+            judge.close()
     _print_summary(summary)
     if cfg.report:
         report = build_report({run_info["name"]: out_dir}, out_dir)

@@ -234,7 +234,7 @@ def run_eval(
                     for e in examples
                 ]
                 generations = backend.generate(requests, settings)
-                followups = [bench.followup(e, g) for e, g in zip(examples, generations, strict=True)]
+                followups = bench.followup_batch(examples, generations)
                 asked = [i for i, fu in enumerate(followups) if fu is not None]
                 second: dict[int, Generation] = {}
                 if asked:
@@ -249,10 +249,14 @@ def run_eval(
                         for i in asked
                     ]
                     second = dict(zip(asked, backend.generate(extra, settings), strict=True))
-                lines = []
-                for i, (example, generation) in enumerate(zip(examples, generations, strict=True)):
-                    score = bench.score(example, generation, second.get(i))
-                    lines.append(json.dumps(_record(example, generation, score, followups[i], second.get(i))) + "\n")
+                continued = [second.get(i) for i in range(len(examples))]
+                scores = bench.score_batch(examples, generations, continued)
+                lines = [
+                    json.dumps(_record(example, generation, score, followup, extra)) + "\n"
+                    for example, generation, score, followup, extra in zip(
+                        examples, generations, scores, followups, continued, strict=True
+                    )
+                ]
                 f.write("".join(lines))
                 f.flush()
                 os.fsync(f.fileno())

@@ -15,13 +15,23 @@
 * Lost in thought: ``find_key`` (the first whole-number occurrence of a key),
   ``injection_prefix`` (a dictionary entry's text up to its value), ``value_follows``.
 * Recall spans judged on text, for outputs without token ids (a server's): ``text_span_stats``.
+* HELMET's other metrics (``utils.py`` and ``eval_alce.py`` of princeton-nlp/HELMET, written
+  here from their definitions): ``helmet_parse_output`` (the text after a prefix such as
+  ``Answer:``, else the first line), ``exact_match`` and ``token_f1`` (SQuAD-normalised),
+  ``rouge_l`` (ROUGE-L / ROUGE-Lsum with the Porter stemmer, the ``rouge-score`` package),
+  ``helmet_metrics`` (all of them, the best over several readings of one output),
+  ``parse_rankings`` and ``trec_ndcg`` (trec_eval's ``ndcg_cut``: linear gains, log2
+  discount), ``remove_citations``, ``qampari_scores``, ``asqa_str_em``, ``split_sentences``
+  and ``citation_scores`` (ALCE citation recall and precision, given an entailment function).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import string
-from collections.abc import Sequence
+from collections import Counter
+from collections.abc import Callable, Mapping, Sequence
 
 from recallm.eval.types import SpanStats
 from recallm.tokens import END_RECALL, START_RECALL, THINK_END
@@ -40,6 +50,18 @@ __all__ = [
     "close_open_span",
     "value_follows",
     "text_span_stats",
+    "helmet_parse_output",
+    "exact_match",
+    "token_f1",
+    "rouge_l",
+    "helmet_metrics",
+    "parse_rankings",
+    "trec_ndcg",
+    "remove_citations",
+    "qampari_scores",
+    "asqa_str_em",
+    "split_sentences",
+    "citation_scores",
 ]
 
 ANSWER_REGIONS = ("after_think", "full")
@@ -162,3 +184,213 @@ def text_span_stats(output: str, prompt_text: str) -> SpanStats:
         opened = max(output.rfind(marker, 0, span.start) for marker in START_MARKERS)
         verbatim += span.text in prompt_text + output[: max(opened, 0)]
     return SpanStats(count=len(spans), verbatim=verbatim, source="text")
+
+
+# --------------------------------------------------------------------------- HELMET
+
+
+def helmet_parse_output(output: str, prefix: str = "Answer:") -> str | None:
+    """HELMET's ``parse_output``: the rest of the line after the first ``prefix`` (case-insensitive;
+    a repeated prefix is stripped again), else the first line of ``output``."""
+    match = re.search(f"(?:{re.escape(prefix)})(.*)(?:\n|$)", output, flags=re.IGNORECASE)
+    if match is None:
+        match = re.search(r"(?:^)(.*)(?:\n|$)", output)
+    if match is None:  # pragma: no cover - the second pattern always matches
+        return None
+    text = match.group(1).strip()
+    return re.sub(f"^{re.escape(prefix)}", "", text, flags=re.IGNORECASE).strip()
+
+
+def _as_list(golds: Sequence[str] | str) -> list[str]:
+    if isinstance(golds, str):
+        return [golds]
+    out: list[str] = []
+    for gold in golds:  # a list of alias lists is flattened, as HELMET does
+        out.extend([gold] if isinstance(gold, str) else [str(g) for g in gold])
+    return out
+
+
+def exact_match(prediction: str, golds: Sequence[str] | str) -> float:
+    """1 if the normalised prediction equals a normalised gold (HELMET's ``exact_match``)."""
+    pred = helmet_normalize(prediction)
+    return float(any(pred == helmet_normalize(g) for g in _as_list(golds)))
+
+
+def _f1(prediction: str, gold: str) -> float:
+    pred, ref = helmet_normalize(prediction), helmet_normalize(gold)
+    special = ("yes", "no", "noanswer")
+    if (pred in special or ref in special) and pred != ref:
+        return 0.0
+    common = Counter(pred.split()) & Counter(ref.split())
+    same = sum(common.values())
+    if same == 0:
+        return 0.0
+    precision, recall = same / len(pred.split()), same / len(ref.split())
+    return 2 * precision * recall / (precision + recall)
+
+
+def token_f1(prediction: str, golds: Sequence[str] | str) -> float:
+    """SQuAD token F1 of the normalised texts, best over the golds (yes/no/noanswer must match exactly)."""
+    return max((_f1(prediction, g) for g in _as_list(golds)), default=0.0)
+
+
+_ROUGE: list = []
+
+
+def rouge_l(prediction: str, golds: Sequence[str] | str) -> dict[str, float]:
+    """ROUGE-L and ROUGE-Lsum F1 and recall (Porter stemmer), best over the golds, as HELMET's
+    ``calculate_metrics`` computes them with the ``rouge-score`` package."""
+    if not _ROUGE:
+        from rouge_score import rouge_scorer
+
+        _ROUGE.append(rouge_scorer.RougeScorer(["rougeL", "rougeLsum"], use_stemmer=True))
+    scorer = _ROUGE[0]
+    scores = [scorer.score(target=g, prediction=prediction) for g in _as_list(golds)]
+    out = {}
+    for kind in ("rougeL", "rougeLsum"):
+        out[f"{kind}_f1"] = max((s[kind].fmeasure for s in scores), default=0.0)
+        out[f"{kind}_recall"] = max((s[kind].recall for s in scores), default=0.0)
+    return out
+
+
+def helmet_metrics(readings: Sequence[str | None], golds: Sequence[str] | str, rouge: bool = True) -> dict[str, float]:
+    """HELMET's ``calculate_metrics`` (exact match, token F1, substring exact match and, with
+    ``rouge``, ROUGE-L) of every reading of one output (the raw answer region, its parsed
+    line...), each metric the best over the readings - as HELMET takes the max of the raw and the
+    parsed output."""
+    texts = [r for r in readings if r is not None]
+    if not texts:
+        texts = [""]
+    out: dict[str, float] = {}
+    for text in texts:
+        values = {
+            "exact_match": exact_match(text, golds),
+            "f1": token_f1(text, golds),
+            "substring_exact_match": substring_exact_match(text, _as_list(golds)),
+        }
+        if rouge:
+            values.update(rouge_l(text, golds))
+        for key, value in values.items():
+            out[key] = max(out.get(key, 0.0), float(value))
+    return out
+
+
+def parse_rankings(output: str) -> dict[str, float]:
+    """HELMET's ``parse_rankings``: the longest ``3 > 1 > 2`` chain of integer ids in the output
+    (brackets, colons and ``ID`` removed first) as ``{id: score}``, earlier ids scoring higher;
+    repeated ids keep their first place. No chain: the whole output as one id (it matches nothing)."""
+    text = re.sub(r"[\[\]:]", "", output).lower().replace("id", "")
+    longest = ""
+    for match in re.finditer(r"(\d+)(?:\s*>\s*(\d+))*", text):
+        if len(match.group(0)) > len(longest):
+            longest = match.group(0)
+    ids = [p.strip() for p in longest.split(">") if p.strip().isdigit()] if longest else [text]
+    scores: dict[str, float] = {}
+    for i, doc in enumerate(ids):
+        scores.setdefault(doc, float(len(ids) - i))
+    return scores
+
+
+def trec_ndcg(scores: Mapping[str, float], qrels: Mapping[str, float], k: int = 10) -> float:
+    """NDCG@k as trec_eval's ``ndcg_cut`` computes it (the metric HELMET reports for re-ranking):
+    documents ranked by score (descending; ties by id, descending), gain = the relevance label
+    (linear), discount log2(rank + 1), normalised by the ideal ranking of the judged documents."""
+    by_id = sorted(scores, reverse=True)
+    ranked = sorted(by_id, key=lambda d: -float(scores[d]))[:k]  # stable: score ties stay in id order
+    dcg = sum(float(qrels.get(doc, 0)) / math.log2(i + 2) for i, doc in enumerate(ranked) if qrels.get(doc, 0) > 0)
+    ideal = sorted((float(v) for v in qrels.values() if v > 0), reverse=True)[:k]
+    idcg = sum(g / math.log2(i + 2) for i, g in enumerate(ideal))
+    return dcg / idcg if idcg > 0 else 0.0
+
+
+def remove_citations(text: str) -> str:
+    """ALCE's ``remove_citations``: ``[3]`` markers (and `` |``) removed."""
+    return re.sub(r"\[\d+", "", re.sub(r" \[\d+", "", text)).replace(" |", "").replace("]", "")
+
+
+def qampari_scores(output: str, answers: Sequence[Sequence[str] | str]) -> dict[str, float]:
+    """QAMPARI list scores (ALCE's ``compute_qampari_f1``): the output (citations removed) split at
+    commas; ``answers`` is a list of alias lists. ``rec_top5`` = answers found, capped at 5, over
+    min(5, number of answers) - HELMET's Cite metric for QAMPARI."""
+    text = remove_citations(output).rstrip().rstrip(".").rstrip(",")
+    preds = [p for p in (helmet_normalize(x.strip()) for x in text.split(",")) if p]
+    groups = [[helmet_normalize(a) for a in ([g] if isinstance(g, str) else g)] for g in answers]
+    flat = {a for group in groups for a in group}
+    found = sum(any(a in preds for a in group) for group in groups)
+    prec = sum(p in flat for p in preds) / len(preds) if preds else 0.0
+    rec = found / len(groups) if groups else 0.0
+    rec5 = min(5, found) / min(5, len(groups)) if groups else 0.0
+
+    def f1(p: float, r: float) -> float:
+        return 2 * p * r / (p + r) if p + r else 0.0
+
+    return {"qampari_prec": prec, "qampari_rec": rec, "qampari_rec_top5": rec5, "qampari_f1": f1(prec, rec),
+            "qampari_f1_top5": f1(prec, rec5), "num_preds": float(len(preds))}  # fmt: skip
+
+
+def asqa_str_em(output: str, qa_pairs: Sequence[Mapping[str, Sequence[str]]]) -> tuple[float, float]:
+    """ASQA's STR-EM and STR-HIT (ALCE): the share of the question's disambiguations with a short
+    answer present in the (normalised, citation-free) output, and whether all are."""
+    text = helmet_normalize(remove_citations(output))
+    hits = [any(helmet_normalize(a) in text for a in pair["short_answers"]) for pair in qa_pairs]
+    if not hits:
+        return 0.0, 0.0
+    em = sum(hits) / len(hits)
+    return em, float(em == 1.0)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Sentences of ``text`` with NLTK's Punkt splitter (untrained parameters: the trained English
+    model ALCE uses is a download this framework does not make)."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    return PunktSentenceTokenizer().tokenize(text)
+
+
+def citation_scores(
+    output: str,
+    docs: Sequence[str],
+    entails: Callable[[str, str], bool],
+    *,
+    question: str = "",
+    qampari: bool = False,
+    at_most: int = 3,
+) -> dict[str, float] | None:
+    """ALCE's citation recall and precision of one output (``compute_autoais``).
+
+    ``docs`` are the numbered documents as the NLI model reads them (``[1]`` is ``docs[0]``);
+    ``entails(premise, hypothesis)`` is the NLI judgement. Claims are the output's sentences
+    (sentences under 5 characters dropped) or, for QAMPARI, ``question + " " + item`` for each
+    comma-separated item. A claim without citations, or citing a document out of range, counts
+    against recall; otherwise its first ``at_most`` citations are joined and judged. Precision:
+    each citation of a supported multi-citation claim is needed unless it neither supports the
+    claim alone nor is required by the others. Returns None when the output has no claim (ALCE
+    skips it)."""
+    if qampari:
+        claims = [question + " " + x.strip() for x in output.rstrip().rstrip(".").rstrip(",").split(",")]
+    else:
+        claims = [s for s in split_sentences(output) if len(s.strip()) >= 5]
+    if not claims:
+        return None
+    recall = precision_hits = citations = 0
+    for claim in claims:
+        target = remove_citations(claim).strip()
+        refs = [int(r[1:]) - 1 for r in re.findall(r"\[\d+", claim)]
+        if not refs or any(r < 0 or r >= len(docs) for r in refs):
+            continue
+        refs = refs[:at_most]
+        citations += len(refs)
+        supported = entails("\n".join(docs[r] for r in refs), target)
+        recall += supported
+        if supported and len(refs) > 1:
+            for r in refs:
+                if entails(docs[r], target):
+                    precision_hits += 1
+                elif not entails("\n".join(docs[o] for o in refs if o != r), target):
+                    precision_hits += 1
+        else:
+            precision_hits += supported
+    return {
+        "citation_rec": recall / len(claims),
+        "citation_prec": precision_hits / citations if citations else 0.0,
+    }

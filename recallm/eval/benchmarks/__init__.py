@@ -1,5 +1,5 @@
-"""The benchmarks: lost in thought, in-domain validation cells, RULER (offline subset), HELMET json_kv,
-any synthetic data_gen task at new lengths.
+"""The benchmarks: lost in thought, in-domain validation cells, RULER (13 tasks), HELMET (7 categories; and
+its json_kv alone), any synthetic data_gen task at new lengths.
 
 ``make_benchmarks(suite, only=..., reward_config=...)`` builds the enabled benchmarks of a suite
 (``configs/eval/<suite>.yaml``) and checks every setting before anything is generated.
@@ -12,25 +12,48 @@ from typing import Any
 
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkSettings, Followup
-from recallm.eval.benchmarks.helmet import HelmetJsonKV
+from recallm.eval.benchmarks.helmet import Helmet, HelmetJsonKV
 from recallm.eval.benchmarks.in_domain import InDomain
 from recallm.eval.benchmarks.lost_in_thought import LostInThought
 from recallm.eval.benchmarks.ruler import Ruler
 from recallm.eval.benchmarks.synthetic import SyntheticTask
+from recallm.eval.types import parse_length
 
 __all__ = ["BENCHMARKS", "Benchmark", "BenchmarkSettings", "Followup", "make_benchmarks"]
 
 BENCHMARKS: dict[str, type[Benchmark]] = {
-    cls.name: cls for cls in (LostInThought, InDomain, Ruler, HelmetJsonKV, SyntheticTask)
+    cls.name: cls for cls in (LostInThought, InDomain, Ruler, Helmet, HelmetJsonKV, SyntheticTask)
 }
 
-_SUITE_KEYS = ("name", "seed", "tolerance", "answer_region", "system_prompt", "generation", "benchmarks")
+_SUITE_KEYS = (
+    "name",
+    "seed",
+    "tolerance",
+    "answer_region",
+    "system_prompt",
+    "generation",
+    "benchmarks",
+    "judge",
+    "fit_lengths",
+    "data_root",  # where the local copies live (the suite's paths interpolate it)
+)
+
+
+def parse_fit_lengths(value: Any) -> dict[int, int]:
+    """``eval.fit_lengths``: ``{nominal length: fitted prompt length}`` (``{128K: 125K}``)."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise RecallmError(f"eval.fit_lengths must be a mapping such as {{128K: 125K}}, got {value!r}")
+    return {parse_length(k, "eval.fit_lengths"): parse_length(v, "eval.fit_lengths") for k, v in value.items()}
 
 
 def make_benchmarks(
-    suite: Mapping[str, Any], *, only: Sequence[str] | None = None, reward_config: Any = None
+    suite: Mapping[str, Any], *, only: Sequence[str] | None = None, reward_config: Any = None, judge: Any = None
 ) -> list[Benchmark]:
-    """The benchmarks of ``suite`` that are enabled (or, with ``only``, exactly those named)."""
+    """The benchmarks of ``suite`` that are enabled (or, with ``only``, exactly those named).
+    ``judge``: a ``recallm.eval.judge.Judge`` (default: the one ``suite["judge"]`` describes, or
+    none)."""
     unknown_keys = sorted(set(suite) - set(_SUITE_KEYS))
     if unknown_keys:
         raise RecallmError(f"eval suite has unknown keys {unknown_keys}; known: {list(_SUITE_KEYS)}")
@@ -52,11 +75,17 @@ def make_benchmarks(
         raise RecallmError("no benchmark to run: enable one in eval.benchmarks or name them with benchmarks=[...]")
     if not suite.get("generation"):
         raise RecallmError("eval.generation is required (max_new_tokens, temperature, top_p)")
+    if judge is None:
+        from recallm.eval.judge import make_judge
+
+        judge = make_judge(suite.get("judge"))
     settings = BenchmarkSettings(
         seed=int(suite.get("seed", 0) or 0),
         answer_region=str(suite.get("answer_region", "after_think")),
         tolerance=float(suite.get("tolerance", 0.05)),
         generation=dict(suite["generation"]),
         reward_config=reward_config,
+        judge=judge,
+        fit_lengths=parse_fit_lengths(suite.get("fit_lengths")),
     )
     return [BENCHMARKS[name](configs.get(name) or {}, settings) for name in names]

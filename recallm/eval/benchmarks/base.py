@@ -37,6 +37,10 @@ class BenchmarkSettings:
     tolerance: float = 0.05
     generation: Mapping[str, Any] | None = None  # the suite's generation settings (a benchmark may override keys)
     reward_config: Any = None  # rewards.RewardConfig (in-domain scoring)
+    judge: Any = None  # recallm.eval.judge.Judge, or None (the deterministic fallbacks)
+    # nominal length -> the prompt length fitted in its place (e.g. 131072 -> 128000: the 128K cells leave room
+    # to generate within the model's positions); the cell keeps its nominal length in ids and tables
+    fit_lengths: Mapping[int, int] | None = None
 
     def __post_init__(self) -> None:
         if self.answer_region not in ANSWER_REGIONS:
@@ -148,9 +152,28 @@ class Benchmark(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What identifies this benchmark's examples (for the run's fingerprint)."""
-        return {"lengths": self.lengths, "per_cell": self.per_cell, **self.cfg}
+        out = {"lengths": self.lengths, "per_cell": self.per_cell, **self.cfg}
+        fitted = {n: self.target(n) for n in self.lengths if self.target(n) != n}
+        if fitted:  # (absent otherwise, so that runs without a mapping keep their fingerprint)
+            out["fit_lengths"] = fitted
+        return out
+
+    def score_batch(
+        self, examples: Sequence[Example], generations: Sequence[Generation], followups: Sequence[Generation | None]
+    ) -> list[Score]:
+        """Scores of a batch (``score`` one by one; a benchmark that asks a judge overrides this to
+        ask concurrently)."""
+        return [self.score(e, g, f) for e, g, f in zip(examples, generations, followups, strict=True)]
+
+    def followup_batch(self, examples: Sequence[Example], generations: Sequence[Generation]) -> list[Followup | None]:
+        """``followup`` of a batch (overridden where a judge is asked)."""
+        return [self.followup(e, g) for e, g in zip(examples, generations, strict=True)]
 
     # --- helpers -------------------------------------------------------------------------------
+
+    def target(self, length: int) -> int:
+        """The prompt length fitted for a cell of nominal ``length`` (``fit_lengths``)."""
+        return int((self.settings.fit_lengths or {}).get(length, length))
 
     def rng(self, *parts: Any) -> random.Random:
         return random.Random(example_seed(self.settings.seed, self.name, *parts))

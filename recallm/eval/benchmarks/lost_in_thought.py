@@ -1,27 +1,35 @@
-"""Lost in thought (paper §2, App. A): retrieval before and after reasoning, on the same dictionary.
+"""Lost in thought (paper §2, App. A.2-A.3, Table 4): retrieval before and after reasoning, on the same dictionary.
 
 Every example is a *pair* of prompts over one key-value dictionary (CSV, JSON or lines; the
-query before or after it; the layouts and generators of ``data_gen.tasks.kv``):
+query before or after it; the layouts and generators of ``data_gen.tasks.kv``), shaped like the
+paper's Figure 5 (the wording is ours, in two paraphrases):
 
-* **retrieval** - the key is given; the model must give its value;
-* **reasoning retrieval** - a math problem (a linear equation or an arithmetic expression,
-  ``data_gen.tasks.kv.PROBLEM_TYPES``) whose integer answer is the key; keys next to the answer
-  are always in the dictionary, so a reasoning slip lands on a real but wrong entry.
+* **retrieval** - the key is given (``Your key: 1837``); the model must give its value;
+* **reasoning retrieval** - the dictionary is named (``data_table``, ``lookup_json``), and a math
+  problem (a linear equation or an arithmetic expression, ``data_gen.tasks.kv.PROBLEM_TYPES``)
+  gives the key; keys next to the answer are always in the dictionary, so a reasoning slip lands
+  on a real but wrong entry.
 
 The reasoning-retrieval prompt is fitted to the target length; the retrieval prompt then shows
 the very same dictionary lines in the same order, with its own question.
 
 Per output: **accuracy** (the final answer contains the value: the training reward's subEM);
 for reasoning retrieval also **math** (the output states the key as a whole number) and, when
-the math is right, **injected**: the output is cut right after the first place it states the
-key (a recall span left open there is closed), the injection text is appended - by default a
-short line restating the key and ending with the entry's exact lexical prefix in the dictionary
-(``{key}: `` for lines, ``{key},`` for CSV, ``"{key}": "`` for JSON) - and the model continues;
-injected is 1 when the value comes next. The summary's ``lost_in_thought`` table gives per
-length and for the paper's short (<= 32K) and long (>= 64K) buckets: retrieval, reasoning
-retrieval, reasoning retrieval given correct math, injected, math accuracy, the relative gap
-(retrieval - reasoning retrieval) / retrieval, the extra output tokens of reasoning, and recall
-usage (Table 4, Figure 2).
+the math is right, the **injection** run of App. A.3: the point where the model *first attempts
+to retrieve* the value is located - by the judge model (``eval.judge``, any OpenAI-compatible
+endpoint; the paper used Gemma-3-27B-IT), or, without one, by string matching (right after the
+first place the output states the key; labelled as such) - the output is cut there (a recall
+span left open is closed), a short line restating the key and ending with the entry's exact
+lexical prefix (``{key}: `` for lines, ``{key},`` for CSV, ``"{key}": "`` for JSON) is appended
+and the model continues; **injected** is 1 when the value comes next. **attempted** is whether a
+retrieval attempt was found (the judge may find none); its mean over the math-correct examples
+is Table 4's coverage. As in the paper, the injection numbers are over at most
+``injection_examples`` (200) math-correct examples per length (the first ones by index).
+
+The summary's ``lost_in_thought`` table gives per length and for the paper's short (<= 32K) and
+long (>= 64K) buckets: retrieval, reasoning retrieval, reasoning retrieval given correct math,
+injected, coverage, math accuracy, the relative gap (retrieval - reasoning retrieval) /
+retrieval, the extra output tokens of reasoning, and recall usage (Table 4, Figures 2 and 4).
 """
 
 from __future__ import annotations
@@ -37,27 +45,44 @@ from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, EvalTask, Followup
 from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, value_follows
 from recallm.eval.types import Example, Generation, Score, Spec
+from recallm.tokens import THINK_END
 
 __all__ = ["LostInThought", "SHORT_MAX", "LONG_MIN"]
 
 RETRIEVAL, REASONING = "retrieval", "reasoning_retrieval"
 SHORT_MAX, LONG_MIN = 32768, 65536  # the paper's buckets: short = 4K-32K, long = 64K-128K
-_FORMAT_NAMES = {"lines": "line-by-line", "csv": "CSV", "json": "JSON"}
 
-RETRIEVAL_INSTRUCTION = (
-    "Below is a dictionary of key-value pairs in {fmt} format. Find the value stored under the key that the "
-    "question gives and copy it exactly. Finish with a final line of the form `Answer: <value>`."
-)
-REASONING_INSTRUCTION = (
-    "Below is a dictionary of key-value pairs in {fmt} format. The key you need is not given directly: it is the "
-    "integer answer of the math problem. Solve the problem step by step, look its answer up as a key in the "
-    "dictionary, and finish with a final line of the form `Answer: <value>`."
-)
-RETRIEVAL_QUESTION = "Key: {key}. What is the value stored under this key?"
-REASONING_QUESTION = {
-    "linear": "Math problem: solve for x: {problem}. The value of x is the key. What is the value stored under it?",
-    "arithmetic": "Math problem: compute {problem}. The result is the key. What is the value stored under it?",
+# (name in the prompt, how the instruction describes it, header before the entries); two paraphrases each
+_TABLES = {
+    "lines": ("the list", "a long list of key-value entries, one per line", ""),
+    "csv": (
+        "`data_table`",
+        "a large lookup table called `data_table` (CSV: one key,value row per line)",
+        "data_table:\n",
+    ),
+    "json": ("`lookup_json`", "a large JSON dictionary called `lookup_json`", "lookup_json:\n"),
 }
+RETRIEVAL_INSTRUCTIONS = (
+    "Extract the value corresponding to the specified key in {desc} below. On the final line, output only: "
+    "Answer: <the value>",
+    "Below is {desc}. Find the entry with the key you are given and copy its value exactly. On the final line, "
+    "output only: Answer: <the value>",
+)
+RETRIEVAL_QUESTION = "Your key: {key}"
+REASONING_INSTRUCTIONS = (
+    "Your task is to retrieve a value from {desc}. The key you need is not given directly: it is the integer answer "
+    "of a math problem. Solve the math problem step by step, then look up the entry with that key. On the final "
+    "line, output only: Answer: <the value>",
+    "You will look up a value in {desc}. First work out the key: it is the answer to the math problem below, which "
+    "you should solve step by step. Then find that key's entry. On the final line, output only: Answer: <the value>",
+)
+REASONING_QUESTION = {
+    "linear": "Now solve the math problem, and give the value stored in {name} under its answer.\n\n"
+    "Math problem: solve for x: {problem}.",
+    "arithmetic": "Now solve the math problem, and give the value stored in {name} under its answer.\n\n"
+    "Math problem: compute {problem}.",
+}
+LOCATORS = ("judge", "string")
 
 
 class LostInThought(Benchmark):
@@ -78,6 +103,7 @@ class LostInThought(Benchmark):
         "injection": True,
         "injection_template": "\nLooking up key {key} in the dictionary: {prefix}",
         "injection_max_new_tokens": 32,
+        "injection_examples": 200,
     }
 
     def __init__(self, cfg, settings) -> None:
@@ -101,8 +127,22 @@ class LostInThought(Benchmark):
             raise RecallmError("lost_in_thought.injection_template must contain {prefix}")
         if int(c["injection_max_new_tokens"]) < 1:
             raise RecallmError("lost_in_thought.injection_max_new_tokens must be >= 1")
+        if int(c["injection_examples"]) < 1:
+            raise RecallmError("lost_in_thought.injection_examples must be >= 1")
         self._pairs: OrderedDict[tuple[int, int], dict[str, Example]] = OrderedDict()
         self._task = EvalTask(self.name, "reasoning_retrieval", min_tokens=self.min_length)
+
+    @property
+    def locator(self) -> str:
+        """How the first retrieval attempt is found: ``judge`` or ``string`` (the fallback)."""
+        return "judge" if self.settings.judge is not None else "string"
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        out["prompts"] = "A.2"  # the Figure-5-shaped prompts (earlier runs had others)
+        if self.cfg["injection"]:
+            out["locator"] = self.settings.judge.describe() if self.settings.judge is not None else "string"
+        return out
 
     def specs(self) -> list[Spec]:
         if self.per_cell is None:
@@ -139,17 +179,20 @@ class LostInThought(Benchmark):
                     used.add(str(k))
                     placed.append(Piece(d.line(fmt, str(k), d.value(rng)), meta={"key": str(k)}))
         header, sep, footer = d.frame(fmt)
+        name, desc, label = _TABLES[fmt]
+        header = label + header
+        variant = rng.randrange(len(REASONING_INSTRUCTIONS))
         final: dict[str, list[Piece]] = {}
 
         def keep(pieces: list[Piece]) -> dict[str, Any]:
             final["pieces"] = [Piece(p.text, p.gold, meta=dict(p.meta)) for p in pieces]
             return {}
 
-        augment = {"kv_format": fmt, "query_position": position, "problem_type": kind}
+        augment = {"kv_format": fmt, "query_position": position, "problem_type": kind, "template": variant}
         common = {"header": header, "separator": sep, "footer": footer, "question_position": position}
         reasoning = Draft(
-            instruction=REASONING_INSTRUCTION.format(fmt=_FORMAT_NAMES[fmt]),
-            question=REASONING_QUESTION[kind].format(problem=problem),
+            instruction=REASONING_INSTRUCTIONS[variant].format(desc=desc),
+            question=REASONING_QUESTION[kind].format(problem=problem, name=name),
             placed=placed,
             distractors=d.entries(rng, fmt, used),
             answers=[value],
@@ -159,9 +202,9 @@ class LostInThought(Benchmark):
         )
         seed = rng.getrandbits(63)
         tol = self.settings.tolerance
-        row_rr = build_row(self._task, reasoning, renderer, length, rng, seed=seed, tolerance=tol)
+        row_rr = build_row(self._task, reasoning, renderer, self.target(length), rng, seed=seed, tolerance=tol)
         retrieval = Draft(
-            instruction=RETRIEVAL_INSTRUCTION.format(fmt=_FORMAT_NAMES[fmt]),
+            instruction=RETRIEVAL_INSTRUCTIONS[variant].format(desc=desc),
             question=RETRIEVAL_QUESTION.format(key=key),
             placed=[],
             distractors=iter(final["pieces"]),
@@ -171,7 +214,9 @@ class LostInThought(Benchmark):
             fit_length=False,
             **common,
         )
-        row_r = build_row(self._task, retrieval, renderer, 2 * length + 4096, rng, seed=seed, tolerance=tol)
+        row_r = build_row(
+            self._task, retrieval, renderer, 2 * self.target(length) + 4096, rng, seed=seed, tolerance=tol
+        )
         reference = {"key": key, "value": value, "format": fmt, "pair": f"{length}/{index}", **augment}
         return {
             REASONING: self.example_from_row(Spec(length, self.name, index, REASONING), row_rr, dict(reference)),
@@ -179,17 +224,42 @@ class LostInThought(Benchmark):
         }
 
     def followup(self, example: Example, generation: Generation) -> Followup | None:
-        if example.spec.task != REASONING or not self.cfg["injection"]:
-            return None
-        ref = example.reference
-        found = find_key(generation.text, ref["key"])
-        if found is None:
-            return None
-        prefix = injection_prefix(ref["format"], ref["key"])
-        text = close_open_span(generation.text[: found.end()]) + str(self.cfg["injection_template"]).format(
-            key=ref["key"], prefix=prefix
-        )
-        return Followup(text, int(self.cfg["injection_max_new_tokens"]))
+        return self.followup_batch([example], [generation])[0]
+
+    def followup_batch(self, examples: Sequence[Example], generations: Sequence[Generation]) -> list[Followup | None]:
+        """The injection continuations of a batch: for each reasoning-retrieval output whose math
+        is right, cut at its first retrieval attempt (the judge's, asked concurrently, or the
+        string-matching fallback) and append the injection. Records on the example how the cut
+        was found (``reference["located"]``: judge / string / none)."""
+        todo = []
+        for i, (example, generation) in enumerate(zip(examples, generations, strict=True)):
+            if example.spec.task == REASONING and self.cfg["injection"]:
+                if find_key(generation.text, example.reference["key"]) is not None:
+                    todo.append(i)
+        cuts: dict[int, tuple[int | None, str]] = {}
+        judge = self.settings.judge
+        if judge is not None and todo:
+
+            def locate(i: int) -> int | None:
+                text = generations[i].text
+                think = text.find(THINK_END)
+                return judge.first_retrieval(text if think < 0 else text[:think], examples[i].reference["key"])
+
+            for i, offset in zip(todo, judge.map(locate, todo), strict=True):
+                cuts[i] = (offset, "judge") if offset is not None else (None, "string")
+        out: list[Followup | None] = [None] * len(examples)
+        for i in todo:
+            offset, how = cuts.get(i, (None, "string"))
+            text, ref = generations[i].text, examples[i].reference
+            if how == "string":
+                offset = find_key(text, ref["key"]).end()
+            ref["located"] = how if offset >= 0 else "none"
+            if offset < 0:
+                continue
+            prefix = injection_prefix(ref["format"], ref["key"])
+            injection = str(self.cfg["injection_template"]).format(key=ref["key"], prefix=prefix)
+            out[i] = Followup(close_open_span(text[:offset]) + injection, int(self.cfg["injection_max_new_tokens"]))
+        return out
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
         from rewards.metrics import sub_em
@@ -203,6 +273,10 @@ class LostInThought(Benchmark):
             metrics["math"] = float(math)
             if math:
                 metrics["accuracy_given_math"] = float(correct)
+                located = ref.get("located")
+                if located is not None:
+                    metrics["attempted"] = float(located != "none")
+                    metrics["located_by_judge"] = float(located == "judge")
                 if followup is not None:
                     metrics["injected"] = float(value_follows(followup.text, ref["value"]))
         return Score(score=float(correct), correct=correct, answer=answer, metrics=metrics)
@@ -211,7 +285,11 @@ class LostInThought(Benchmark):
         cells: dict[int, dict[str, list[Mapping[str, Any]]]] = {}
         for r in records:
             cells.setdefault(int(r["length"]), {}).setdefault(r["task"], []).append(r)
-        by_length = {str(length): _table_row(tasks) for length, tasks in sorted(cells.items())}
+        cap = int(self.cfg["injection_examples"])
+        by_length = {str(length): _table_row(tasks, cap) for length, tasks in sorted(cells.items())}
+        if self.locator == "string":  # every math-correct output states the key: coverage is not measured
+            for row in by_length.values():
+                row["coverage"] = None
         buckets = {}
         for name, keep in (("short", lambda n: n <= SHORT_MAX), ("long", lambda n: n >= LONG_MIN)):
             rows = [by_length[str(n)] for n in sorted(cells) if keep(n)]
@@ -219,7 +297,7 @@ class LostInThought(Benchmark):
                 buckets[name] = {
                     k: _mean([row[k] for row in rows if row.get(k) is not None]) for k in rows[0] if k != "pairs"
                 } | {"pairs": sum(row["pairs"] for row in rows)}
-        return {"by_length": by_length, "buckets": buckets}
+        return {"by_length": by_length, "buckets": buckets, "locator": self.locator, "injection_examples": cap}
 
 
 def _mean(values: Sequence[float]) -> float | None:
@@ -230,8 +308,24 @@ def _metric(records: Sequence[Mapping[str, Any]], name: str) -> float | None:
     return _mean([float(r["metrics"][name]) for r in records if name in (r.get("metrics") or {})])
 
 
-def _table_row(tasks: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, Any]:
+def _injection_sample(reas: Sequence[Mapping[str, Any]], cap: int) -> list[Mapping[str, Any]]:
+    """The first ``cap`` math-correct reasoning outputs (by example index) - the paper's sample of
+    at most 200 per length; each counts as attempted when a retrieval attempt was located (records
+    without the field: when an injection was run)."""
+    solved = [r for r in reas if (r.get("metrics") or {}).get("math") == 1.0]
+    solved.sort(key=lambda r: int(r.get("index", 0)))
+    return solved[:cap]
+
+
+def _attempted(r: Mapping[str, Any]) -> float:
+    metrics = r.get("metrics") or {}
+    return float(metrics.get("attempted", 1.0 if "injected" in metrics else 0.0))
+
+
+def _table_row(tasks: Mapping[str, Sequence[Mapping[str, Any]]], cap: int = 200) -> dict[str, Any]:
     retr, reas = tasks.get(RETRIEVAL, []), tasks.get(REASONING, [])
+    sample = _injection_sample(reas, cap)
+    injected = [r for r in sample if _attempted(r) and "injected" in (r.get("metrics") or {})]
     r_acc, rr_acc = _metric(retr, "accuracy"), _metric(reas, "accuracy")
     gap = (r_acc - rr_acc) / r_acc * 100 if r_acc and rr_acc is not None else None
     extra = None
@@ -241,7 +335,10 @@ def _table_row(tasks: Mapping[str, Sequence[Mapping[str, Any]]]) -> dict[str, An
         "retrieval": r_acc,
         "reasoning_retrieval": rr_acc,
         "reasoning_retrieval_given_math": _metric(reas, "accuracy_given_math"),
-        "injected": _metric(reas, "injected"),
+        "injected": _metric(injected, "injected"),
+        "coverage": _mean([_attempted(r) for r in sample])
+        if any("attempted" in (r.get("metrics") or {}) for r in sample)
+        else None,
         "math": _metric(reas, "math"),
         "relative_gap_pct": gap,
         "reasoning_tokens": extra,

@@ -1,15 +1,19 @@
-"""The RULER tasks that can be generated offline (Hsieh et al., 2024; NVIDIA/RULER).
+"""RULER (Hsieh et al., 2024; NVIDIA/RULER): all thirteen tasks.
 
-Eleven of RULER's thirteen tasks (the two QA tasks need SQuAD / HotpotQA), with RULER's task
-definitions and default parameters, written here from its description; prompts are fitted to the
-target length with the model's tokenizer and chat template (``data_gen.fit``):
+RULER's task definitions and default parameters, written here from its description; prompts are
+fitted to the target length with the model's tokenizer and chat template (``data_gen.fit``):
 
 * ``niah_single_1/2/3``, ``niah_multikey_1/2/3``, ``niah_multivalue``, ``niah_multiquery`` -
   needles ``One of the special magic {numbers|uuids} for {key} is: {value}.`` in a haystack of
-  ``noise`` (one repeated paragraph), ``essay`` (English-word sentences from ``data_gen.text``:
-  RULER's Paul Graham essays cannot be downloaded here) or ``needle`` (other needles). Keys are
-  word pairs, numbers or UUIDs; values numbers or UUIDs. Multi-key: 4 needles with different
-  keys, one asked; multi-value: one key with 4 values; multi-query: 4 keys, all asked.
+  ``noise`` (one repeated paragraph), ``essay`` or ``needle`` (other needles). Keys are word
+  pairs, numbers or UUIDs; values numbers or UUIDs. Multi-key: 4 needles with different keys,
+  one asked; multi-value: one key with 4 values; multi-query: 4 keys, all asked.
+* The ``essay`` haystack: RULER uses Paul Graham's essays. ``haystack_path`` reads them from a
+  local copy - RULER's ``PaulGrahamEssays.json`` (``{"text": ...}``, written by its
+  ``download_paulgraham_essay.py``), a ``.txt`` file, or a directory of ``.txt`` files (name
+  order) - as RULER does: whitespace collapsed, cut into sentences, read from the start (and
+  again from the start when a long context needs more). Without it the haystack is generated
+  offline (English-word sentences from ``data_gen.text``), and the summary and report say so.
 * ``vt`` (variable tracking) - a chain ``VAR A = 12345``, ``VAR B = VAR A``, ... (4 hops, in
   order) in noise; the answer is every variable that holds the value.
 * ``cwe`` (common words extraction) - a numbered word list in which 10 words appear 30 times and
@@ -18,10 +22,18 @@ target length with the model's tokenizer and chat template (``data_gen.fit``):
   with ``....`` as the most frequent noise word; the answer is the 3 most frequent coded words,
   counted in the final prompt (ties at the third place are broken by turning an occurrence of
   the tied words into noise).
+* ``qa_1`` (SQuAD) and ``qa_2`` (HotpotQA) - a question and documents ``Document {i}:\n...``:
+  the question's own documents (SQuAD: its paragraph, then the other paragraphs of its article;
+  HotpotQA: all ten paragraphs of the distractor setting, ``title\ntext``) and random documents
+  of the rest of the data set up to the length, in random order. Questions are taken in the
+  file's order (unanswerable SQuAD questions skipped), as RULER does. Local copies:
+  ``squad_path`` (SQuAD 2.0 ``dev-v2.0.json``) and ``hotpotqa_path`` (HotpotQA
+  ``hotpot_dev_distractor_v1.json``, or the Hugging Face ``hotpot_qa`` distractor layout).
 
 Scoring is RULER's: ``string_match_all`` (the fraction of references found, case-insensitive
-substring) on the post-processed answer region of the output (after ``</think>``).
-Per-task parameters can be overridden: ``task_params: {cwe: {freq_cw: 20}}``.
+substring) for every task but QA, ``string_match_part`` (any reference found) for QA, on the
+post-processed answer region of the output (after ``</think>``). Per-task parameters can be
+overridden: ``task_params: {cwe: {freq_cw: 20}}``.
 """
 
 from __future__ import annotations
@@ -41,7 +53,7 @@ from recallm.eval.benchmarks.base import Benchmark, EvalTask
 from recallm.eval.scoring import answer_region, ruler_postprocess, string_match_all, string_match_part
 from recallm.eval.types import Example, Generation, Score, Spec
 
-__all__ = ["Ruler", "RULER_TASKS", "NOISE", "NEEDLE"]
+__all__ = ["Ruler", "RULER_TASKS", "NOISE", "NEEDLE", "load_essays", "load_squad", "load_hotpotqa"]
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
@@ -63,6 +75,8 @@ RULER_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     "vt": ("vt", {"num_chains": 1, "num_hops": 4}),
     "cwe": ("cwe", {"num_cw": 10, "freq_cw": None, "freq_ucw": None}),
     "fwe": ("fwe", {"alpha": 2.0, "vocab_size": 1000, "word_length": 6}),
+    "qa_1": ("qa", {"dataset": "squad"}),
+    "qa_2": ("qa", {"dataset": "hotpotqa"}),
 }
 _KIND_DEFAULTS = {
     "niah": {
@@ -76,13 +90,136 @@ _KIND_DEFAULTS = {
     "vt": {"num_chains": 1, "num_hops": 4},
     "cwe": {"num_cw": 10, "freq_cw": None, "freq_ucw": None},
     "fwe": {"alpha": 2.0, "vocab_size": 1000, "word_length": 6},
+    "qa": {"dataset": "squad"},
 }
 _CHOICES = {
     "haystack": ("noise", "essay", "needle"),
     "key_type": ("words", "numbers", "uuids"),
     "value_type": ("numbers", "uuids"),
+    "dataset": ("squad", "hotpotqa"),
 }
 FWE_NOISE = "...."
+GENERATED_HAYSTACK = "generated English-word sentences (offline default; RULER uses Paul Graham's essays)"
+_QA_SOURCES = {
+    "squad": (
+        "squad_path",
+        "SQuAD 2.0 (RULER qa_1)",
+        "SQuAD 2.0's dev-v2.0.json (https://rajpurkar.github.io/SQuAD-explorer/; RULER's "
+        "download_qa_dataset.sh fetches it); set eval.benchmarks.ruler.squad_path, or drop qa_1 from tasks",
+    ),
+    "hotpotqa": (
+        "hotpotqa_path",
+        "HotpotQA (RULER qa_2)",
+        "HotpotQA's hotpot_dev_distractor_v1.json (https://hotpotqa.github.io/; RULER's download_qa_dataset.sh "
+        "fetches it); set eval.benchmarks.ruler.hotpotqa_path, or drop qa_2 from tasks",
+    ),
+}
+_ESSAY_HINT = (
+    "RULER's PaulGrahamEssays.json (scripts/data/synthetic/json/download_paulgraham_essay.py of NVIDIA/RULER), "
+    "a .txt file or a directory of .txt files; or haystack_path=null for the generated haystack"
+)
+_CACHE: dict[tuple[str, str], Any] = {}  # loaded essays and QA sets, per path
+#: options added after runs were fingerprinted: left out of the fingerprint while unset
+_NEW_OPTIONS = ("haystack_path", "squad_path", "hotpotqa_path")
+
+
+def load_essays(path: str) -> list[str]:
+    """The sentences of the essays at ``path`` (see module doc), cached per path."""
+    from pathlib import Path
+
+    from data_gen.datasets.io import check_path
+    from recallm.eval.scoring import split_sentences
+
+    key = ("essay", str(Path(path).expanduser().resolve()))
+    if key in _CACHE:
+        return _CACHE[key]
+    p = check_path(path, "the essay haystack", _ESSAY_HINT)
+    files = sorted(p.rglob("*.txt")) if p.is_dir() else [p]
+    texts = []
+    for file in files:
+        try:
+            raw = file.read_text(encoding="utf-8")
+            if file.suffix.lower() == ".json":
+                import json
+
+                raw = json.loads(raw)["text"]
+        except (OSError, UnicodeDecodeError, ValueError, KeyError, TypeError) as exc:
+            raise RecallmError(
+                f"the essay haystack: cannot read {file} ({type(exc).__name__}); {_ESSAY_HINT}"
+            ) from None
+        texts.append(str(raw))
+    sentences = [s.strip() for s in split_sentences(" ".join(" ".join(texts).split())) if s.strip()]
+    if len(sentences) < 2:
+        raise RecallmError(f"the essay haystack: {p} holds no text; {_ESSAY_HINT}")
+    _CACHE[key] = sentences
+    return sentences
+
+
+def load_squad(path: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """RULER's reading of SQuAD: (answerable questions in file order with their paragraph and the
+    other paragraphs of their article, the sorted unique paragraphs)."""
+    from data_gen.datasets.io import load_records
+
+    name, hint = _QA_SOURCES["squad"][1:]
+    key = ("squad", str(path))
+    if key in _CACHE:
+        return _CACHE[key]
+    articles = load_records(path, dataset=name, hint=hint, split="dev")
+    try:
+        docs = sorted({p["context"] for a in articles for p in a["paragraphs"]})
+        index = {c: i for i, c in enumerate(docs)}
+        qas = []
+        for article in articles:
+            own = [index[p["context"]] for p in article["paragraphs"]]
+            for para in article["paragraphs"]:
+                for qa in para["qas"]:
+                    answers = [a["text"] for a in qa.get("answers") or []]
+                    if qa.get("is_impossible") or not answers:
+                        continue
+                    doc = index[para["context"]]
+                    qas.append({"query": qa["question"], "answers": answers, "docs": [doc],
+                                "more": [i for i in own if i != doc]})  # fmt: skip
+    except (KeyError, TypeError) as exc:
+        raise RecallmError(f"{name}: {path} is not in SQuAD's layout (missing {exc}); {hint}") from None
+    if not qas:
+        raise RecallmError(f"{name}: no answerable question in {path}; {hint}")
+    _CACHE[key] = (qas, docs)
+    return qas, docs
+
+
+def load_hotpotqa(path: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """RULER's reading of HotpotQA: (questions in file order with all their paragraphs, the
+    sorted unique paragraphs ``title\ntext``)."""
+    from data_gen.datasets.io import load_records
+
+    name, hint = _QA_SOURCES["hotpotqa"][1:]
+    key = ("hotpotqa", str(path))
+    if key in _CACHE:
+        return _CACHE[key]
+    records = load_records(path, dataset=name, hint=hint, split="dev")
+
+    def paragraphs(context) -> list[str]:
+        if isinstance(context, str):
+            import json
+
+            context = json.loads(context)
+        if isinstance(context, dict):  # the Hugging Face layout
+            context = list(zip(context.get("title") or [], context.get("sentences") or [], strict=False))
+        return [f"{title}\n{''.join(sentences)}" for title, sentences in context]
+
+    try:
+        items = [(r["question"], [str(r["answer"])], paragraphs(r["context"])) for r in records]
+    except (KeyError, TypeError, ValueError) as exc:
+        raise RecallmError(
+            f"{name}: {path} is not in HotpotQA's layout ({type(exc).__name__}: {exc}); {hint}"
+        ) from None
+    docs = sorted({d for _, _, ds in items for d in ds})
+    index = {d: i for i, d in enumerate(docs)}
+    qas = [{"query": q, "answers": a, "docs": [index[d] for d in ds], "more": []} for q, a, ds in items if ds]
+    if not qas:
+        raise RecallmError(f"{name}: no question in {path}; {hint}")
+    _CACHE[key] = (qas, docs)
+    return qas, docs
 
 
 def _fresh(make, used: set[str]) -> str:
@@ -99,11 +236,13 @@ def _cwe_vocabulary() -> list[str]:
 
 
 class Ruler(Benchmark):
-    """See module doc. Options: ``tasks`` (default: all eleven), ``task_params`` (per-task overrides)."""
+    """See module doc. Options: ``tasks`` (default: all thirteen), ``task_params`` (per-task
+    overrides), ``haystack_path`` (the essays; null: generated), ``squad_path``, ``hotpotqa_path``."""
 
     name = "ruler"
     min_length = 256
-    options = {"tasks": list(RULER_TASKS), "task_params": {}}
+    options = {"tasks": list(RULER_TASKS), "task_params": {}, "haystack_path": None, "squad_path": None,
+               "hotpotqa_path": None}  # fmt: skip
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
@@ -129,23 +268,50 @@ class Ruler(Benchmark):
             self.params[task] = (kind, params)
 
     def describe(self) -> dict[str, Any]:
-        return {**super().describe(), "params": {t: p for t, (_, p) in self.params.items()}}
+        out = {**super().describe(), "params": {t: p for t, (_, p) in self.params.items()}}
+        for key in _NEW_OPTIONS:
+            if out.get(key) is None:
+                out.pop(key, None)
+        return out
 
     def specs(self) -> list[Spec]:
+        from data_gen.datasets.io import check_path
+
         if self.per_cell is None:
             raise RecallmError(f"benchmark {self.name}: per_cell is required")
+        for task in self.tasks:
+            kind, params = self.params[task]
+            if kind == "qa":
+                option, name, hint = _QA_SOURCES[params["dataset"]]
+                check_path(self.cfg[option], f"ruler {task}: {name}", hint)
+        if self.cfg["haystack_path"] is not None:
+            check_path(self.cfg["haystack_path"], "ruler: the essay haystack", _ESSAY_HINT)
         return [Spec(n, self.name, i, task) for task in self.tasks for n in self.lengths for i in range(self.per_cell)]
+
+    @property
+    def haystack_source(self) -> str:
+        path = self.cfg["haystack_path"]
+        return f"Paul Graham essays from {path}" if path else GENERATED_HAYSTACK
 
     def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
         kind, params = self.params[spec.task]
         rng = self.rng(spec.task, spec.length, spec.index)
-        draft = getattr(self, f"_{kind}")(params, rng, spec.length)
+        target = self.target(spec.length)
+        if kind == "qa":
+            draft = self._qa(params, rng, spec.index)
+        else:
+            draft = getattr(self, f"_{kind}")(params, rng, target)
         task = EvalTask(f"ruler/{spec.task}", "retrieval", min_tokens=self.min_length)
-        row = build_row(
-            task, draft, renderer, spec.length, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance
-        )
+        row = build_row(task, draft, renderer, target, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance)
         answers = [str(a) for a in row.ground_truth["answers"]]
-        return self.example_from_row(spec, row, {"answers": answers, "metric": "all"})
+        reference = {"answers": answers, "metric": "part" if kind == "qa" else "all"}
+        if params.get("haystack") == "essay":
+            reference["haystack"] = "essay" if self.cfg["haystack_path"] else "generated"
+        return self.example_from_row(spec, row, reference)
+
+    def summarize(self, records) -> dict[str, Any]:
+        essay = [t for t in self.tasks if self.params[t][1].get("haystack") == "essay"]
+        return {"haystack": self.haystack_source, "essay_tasks": essay} if essay else {}
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
         prediction = ruler_postprocess(answer_region(generation.text, self.settings.answer_region))
@@ -188,7 +354,11 @@ class Ruler(Benchmark):
             stream: Iterator[Piece] = (Piece(NOISE) for _ in itertools.count())
             separator = " "
         elif p["haystack"] == "essay":
-            stream = (Piece(s) for s in haystack(rng))
+            if self.cfg["haystack_path"]:
+                sentences = load_essays(str(self.cfg["haystack_path"]))
+                stream = (Piece(sentences[i % len(sentences)]) for i in itertools.count())
+            else:
+                stream = (Piece(s) for s in haystack(rng))
             separator = " "
         else:
             stream = (Piece(NEEDLE.format(kind=kind, key=key(), value=value())) for _ in itertools.count())
@@ -206,6 +376,50 @@ class Ruler(Benchmark):
             augmentations={"haystack": p["haystack"]},
             separator=separator,
             question_position="end",
+        )
+
+    def _qa(self, p: Mapping[str, Any], rng: random.Random, index: int) -> Draft:
+        option = _QA_SOURCES[p["dataset"]][0]
+        loader = load_squad if p["dataset"] == "squad" else load_hotpotqa
+        qas, docs = loader(str(self.cfg[option]))
+        qa = qas[index % len(qas)]
+        own = set(qa["docs"]) | set(qa["more"])
+        more = list(qa["more"])
+        rng.shuffle(more)
+
+        def others() -> Iterator[Piece]:
+            yield from (Piece(docs[i], meta={"doc": docs[i]}) for i in more)  # the article's other paragraphs first
+            if len(own) >= len(docs):
+                return
+            while True:  # then random documents of the rest of the data set
+                i = rng.randrange(len(docs))
+                if i not in own:
+                    yield Piece(docs[i], meta={"doc": docs[i]})
+
+        shuffle_seed = rng.getrandbits(63)
+
+        def numbered(pieces: list[Piece]) -> dict[str, Any]:
+            # the documents in random order (the question's own ones included), numbered from 1; a piece keeps
+            # its document in meta (fitting may render several times)
+            texts = [piece.meta["doc"] for piece in pieces]
+            random.Random(shuffle_seed).shuffle(texts)
+            for i, (piece, text) in enumerate(zip(pieces, texts, strict=True)):
+                piece.text = f"Document {i + 1}:\n{text}"
+            return {}
+
+        return Draft(
+            instruction="Answer the question based on the given documents.",
+            question=f"Question: {qa['query']} {_ANSWER_LINE}",
+            placed=[Piece(docs[i], gold=True, meta={"doc": docs[i]}) for i in qa["docs"]],
+            distractors=others(),
+            answers=list(qa["answers"]),
+            augmentations={"dataset": p["dataset"]},
+            header="The following are given documents.\n\n",
+            footer="\n\nAnswer the question based on the given documents.",
+            separator="\n\n",
+            question_position="end",
+            evidence=False,
+            finalize=numbered,
         )
 
     def _vt(self, p: Mapping[str, Any], rng: random.Random, length: int) -> Draft:

@@ -1,0 +1,557 @@
+"""HELMET (Yen et al., 2025), all seven categories of the paper's Table 2.
+
+=========  ===================================================  =====================================
+category   tasks                                                metric (HELMET's)
+=========  ===================================================  =====================================
+Recall     json_kv, ruler_niah_mk_2, ruler_niah_mk_3,           substring exact match; RULER recall
+           ruler_niah_mv (generated offline)
+RAG        nq, triviaqa, hotpotqa, popqa (KILT passages)        substring exact match
+Re-rank    msmarco_rerank                                       NDCG@10 (trec_eval)
+Cite       alce_asqa, alce_qampari                              STR-EM / QAMPARI recall@5, citation
+                                                                recall and precision (NLI judge)
+LongQA     narrativeqa, infbench_qa, infbench_choice            judge (fluency x correctness),
+                                                                ROUGE-L F1, exact match
+Summ       infbench_sum, multi_lexsum                           judge F1 (fluency x key-point recall
+                                                                / sentence precision)
+ICL        trec_coarse, trec_fine, banking77, clinic150, nlu    exact match (labels are random ints)
+=========  ===================================================  =====================================
+
+How an example is made, as HELMET makes it (``recallm.eval.benchmarks.helmet.tasks`` holds the
+per-task facts): the test items of a task are drawn in a seeded order (the same items at every
+length); the number of passages, shots or documents comes from HELMET's table for the length
+(the HELMET length at or above the target: 4K, 8K, ..., 128K; RAG and re-ranking read HELMET's
+per-length files ``..._k{k}_...jsonl``); two demonstrations where HELMET uses them; the prompt is
+HELMET's template in the model's chat template (with the suite's system prompt, as the paper
+evaluates every task with chat templates); long documents are first cut to ``length - reserve``
+tokens; and the whole prompt is truncated at the end of its context so that it leaves HELMET's
+generation budget free (``length - gen_tokens`` tokens at most). A cell of nominal length ``L``
+is fitted to ``eval.fit_lengths[L]`` when the suite maps it (the 128K cells at 125K).
+
+Scoring reads the answer region (after ``</think>``) and, as HELMET takes the best of the raw
+and the parsed output, each metric is the best over the readings: the region, the line after
+HELMET's prefix (``Answer:``, ``label:``, ``Ranking:``) and the text after the last ``Answer:``.
+Judged metrics use ``settings.judge`` (``eval.judge``) or, without one, a labelled fallback
+(``recallm.eval.judge``). The summary's ``extra`` holds the categories per length and their
+averages (Table 2 averages lengths 8K-128K; the report does that).
+
+``helmet_json_kv`` is the Recall category's ``json_kv`` alone (the suites before this one).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from data_gen.fit import PromptRenderer
+from data_gen.text import uuid_str
+from recallm.errors import RecallmError
+from recallm.eval.benchmarks.base import Benchmark
+from recallm.eval.benchmarks.helmet.tasks import (
+    CATEGORIES,
+    TASKS,
+    HelmetTask,
+    Sample,
+    Source,
+    alce_source,
+    icl_source,
+    infbench_source,
+    kilt_source,
+    msmarco_source,
+    multi_lexsum_source,
+    narrativeqa_source,
+    size_at,
+)
+from recallm.eval.types import Example, Generation, Score, Spec
+
+__all__ = ["Helmet", "HelmetJsonKV"]
+
+log = logging.getLogger(__name__)
+
+OMITTED = " ... [the rest of the text is omitted]"
+_TASK_KEYS = {"path", "demo_path", "keypoints_path", "per_cell", "shots"}
+_OPEN_SOURCES = 48  # loaded task files kept (items the run asks only; the rest of each file is dropped)
+
+
+class _Pool:
+    """The items one task asks from one file, in the source's seeded order: items failing
+    ``accept`` are skipped (NarrativeQA's documents shorter than 128K tokens); once ``needed``
+    are found the rest of the file is let go."""
+
+    def __init__(self, source: Source, needed: int) -> None:
+        self.source, self.needed = source, needed
+        self.rest = iter(source.items)
+        self.kept: list[Any] = []
+
+    def get(self, index: int, accept=None) -> Any:
+        while len(self.kept) <= index:
+            item = next(self.rest, None)
+            if item is None:
+                return None
+            if accept is None or accept(item):
+                self.kept.append(item)
+            if len(self.kept) >= self.needed:
+                self.rest = iter(())
+                self.source.items = []
+        return self.kept[index]
+
+
+class Helmet(Benchmark):
+    """See module doc. Options: ``tasks`` (default: all 21), ``task_params`` (per task: ``path``,
+    ``demo_path``, ``keypoints_path``, ``per_cell``, ``shots`` and the task's own options),
+    ``helmet_dir`` (a HELMET checkout with its data downloaded), ``dataset_root`` (local copies of
+    the raw data sets), ``haystack_path`` (RULER's essays, for ``ruler_niah_mv``).
+    ``per_cell`` null: HELMET's own counts (100; 500 for ICL)."""
+
+    name = "helmet"
+    min_length = 256
+    options = {"tasks": list(TASKS), "task_params": {}, "helmet_dir": None, "dataset_root": None,
+               "haystack_path": None}  # fmt: skip
+
+    def __init__(self, cfg, settings) -> None:
+        super().__init__(cfg, settings)
+        tasks = self.cfg["tasks"]
+        self.task_names = [tasks] if isinstance(tasks, str) else list(tasks or [])
+        unknown = [t for t in self.task_names if t not in TASKS]
+        if unknown or not self.task_names:
+            raise RecallmError(f"{self.name}: unknown tasks {unknown}; known: {', '.join(TASKS)}")
+        if len(set(self.task_names)) != len(self.task_names):
+            raise RecallmError(f"{self.name}: tasks repeat: {self.task_names}")
+        params = dict(self.cfg["task_params"] or {})
+        bad = [t for t in params if t not in TASKS]
+        if bad:
+            raise RecallmError(f"{self.name}.task_params: unknown tasks {bad}; known: {', '.join(TASKS)}")
+        self.tasks: dict[str, HelmetTask] = {t: TASKS[t] for t in self.task_names}
+        self.params: dict[str, dict[str, Any]] = {}
+        for name, task in self.tasks.items():
+            extra = dict(params.get(name) or {})
+            allowed = _TASK_KEYS | set(task.options)
+            unknown_keys = sorted(set(extra) - allowed)
+            if unknown_keys:
+                raise RecallmError(
+                    f"{self.name}.task_params.{name}: unknown keys {unknown_keys}; known: {sorted(allowed)}"
+                )
+            for key in ("per_cell", "shots"):
+                value = extra.get(key)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 0):
+                    raise RecallmError(
+                        f"{self.name}.task_params.{name}.{key} must be a non-negative integer, got {value!r}"
+                    )
+            self.params[name] = {**task.options, **extra}
+        ruler_tasks = [t.options["ruler_task"] for t in self.tasks.values() if t.family == "ruler"]
+        self._ruler = None
+        if ruler_tasks:
+            from recallm.eval.benchmarks.ruler import Ruler
+
+            self._ruler = Ruler(
+                {
+                    "lengths": self.lengths,
+                    "per_cell": 1,
+                    "tasks": ruler_tasks,
+                    "haystack_path": self.cfg["haystack_path"],
+                },
+                settings,
+            )
+        self._pools: OrderedDict[tuple[str, str], _Pool] = OrderedDict()
+        self._doc_tokens: dict[str, int] = {}
+
+    # --- planning ------------------------------------------------------------------------------
+
+    def per_cell_of(self, name: str) -> int:
+        value = self.params[name].get("per_cell")
+        if value is not None:
+            return int(value)
+        return int(self.per_cell) if self.per_cell is not None else self.tasks[name].per_cell
+
+    def shots_of(self, name: str) -> int:
+        value = self.params[name].get("shots")
+        return int(value) if value is not None else self.tasks[name].shots
+
+    def path_of(self, name: str, which: str, target: int | None = None) -> str | None:
+        """The local path of ``which`` (``path`` / ``demo_path`` / ``keypoints_path``) of a task."""
+        task = self.tasks[name]
+        path = self.params[name].get(which)
+        if path is None:
+            default = task.files.get(which)
+            if default is None:
+                return None
+            root_key = "helmet_dir" if "{helmet_dir}" in default else "dataset_root"
+            root = self.cfg[root_key]
+            if root is None:
+                raise RecallmError(
+                    f"{self.name} {name}: set eval.benchmarks.{self.name}.{root_key} (or task_params.{name}.{which}); "
+                    f"it needs {task.hint}"
+                )
+            path = default.replace("{helmet_dir}", str(root)).replace("{dataset_root}", str(root))
+        path = str(path)
+        if "{k}" in path:
+            if target is None:
+                return path
+            path = path.replace("{k}", str(size_at(task.sizes, target)))
+        return path
+
+    def specs(self) -> list[Spec]:
+        from data_gen.datasets.io import check_path
+
+        if self.name == "helmet_json_kv" and self.per_cell is None:
+            raise RecallmError(f"benchmark {self.name}: per_cell is required")
+        if self._ruler is not None:
+            self._ruler.specs()  # (checks the essays' path)
+        specs = []
+        for name, task in self.tasks.items():
+            if task.data_backed:  # every file the plan reads exists (its content is checked when read)
+                for which in ("path", "demo_path"):
+                    for length in self.lengths:
+                        path = self.path_of(name, which, self.target(length))
+                        if path is not None and (which == "path" or self.shots_of(name)):
+                            check_path(path, f"{self.name} {name} ({which})", task.hint)
+                if task.judged and self.settings.judge is not None:
+                    keypoints = self.path_of(name, "keypoints_path")
+                    if keypoints is not None:
+                        check_path(keypoints, f"{self.name} {name} (judge key points)", task.hint)
+            n = self.per_cell_of(name)
+            specs += [Spec(length, self.name, i, name) for length in self.lengths for i in range(n)]
+        return specs
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if any(t.judged for t in self.tasks.values()):
+            out["judge"] = self.settings.judge.describe() if self.settings.judge is not None else "fallback"
+        return out
+
+    # --- building ------------------------------------------------------------------------------
+
+    def _pool(self, name: str, target: int) -> _Pool:
+        task = self.tasks[name]
+        path = self.path_of(name, "path", target)
+        key = (name, str(path))
+        if key not in self._pools:
+            seed = int(self.rng("items", name).getrandbits(31))
+            shots = self.shots_of(name)
+            family = task.family
+            if family == "kilt":
+                source = kilt_source(task, path, self.path_of(name, "demo_path"), seed, shots)
+            elif family == "msmarco":
+                source = msmarco_source(task, path, self.path_of(name, "demo_path"), seed, shots)
+            elif family == "alce":
+                source = alce_source(task, path, self.path_of(name, "demo_path"), seed, shots)
+            elif family == "narrativeqa":
+                source = narrativeqa_source(task, path, seed, shots)
+            elif family == "infbench":
+                keypoints = self.path_of(name, "keypoints_path") if self.settings.judge is not None else None
+                source = infbench_source(task, path, keypoints, seed, shots)
+            elif family == "multi_lexsum":
+                keypoints = self.path_of(name, "keypoints_path") if self.settings.judge is not None else None
+                source = multi_lexsum_source(task, path, keypoints, seed, shots)
+            elif family == "icl":
+                source = icl_source(task, path, seed)
+            else:  # pragma: no cover - the table has no other family
+                raise RecallmError(f"{self.name} {name}: unknown family {family}")
+            self._pools[key] = _Pool(source, self.per_cell_of(name))
+            while len(self._pools) > _OPEN_SOURCES:
+                self._pools.popitem(last=False)
+        self._pools.move_to_end(key)
+        return self._pools[key]
+
+    def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
+        task = self.tasks[spec.task]
+        target = self.target(spec.length)
+        if task.family == "ruler":
+            ruler_spec = Spec(spec.length, "ruler", spec.index, task.options["ruler_task"])
+            ex = self._ruler.build(ruler_spec, renderer)
+            return Example(spec, ex.messages, ex.prompt_text, ex.prompt_tokens, dict(ex.reference))
+        rng = self.rng(spec.task, spec.length, spec.index)
+        if task.family == "json_kv":
+            return self._json_kv(spec, task, target, renderer, rng)
+        pool = self._pool(spec.task, target)
+        accept = None
+        minimum = self.params[spec.task].get("min_document_tokens")
+        if minimum:
+            accept = self._long_enough(spec.task, int(minimum), renderer)
+        item = pool.get(spec.index, accept)
+        if item is None:
+            raise RecallmError(
+                f"{self.name} {spec.task}: {self.path_of(spec.task, 'path', target)} has only {len(pool.kept)} usable "
+                f"items, fewer than per_cell={self.per_cell_of(spec.task)}"
+            )
+        size = size_at(task.sizes, target) if task.sizes else 0
+        try:
+            sample = pool.source.make(item, size, rng)
+        except (KeyError, TypeError, IndexError, ValueError, AttributeError) as exc:  # a record of another layout
+            raise RecallmError(
+                f"{self.name} {spec.task}: an item of {self.path_of(spec.task, 'path', target)} is not in the expected "
+                f"layout ({type(exc).__name__}: {exc}); {task.hint}"
+            ) from None
+        return self._fit(spec, task, sample, renderer, target)
+
+    def _long_enough(self, name: str, minimum: int, renderer: PromptRenderer):
+        """``accept`` for long-document tasks: the document has at least ``minimum`` tokens
+        (HELMET keeps NarrativeQA stories over 128K tokens and Multi-LexSum cases over 64K)."""
+
+        def text_of(item) -> str:
+            if name == "narrativeqa":
+                return item["document"]["text"]
+            return "\n\n".join(str(s) for s in item["sources"])
+
+        def accept(item) -> bool:
+            text = text_of(item)
+            if len(text) < minimum:  # a token has at least one character
+                return False
+            key = str(hash(text))
+            if key not in self._doc_tokens:
+                self._doc_tokens[key] = len(renderer.token_starts(text))
+            return self._doc_tokens[key] >= minimum
+
+        return accept
+
+    def _fit(self, spec: Spec, task: HelmetTask, sample: Sample, renderer: PromptRenderer, target: int) -> Example:
+        """HELMET's truncation: the document cut to ``target - reserve`` tokens (long-document
+        tasks), then the context cut at its end until the prompt leaves ``gen_tokens`` free."""
+        fields = dict(sample.fields)
+        if task.reserve:
+            keep = max(1, target - task.reserve)
+            starts = renderer.token_starts(fields["context"])
+            if len(starts) > keep:
+                tail = len(renderer.token_starts(OMITTED))
+                fields["context"] = fields["context"][: int(starts[max(1, keep - tail)])] + OMITTED
+        budget = target - task.gen_tokens
+        for _ in range(8):
+            content = task.template.format(**fields)
+            prompt, _ = renderer.render(content)
+            tokens = renderer.length(prompt)
+            if tokens <= budget:
+                break
+            context = fields["context"]
+            starts = renderer.token_starts(context)
+            excess = tokens - budget
+            if not context or excess >= len(starts):
+                if not context:
+                    raise RecallmError(
+                        f"{self.name} {spec.task}: the prompt without its context has {tokens} tokens, more than "
+                        f"{budget} ({target} minus the {task.gen_tokens} HELMET keeps for generation)"
+                    )
+                fields["context"] = ""
+                continue
+            fields["context"] = context[: int(starts[len(starts) - excess])]
+        messages = renderer.messages(content)
+        reference = {
+            **sample.reference,
+            "task": spec.task,
+            "truncated_context": fields["context"] != sample.fields["context"],
+        }
+        return Example(spec, messages, prompt, tokens, reference)
+
+    def _json_kv(self, spec: Spec, task: HelmetTask, target: int, renderer: PromptRenderer, rng) -> Example:
+        """HELMET's JSON key-value retrieval, generated: ``k`` UUID pairs (HELMET's count for the
+        length, fewer if the model's tokenizer needs), the asked key at one of six depths, two
+        other pairs of the object as demonstrations."""
+        budget = target - task.gen_tokens
+        k = size_at(task.sizes, target, scale=True)
+        used: set[str] = set()
+
+        def fresh() -> str:
+            value = uuid_str(rng)
+            while value in used:
+                value = uuid_str(rng)
+            used.add(value)
+            return value
+
+        pairs = [(fresh(), fresh()) for _ in range(k)]
+        depth = (spec.index % 6) / 5
+        for _ in range(8):
+            gold = min(len(pairs) - 1, round(depth * (len(pairs) - 1)))
+            key, value = pairs[gold]
+            demo_pairs = [p for i, p in enumerate(pairs) if i != gold][:: max(1, (len(pairs) - 1) // 2)][:2]
+            demos = "".join(f"Key: {json.dumps(a)}\nCorresponding value: {json.dumps(b)}\n\n" for a, b in demo_pairs)
+            fields = {"context": "JSON data:\n" + json.dumps(dict(pairs)), "demos": demos, "question": json.dumps(key)}
+            content = task.template.format(**fields)
+            prompt, _ = renderer.render(content)
+            tokens = renderer.length(prompt)
+            if tokens <= budget or len(pairs) <= 2:
+                break
+            keep = max(2, int(len(pairs) * budget / tokens) - 1)
+            pairs = pairs[:keep]
+        if tokens > budget:
+            raise RecallmError(f"{self.name} json_kv: {target} tokens are too few for a JSON object of 2 pairs")
+        reference = {"answers": [value], "key": key, "value": value, "task": "json_kv", "pairs": len(pairs)}
+        return Example(spec, renderer.messages(content), prompt, tokens, reference)
+
+    # --- scoring -------------------------------------------------------------------------------
+
+    def _readings(self, task: HelmetTask, text: str) -> tuple[str, list[str]]:
+        from recallm.eval.scoring import answer_region, final_answer, helmet_parse_output
+
+        region = answer_region(text, self.settings.answer_region)
+        readings = [region, helmet_parse_output(region, task.prefix) or ""]
+        after = final_answer(text, self.settings.answer_region)
+        if after is not None:
+            readings += [after, helmet_parse_output(after, task.prefix) or ""]
+        return region, readings
+
+    def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
+        return self.score_batch([example], [generation], [followup])[0]
+
+    def score_batch(
+        self, examples: Sequence[Example], generations: Sequence[Generation], followups: Sequence[Generation | None]
+    ) -> list[Score]:
+        jobs = [lambda e=e, g=g: self._score_one(e, g) for e, g in zip(examples, generations, strict=True)]
+        judge = self.settings.judge
+        if judge is None:
+            return [job() for job in jobs]
+        return judge.map(lambda job: job(), jobs)
+
+    def _score_one(self, example: Example, generation: Generation) -> Score:
+        from recallm.eval import scoring as m
+
+        name = example.spec.task
+        task = self.tasks[name]
+        ref = example.reference
+        if task.family == "ruler":
+            return self._ruler.score(example, generation, None)
+        region, readings = self._readings(task, generation.text)
+        answer = readings[1] or region.strip() or None
+        judge = self.settings.judge
+        metrics: dict[str, float] = {}
+        if task.family in ("json_kv", "kilt"):
+            values = m.helmet_metrics(readings, ref["answers"], rouge=False)
+            metrics = {k: values[k] for k in ("substring_exact_match", "exact_match", "f1")}
+            score = values["substring_exact_match"]
+        elif task.family == "icl":
+            values = m.helmet_metrics(readings, ref["answers"], rouge=False)
+            metrics = {"exact_match": values["exact_match"]}
+            score = values["exact_match"]
+        elif task.family == "msmarco":
+            score = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 10) for r in readings if r), default=0.0)
+            ndcg5 = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 5) for r in readings if r), default=0.0)
+            metrics = {"NDCG@10": score, "NDCG@5": ndcg5}
+            answer = " > ".join(m.parse_rankings(region))[:200] or None
+        elif task.family == "alce":
+            score, metrics, answer = self._cite(task, region, ref)
+        elif task.family == "infbench" and task.options["kind"] == "choice":
+            values = m.helmet_metrics(readings, ref["answers"][:1], rouge=False)
+            score = max(values["exact_match"], float(ref["answers"][1].lower() in region.lower()))
+            metrics = {"exact_match": score}
+        elif task.family == "infbench" and task.options["kind"] == "qa":
+            score = m.helmet_metrics(readings, ref["answers"])["rougeL_f1"]
+            metrics = {"rougeL_f1": score}
+        elif task.family == "narrativeqa":
+            parsed = readings[1] or region
+            judged = judge.longqa(ref["question"], ref["answers"], parsed) if judge is not None else None
+            fallback = m.helmet_metrics(readings, ref["answers"])["rougeL_f1"]
+            score = judged if judged is not None else fallback
+            metrics = {"judge_score": judged, "rougeL_f1": fallback, "judged": float(judged is not None)}
+        else:  # summaries
+            summary = _strip_prefix(region, task.prefix)
+            judged = None
+            if judge is not None and ref.get("keypoints"):
+                subject = "a novel" if task.family == "infbench" else "a civil rights lawsuit"
+                judged = judge.summary(summary, ref["keypoints"], ref["expert"], subject=subject, kind="summary")
+            fallback = m.rouge_l(summary, ref["answers"])["rougeLsum_f1"]
+            score = judged["f1"] if judged is not None else fallback
+            metrics = {"rougeLsum_f1": fallback, "judged": float(judged is not None)}
+            if judged is not None:
+                metrics.update({f"judge_{k}": v for k, v in judged.items()})
+            answer = summary[:200] or None
+        metrics = {k: float(v) for k, v in metrics.items() if v is not None}
+        return Score(score=float(score), correct=float(score) >= 1.0, answer=answer, metrics=metrics)
+
+    def _cite(self, task: HelmetTask, region: str, ref: Mapping[str, Any]) -> tuple[float, dict[str, float], str]:
+        """ALCE: the output (newlines to spaces) scored for correctness (ASQA STR-EM / QAMPARI
+        recall@5, citations removed) and for citation recall and precision (NLI)."""
+        import re
+
+        from recallm.eval import scoring as m
+        from recallm.eval.judge import fallback_entails
+
+        output = re.sub(r"\n+", " ", _strip_prefix(region, "Answer:")).strip()
+        qampari = task.name == "alce_qampari"
+        judge = self.settings.judge
+        fell_back = []
+
+        def entails(premise: str, hypothesis: str) -> bool:
+            if judge is not None:
+                verdict = judge.entails(premise, hypothesis)
+                if verdict is not None:
+                    return verdict
+            fell_back.append(1)
+            if qampari:  # the claim is "question item": the item is what a passage must hold
+                hypothesis = hypothesis[len(ref["question"]) :].strip() or hypothesis
+            return fallback_entails(premise, hypothesis)
+
+        cited = m.citation_scores(output, ref["docs"], entails, question=ref["question"], qampari=qampari)
+        cited = cited or {"citation_rec": 0.0, "citation_prec": 0.0}
+        if qampari:
+            correct = m.qampari_scores(output, ref["answers"])["qampari_rec_top5"]
+            metrics = {"qampari_rec_top5": correct}
+        else:
+            correct, hit = m.asqa_str_em(output, ref["qa_pairs"])
+            metrics = {"str_em": correct, "str_hit": hit}
+        metrics.update(cited)
+        metrics["judged"] = float(judge is not None and not fell_back)
+        score = (correct + cited["citation_rec"] + cited["citation_prec"]) / 3
+        return score, metrics, output[:300]
+
+    # --- the summary ---------------------------------------------------------------------------
+
+    def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+        cells: dict[str, dict[int, list[float]]] = {}
+        judged: dict[str, list[float]] = {}
+        for r in records:
+            cells.setdefault(r["task"], {}).setdefault(int(r["length"]), []).append(float(r["score"]))
+            if self.tasks.get(r["task"]) is not None and self.tasks[r["task"]].judged:
+                judged.setdefault(r["task"], []).append(float((r.get("metrics") or {}).get("judged", 0.0)))
+        tasks = {t: {str(n): sum(v) / len(v) for n, v in sorted(by.items())} for t, by in cells.items()}
+        categories: dict[str, Any] = {}
+        for category in CATEGORIES:
+            names = [t for t in tasks if TASKS.get(t) is not None and TASKS[t].category == category]
+            if not names:
+                continue
+            lengths = sorted({int(n) for t in names for n in tasks[t]})
+            by_length = {}
+            for n in lengths:
+                values = [tasks[t][str(n)] for t in names if str(n) in tasks[t]]
+                by_length[str(n)] = sum(values) / len(values)
+            categories[category] = {
+                "tasks": names,
+                "by_length": by_length,
+                "average": sum(by_length.values()) / len(by_length),
+                "complete": all(str(n) in tasks[t] for t in names for n in lengths),
+            }
+        judge = self.settings.judge
+        out: dict[str, Any] = {
+            "tasks": tasks,
+            "categories": categories,
+            "judge": judge.model if judge is not None else None,
+            "judged_share": {t: sum(v) / len(v) for t, v in judged.items()},
+        }
+        if self._ruler is not None:
+            out.update(self._ruler.summarize(records))
+        return out
+
+
+def _strip_prefix(text: str, prefix: str) -> str:
+    text = text.strip()
+    return text[len(prefix) :].strip() if text.lower().startswith(prefix.lower()) else text
+
+
+class HelmetJsonKV(Helmet):
+    """HELMET's JSON key-value retrieval alone (``json_kv`` of the Recall category); no options."""
+
+    name = "helmet_json_kv"
+    options: dict[str, Any] = {}
+
+    def __init__(self, cfg, settings) -> None:
+        Benchmark.__init__(self, cfg, settings)
+        self.cfg = {**Helmet.options, "tasks": ["json_kv"]}
+        self.task_names = ["json_kv"]
+        self.tasks = {"json_kv": TASKS["json_kv"]}
+        self.params = {"json_kv": {}}
+        self._ruler = None
+        self._pools = OrderedDict()
+        self._doc_tokens = {}
+
+    def describe(self) -> dict[str, Any]:
+        out = {k: v for k, v in Benchmark.describe(self).items() if k in ("lengths", "per_cell", "fit_lengths")}
+        return {**out, "prompt": "helmet"}  # HELMET's template and demonstrations (earlier runs had our own)
