@@ -222,8 +222,11 @@ def _by_task(summaries, bench: str, key: str) -> tuple[list[str], dict[str, dict
     return tasks, series
 
 
-def build_report(runs: Mapping[str, Any] | Sequence[Any], out_dir: str | Path) -> Path:
-    """Write ``report.md`` and ``plots/*.png`` for ``runs`` under ``out_dir``; return the report's path."""
+def build_report(
+    runs: Mapping[str, Any] | Sequence[Any], out_dir: str | Path, *, curves: Mapping[str, Any] | None = None
+) -> Path:
+    """Write ``report.md`` and ``plots/*.png`` for ``runs`` under ``out_dir``; return the report's path.
+    ``curves``: ``{name: GRPO metrics log}`` whose training curves the report adds (``recallm.grpo.curves``)."""
     resolved = resolve_runs(runs)
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
@@ -298,6 +301,10 @@ def build_report(runs: Mapping[str, Any] | Sequence[Any], out_dir: str | Path) -
             for run, s in summaries.items()
         ],
     )
+    if curves:
+        from recallm.grpo.curves import report_section
+
+        lines += ["", *report_section(curves, out_dir)]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     log.info("wrote %s and %d plots", report, len(plots.files))
