@@ -85,6 +85,7 @@ class RewardConfig:
     overlong_enable: bool = True
     max_response_length: int = 4096
     overlong_buffer: int = 1024
+    recall_reward: bool = True  # False: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)
 
     def __post_init__(self) -> None:
         weights = (self.format_weight, self.additive_weight, self.multiplicative_weight)
@@ -136,6 +137,7 @@ class RewardConfig:
             overlong_enable=bool(overlong.get("enable", True)),
             max_response_length=int(overlong.get("max_response_length", 4096)),
             overlong_buffer=int(overlong.get("buffer", 1024)),
+            recall_reward=bool(cfg.get("recall_reward", True)),
         )
 
     def for_row(self, category: str, data_source: str | None = None) -> CategoryReward:
