@@ -150,3 +150,13 @@ def test_answer_score_per_category():
     )
     m = recall_batch_metrics(batch, None, None)
     assert m["recallm/answer/reasoning_retrieval"] == 0.5 and m["recallm/answer/retrieval"] == 0.5
+
+
+def test_recallm_model_types_get_their_base_token_builder():
+    from verl.utils.tokenizer import continuous_token_wiring as wiring
+
+    from recallm.grpo import runtime
+
+    runtime.install_token_builder_families()
+    family = wiring.infer_continuous_token_model_family(hf_model_type="recallm_qwen2")
+    assert family == wiring.infer_continuous_token_model_family(hf_model_type="qwen2") != "default"

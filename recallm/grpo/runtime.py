@@ -9,6 +9,9 @@
   module imports it) to also return ``recallm.grpo.metrics.recall_batch_metrics``. Nothing of
   verl's own output changes. The recall token ids come from ``RECALLM_RECALL_TOKEN_IDS``
   (``"<start>,<end>"``), set by ``recallm-grpo``;
+* gives every ``recallm_<base>`` model type its base's continuous-token builder family in verl's
+  agent loop (``verl.utils.tokenizer.continuous_token_wiring``: an exact ``model_type`` lookup, so a
+  RecaLLM Qwen2 would get the generic builder — and a warning per rollout — instead of Qwen's);
 * makes verl's JSONL ``file`` logger append instead of truncate: verl 0.9.1's ``FileLogger``
   opens its file with ``"wb"``, so a resumed run would erase the metrics of the steps before its
   checkpoint. Its ``__init__`` is replaced by one that opens the same path with ``"ab"``; readers
@@ -22,7 +25,7 @@ import sys
 
 import recallm  # noqa: F401  (registers the recallm_<base> classes)
 
-__all__ = ["install_metrics", "install_appending_file_logger", "recall_token_ids"]
+__all__ = ["install_metrics", "install_appending_file_logger", "install_token_builder_families", "recall_token_ids"]
 
 
 def recall_token_ids() -> tuple[int | None, int | None]:
@@ -76,6 +79,23 @@ def _append_file_logger(tracking) -> None:
     cls.__init__ = __init__
 
 
+def _register_token_builder_families(wiring) -> None:
+    from recallm.modeling import RECALL_CLASSES
+
+    families = getattr(wiring, "_MODEL_TYPE_TO_FAMILY", None)
+    if not isinstance(families, dict):
+        return
+    for base in RECALL_CLASSES:
+        if base in families:
+            families.setdefault(f"recallm_{base}", families[base])
+
+
+def install_token_builder_families() -> None:
+    from recallm.grpo.cpu.patches import after_import
+
+    after_import("verl.utils.tokenizer.continuous_token_wiring", _register_token_builder_families)
+
+
 def install_appending_file_logger() -> None:
     from recallm.grpo.cpu.patches import after_import
 
@@ -88,3 +108,4 @@ if os.environ.get("RECALLM_GRPO_CPU") == "1":
     activate()
 install_metrics()
 install_appending_file_logger()
+install_token_builder_families()
