@@ -36,9 +36,16 @@ def test_jsonl_resume_and_restart_semantics(tmp_path):
     assert series(metrics, "critic/score/mean") == ([1, 2, 3, 4, 5], [0.1, 0.2, 0.9, 0.8, 0.7])
     assert window_mean(metrics, "critic/score/mean", first=2) == pytest.approx(0.15)
     assert window_mean(metrics, "critic/score/mean", last=2) == pytest.approx(0.75)
-    # a restart from scratch drops every earlier record from its first step on
+    # a restart from scratch drops every earlier record after its first step
     log.write_text("\n".join([record(s, 0.5) for s in (1, 2, 3)] + [record(1, 0.0), record(2, 0.1)]) + "\n")
     assert sorted(read_metrics(log)) == [1, 2] and read_metrics(log)[2]["critic/score/mean"] == 0.1
+    # a resume from the step-2 checkpoint logs its validation at step 2 first: step 2's training
+    # metrics survive (merged), step 3 is redone
+    val = json.dumps({"step": 2, "data": {"val-core/x": 0.5}})
+    log.write_text("\n".join([record(s, 0.1 * s) for s in (0, 1, 2, 3)] + [val, record(3, 0.9)]) + "\n")
+    metrics = read_metrics(log)
+    assert sorted(metrics) == [0, 1, 2, 3] and metrics[2]["val-core/x"] == 0.5
+    assert metrics[2]["critic/score/mean"] == pytest.approx(0.2) and metrics[3]["critic/score/mean"] == 0.9
     with pytest.raises(RecallmError, match="was never logged"):
         window_mean(read_metrics(log), "nope", first=3)
 

@@ -7,8 +7,10 @@ verl logs one record of metrics per training step. Two of its loggers are read h
   resumed runs (``recallm.grpo.runtime``);
 * ``console``: lines ``step:N - key:value - ...`` in a run's output (a pipeline job's log, say).
 
-A run that was resumed repeats the steps after its last checkpoint; a later record of a step
-replaces the earlier one, and a restart from step 1 replaces the whole earlier history.
+A resumed run logs again from its checkpoint's step (a validation record, then the steps after
+it): when the steps go back, every earlier record after the new step is dropped and the records
+of that step are merged (the later values win) — so a restart from scratch replaces the whole
+earlier history and a resume keeps what its checkpoint had.
 
 Panels (Figure 10 of the paper, plus the recall-specific diagnostic):
 
@@ -128,9 +130,9 @@ def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
     """``{step: {metric: value}}`` from a metrics log (verl's JSONL file logger, or console output),
     or from a directory holding ``metrics.jsonl``.
 
-    Records are taken in file order; a step logged again (a resumed run redoing the steps after
-    its last checkpoint) replaces the earlier record, and when the steps restart below an earlier
-    point every earlier record from that step on is dropped (a run restarted from scratch)."""
+    Records are taken in file order; when a step is not after the previous record's (a resumed or
+    restarted run), the earlier records after it are dropped, and records of one step are merged
+    (later values win: verl logs a step's validation and training metrics separately)."""
     path = Path(path)
     if path.is_dir():
         path = path / METRICS_FILE
@@ -140,9 +142,9 @@ def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:
     last = None
     for step, data in _records(path):
         if last is not None and step <= last:
-            for old in [s for s in steps if s >= step]:
+            for old in [s for s in steps if s > step]:
                 del steps[old]
-        steps[step] = data
+        steps.setdefault(step, {}).update(data)
         last = step
     if not steps:
         raise RecallmError(f"metrics log {path} holds no training step")
