@@ -39,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
+from recallm.grpo.curves import METRICS_FILE
 
 __all__ = ["Job", "Stage", "Pipeline", "plan_experiment", "result_line"]
 
@@ -322,15 +323,20 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         f"val_file={data_dir / 'sft' / 'val.jsonl'}",
         *_overrides(exp.get("sft_overrides"), "experiment.sft_overrides"),
     ]
+    shared = _shared_sft(variants)
     for stage in ("embed", "full"):
         jobs = []
         for name, variant in variants.items():
+            if name in shared:
+                continue
             extra = _overrides((variant or {}).get("sft"), f"experiment.variants.{name}.sft")
             argv = [*_tool("recallm-sft"), *sft_common, f"stage={stage}", f"out_dir={run_dir / 'sft' / name}", *extra]
             jobs.append(Job(f"sft_{stage}/{name}", argv))
         stages.append(Stage(f"sft_{stage}", jobs, parallel))
-    final = {name: run_dir / "sft" / name / "full" / "final" for name in variants}
+    final = {name: run_dir / "sft" / shared.get(name, name) / "full" / "final" for name in variants}
+    sft_final = dict(final)
     grpo = exp.get("grpo")
+    metrics_logs: dict[str, Path] = {}
     if grpo:
         jobs, exports = [], []
         for name, variant in variants.items():
@@ -343,10 +349,12 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 f"data.val_files={data_dir / 'val' / str(grpo['val_file'])}",
                 f"trainer.default_local_dir={ckpt}",
                 f"trainer.experiment_name={exp['name']}-{name}",
+                "trainer.logger=[console,file]",  # per-step metrics in <ckpt>/metrics.jsonl (the report's curves)
                 *_overrides(grpo.get("overrides"), "experiment.grpo.overrides"),
                 *_overrides((variant or {}).get("grpo"), f"experiment.variants.{name}.grpo"),
             ]
             jobs.append(Job(f"grpo/{name}", argv))
+            metrics_logs[name] = ckpt / METRICS_FILE
             out = run_dir / "models" / name
             exports.append(
                 Job(
@@ -369,14 +377,21 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         evaluated["base"] = base_dir
     for run_name, spec in runs.items():
         variant = (spec or {}).get("variant")
-        if variant not in evaluated:
+        which = (spec or {}).get("model", "final")
+        if which not in ("final", "sft"):
             raise RecallmError(
-                f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(evaluated)}"
+                f"experiment.eval.runs.{run_name}.model must be final (after every stage) or sft (the SFT "
+                f"checkpoint), got {which!r}"
+            )
+        chosen = dict(evaluated, **sft_final) if which == "sft" else evaluated
+        if variant not in chosen:
+            raise RecallmError(
+                f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(chosen)}"
             )
         argv = [
             *_tool("recallm-eval"),
             f"eval={ev['suite']}",
-            f"model_path={evaluated[variant]}",
+            f"model_path={chosen[variant]}",
             f"out_dir={run_dir / 'eval' / run_name}",
             f"run_name={run_name}",
             f"backend.recall_constrained={str(bool(spec.get('recall_constrained', True))).lower()}",
@@ -395,16 +410,54 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         f"runs=[{','.join(str(run_dir / 'eval' / r) for r in runs)}]",
         f"report_dir={run_dir / 'report'}",
     ]
+    if metrics_logs:  # the GRPO runs' training curves (Figure 10's panels) in the same report
+        report_argv.append("curves={" + ",".join(f"{name}:{path}" for name, path in metrics_logs.items()) + "}")
     stages.append(Stage("report", [Job("report", report_argv, [run_dir / "report"], True)]))
     return stages
 
 
+def _shared_sft(variants: Mapping[str, Any]) -> dict[str, str]:
+    """``{variant: the variant whose SFT model it starts from}`` for variants with ``sft_from``
+    (they differ in GRPO only: no SFT jobs of their own)."""
+    shared = {}
+    for name, variant in variants.items():
+        source = (variant or {}).get("sft_from")
+        if source is None:
+            continue
+        if source not in variants or (variants[source] or {}).get("sft_from") is not None:
+            raise RecallmError(
+                f"experiment.variants.{name}.sft_from must name a variant with its own SFT, got {source!r}"
+            )
+        if (variant or {}).get("sft"):
+            raise RecallmError(f"experiment.variants.{name}: sft_from and sft overrides exclude each other")
+        shared[name] = str(source)
+    return shared
+
+
+def _grpo_metric(ref: Mapping[str, Any], run_dir: Path, key: str) -> float:
+    """A GRPO run's logged metric averaged over its first or last ``n`` steps."""
+    from recallm.grpo.curves import read_metrics, window_mean
+
+    path = Path(run_dir) / "grpo" / str(ref["grpo"]) / METRICS_FILE
+    first, last = ref.get("first"), ref.get("last")
+    if (first is None) == (last is None):
+        raise RecallmError(f"result {key}: give exactly one of first: <n> or last: <n> steps")
+    try:
+        return window_mean(read_metrics(path), str(ref.get("metric", "critic/score/mean")), first=first, last=last)
+    except RecallmError as exc:
+        raise RecallmError(f"result {key}: {exc}") from None
+
+
 def result_line(exp: Mapping[str, Any], run_dir: Path, state: Mapping[str, Any]) -> str:
-    """``RESULT k=v ...`` from the evaluation summaries (``experiment.result``) and the total
-    wall-clock minutes of the stages (every invocation counted)."""
+    """``RESULT k=v ...`` from the evaluation summaries and the GRPO runs' metric logs
+    (``experiment.result``), and the total wall-clock minutes of the stages (every invocation
+    counted)."""
     spec = exp.get("result") or {}
     parts = []
     for key, ref in (spec.get("metrics") or {}).items():
+        if "grpo" in ref:
+            parts.append(f"{key}={_grpo_metric(ref, run_dir, key):.3f}")
+            continue
         summary_path = Path(run_dir) / "eval" / str(ref["run"]) / "summary.json"
         try:
             summary = json.loads(summary_path.read_text())

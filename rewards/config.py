@@ -120,6 +120,7 @@ class RewardConfig:
     overlong_buffer: int = 1024
     format_task_specific: bool = False  # add the reranking / citation answer-format terms
     format_task_weight: float = 0.5  # their share of the format reward when on
+    recall_reward: bool = True  # False: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)
 
     def __post_init__(self) -> None:
         if not 0 <= self.format_task_weight <= 1:
@@ -176,6 +177,7 @@ class RewardConfig:
             overlong_buffer=int(overlong.get("buffer", 1024)),
             format_task_specific=_flag(fmt.get("task_specific", False), "format.task_specific"),
             format_task_weight=float(fmt.get("task_weight", 0.5)),
+            recall_reward=_flag(cfg.get("recall_reward", True), "recall_reward"),
         )
 
     def for_row(self, category: str, data_source: str | None = None) -> CategoryReward:

@@ -223,7 +223,9 @@ def score_response(
         per_tokens=config.density_per_tokens,
     )
     p_correct = correctness_penalty(n_short, n_mismatch, n_spans)
-    recall = overlap * p_density * p_correct
+    # R_ret; with recall_reward=false it is 1 for every response (the paper's "No Recall Reward"
+    # ablation), while overlap and the penalties are still measured and reported
+    recall = overlap * p_density * p_correct if config.recall_reward else 1.0
     factor = overlong_factor(n_tokens, config)
     score = composite(fmt, answer, recall, config) * factor
     if in_prompt is None and isinstance(prompt_text, str):

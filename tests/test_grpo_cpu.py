@@ -176,6 +176,33 @@ def test_overrides_compose_and_user_overrides_win():
     assert env["OMP_NUM_THREADS"] == "3" and env["VERL_PLATFORM"] == "cpu"
 
 
+def test_step_speedups_and_their_baseline(monkeypatch):
+    """The CPU step's speed-ups (no gradient checkpointing, Ray's 5 s pollers relaxed, vectorised
+    log-probs) are on by default and all off with RECALLM_CPU_BASELINE=1 (bench/grpo_step.py)."""
+    from verl.utils.torch_functional import logprobs_from_logits_v2
+
+    from recallm.grpo.cpu import patches
+
+    monkeypatch.delenv("RECALLM_CPU_BASELINE", raising=False)
+    assert "actor_rollout_ref.model.enable_gradient_checkpointing=False" in cpu_overrides()
+    env = cpu_env({"AUTOSCALER_UPDATE_INTERVAL_S": "7"})
+    assert env["REPORTER_UPDATE_INTERVAL_MS"] == "60000" and env["AUTOSCALER_UPDATE_INTERVAL_S"] == "7"
+    monkeypatch.setenv("RECALLM_CPU_BASELINE", "1")
+    assert patches.baseline() and not any("gradient_checkpointing" in o for o in cpu_overrides())
+    assert "REPORTER_UPDATE_INTERVAL_MS" not in cpu_env({})
+    # the vectorised log-probs equal verl's per-token loop exactly, values and gradients, in chunks too
+    logits = torch.randn(3, 37, 50, dtype=torch.float32, requires_grad=True)
+    labels = torch.randint(0, 50, (3, 37))
+    expected = logprobs_from_logits_v2(logits, labels)
+    (grad_expected,) = torch.autograd.grad(expected.sum(), logits)
+    monkeypatch.setattr(patches, "_LOGPROB_CHUNK_ELEMENTS", 50 * 8)  # 8 rows a chunk
+    got = patches.cpu_logprobs_from_logits(logits, labels)
+    (grad_got,) = torch.autograd.grad(got.sum(), logits)
+    assert got.shape == (3, 37) and torch.equal(got, expected) and torch.allclose(grad_got, grad_expected)
+    low = logits.detach().to(torch.bfloat16)
+    assert torch.equal(patches.cpu_logprobs_from_logits(low, labels), logprobs_from_logits_v2(low, labels))
+
+
 def test_server_batches_concurrent_requests_and_takes_weights(tiny_dir):
     """The Ray actor class called directly: requests that arrive together are generated in one
     batch, answered as verl's ``TokenOutput``; the adapter's weight messages replace the model."""
@@ -259,6 +286,7 @@ assert ew.initialize_global_process_group_ray is d.initialize_global_process_gro
 assert ew.initialize_global_process_group_ray._recallm_cpu
 from verl.workers.rollout.replica import get_rollout_replica_class
 from verl.workers.rollout.base import get_rollout_class
+assert ti.logprobs_from_logits._recallm_cpu  # the vectorised log-probs (patch 3)
 assert get_rollout_replica_class("hf_cpu").__name__ == "HFCPUReplica"
 assert get_rollout_class("hf_cpu").__name__ == "HFCPUServerAdapter"
 from recallm.grpo.cpu import activate; activate(); activate()

@@ -82,7 +82,8 @@ def run_report(cfg: DictConfig) -> Path:
     from recallm.eval.report import build_report
 
     runs = OmegaConf.to_container(cfg.runs, resolve=True) if cfg.runs is not None else []
-    report = build_report(runs, Path(cfg.report_dir))
+    curves = OmegaConf.to_container(cfg.curves, resolve=True) if cfg.get("curves") else None
+    report = build_report(runs, Path(cfg.report_dir), curves=curves)
     print(f"wrote {report}")
     return report
 

@@ -1,6 +1,7 @@
 """`recallm-grpo`: GRPO on verl with masked rollouts (see ``recallm.grpo.app``).
 
 recallm-grpo [--print-config] [key=value ...]       # Hydra overrides, any verl key included
+recallm-grpo plot [NAME=]METRICS [...] --out DIR     # training curves (Figure 10's panels) from verl's metric logs
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ def main(argv: list[str] | None = None) -> int:
     from recallm.grpo.app import compose_config, describe, launch, prepare, validate
 
     args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["plot"]:
+        return plot(args[1:])
     print_only = "--print-config" in args
     args = [a for a in args if a != "--print-config"]
     # verl's own config gives the types; of the settings only ours (recallm.*) are a closed set
@@ -30,6 +33,38 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     print(describe(cfg), flush=True)
     launch(cfg, env)
+    return 0
+
+
+def plot(argv: list[str]) -> int:
+    """``recallm-grpo plot``: draw the curves of one or more runs into ``--out`` (``curves.png``,
+    ``curves.md``)."""
+    import argparse
+    from pathlib import Path
+
+    from recallm.errors import RecallmError
+    from recallm.grpo.curves import report_section
+
+    parser = argparse.ArgumentParser(
+        prog="recallm-grpo plot",
+        description="Draw GRPO training curves (the paper's Figure 10 panels) from verl's metric logs: "
+        "a metrics.jsonl (trainer.logger=[console,file]; recallm-grpo writes it next to the checkpoints), "
+        "a checkpoint directory holding one, or a console log.",
+    )
+    parser.add_argument("runs", nargs="+", metavar="[NAME=]METRICS", help="a run's metrics log, optionally named")
+    parser.add_argument("--out", required=True, type=Path, help="output directory (curves.png, curves.md)")
+    args = parser.parse_args(argv)
+    runs: dict[str, str] = {}
+    for item in args.runs:
+        name, sep, path = item.partition("=")
+        if not sep:
+            name, path = Path(item).stem if Path(item).is_file() else Path(item).name, item
+        if name in runs:
+            raise RecallmError(f"two runs are named {name!r}; name them: NAME=PATH")
+        runs[name] = path
+    lines = report_section(runs, args.out, figure="curves.png")
+    (args.out / "curves.md").write_text("\n".join(["# GRPO training curves", "", *lines[2:]]))
+    print(f"wrote {args.out / 'curves.png'} and {args.out / 'curves.md'}")
     return 0
 
 

@@ -611,9 +611,11 @@ def build_report(
     out_dir: str | Path,
     *,
     sections: Sequence[Callable[[ReportContext], list[str]]] | None = None,
+    curves: Mapping[str, Any] | None = None,
 ) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for ``runs`` under ``out_dir``; return the report's
-    path. ``sections``: the report's sections (default ``SECTIONS``)."""
+    path. ``sections``: the report's sections (default ``SECTIONS``); ``curves``: ``{name: GRPO
+    metrics log}`` whose training curves the report adds (``recallm.grpo.curves``)."""
     resolved = resolve_runs(runs)
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
@@ -622,6 +624,10 @@ def build_report(
     lines = ["# RecaLLM evaluation report", ""]
     for section in SECTIONS if sections is None else sections:
         lines += section(ctx)
+    if curves:
+        from recallm.grpo.curves import report_section
+
+        lines += ["", *report_section(curves, out_dir)]
     report = out_dir / "report.md"
     report.write_text("\n".join(lines))
     log.info("wrote %s and %d plots", report, len(ctx.plots.files))

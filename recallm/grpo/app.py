@@ -113,9 +113,26 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         RECALLM_RECALL_TOKEN_IDS=f"{start},{end}",
         RECALLM_GRPO_CPU="1" if rm.cpu else "0",
     )
+    metrics_log = metrics_log_path(cfg)
+    if metrics_log is not None:  # verl's JSONL logger writes next to the checkpoints (recallm.grpo.curves reads it)
+        env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
     for key, value in env.items():  # Ray workers on other nodes get them through the runtime env
         _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
     return env
+
+
+def metrics_log_path(cfg: DictConfig) -> Path | None:
+    """Where verl's ``file`` logger writes this run's per-step metrics: ``VERL_FILE_LOGGER_PATH``
+    if set, else ``<trainer.default_local_dir>/metrics.jsonl``; ``None`` without the file logger."""
+    loggers = cfg.trainer.get("logger") or []
+    loggers = [loggers] if isinstance(loggers, str) else list(loggers)
+    if "file" not in loggers:
+        return None
+    if os.environ.get("VERL_FILE_LOGGER_PATH"):
+        return Path(os.environ["VERL_FILE_LOGGER_PATH"])
+    from recallm.grpo.curves import METRICS_FILE
+
+    return Path(str(cfg.trainer.default_local_dir)).resolve() / METRICS_FILE
 
 
 def _model_config(path: Path):
@@ -204,6 +221,7 @@ def describe(cfg: DictConfig) -> str:
         f"logs:         {', '.join(t.logger) if not isinstance(t.logger, str) else t.logger} "
         f"(project {t.project_name}, run {t.experiment_name})",
         f"steps:        {t.get('total_training_steps') or 'one pass over the data'}",
+        f"metrics:      {metrics_log_path(cfg) or '(console only: trainer.logger=[console,file] to keep them)'}",
     ]
     return "\n".join(lines)
 

@@ -3,6 +3,8 @@
 * ``recallm/reward/<component>``: mean of every reward component the reward manager returned
   (score, format, answer, recall, recall_overlap, density_penalty, correctness_penalty,
   n_spans, used_recall, spans_in_prompt, ...);
+* ``recallm/answer/<category>``: mean answer score of the responses of each task category (the
+  rows' ``extra_info.category``, else their ground truth's), Figure 10d's per-category curves;
 * ``recallm/spans_per_response``, ``recallm/recall_usage`` (share of responses with a span),
   ``recallm/spans_verbatim`` (share of spans that are verbatim copies of their searchable context:
   1.0 whenever the recall processor is active), ``recallm/response_length``;
@@ -16,6 +18,8 @@ metrics verl computes every step.
 """
 
 from __future__ import annotations
+
+import json
 
 import numpy as np
 import torch
@@ -43,6 +47,7 @@ def recall_batch_metrics(batch, start_id: int | None, end_id: int | None) -> dic
         arr = np.asarray(values)
         if arr.dtype.kind in _NUMERIC_KINDS and arr.size and key not in ("index", "uid") and not key.startswith("_"):
             metrics[f"recallm/reward/{key}"] = float(np.mean(arr.astype(np.float64)))
+    metrics.update(_answer_by_category(batch.non_tensor_batch))
     tensors = batch.batch
     if start_id is None or end_id is None or "responses" not in tensors.keys():
         return metrics
@@ -63,6 +68,34 @@ def recall_batch_metrics(batch, start_id: int | None, end_id: int | None) -> dic
         metrics["recallm/logprob_gap_in_spans"] = float(gap[inside].mean()) if inside.any() else 0.0
         metrics["recallm/logprob_gap_outside_spans"] = float(gap[outside].mean()) if outside.any() else 0.0
     return metrics
+
+
+def _category(extra_info, reward_model) -> str | None:
+    if isinstance(extra_info, dict) and extra_info.get("category"):
+        return str(extra_info["category"])
+    truth = reward_model.get("ground_truth") if isinstance(reward_model, dict) else None
+    if isinstance(truth, str):
+        try:
+            truth = json.loads(truth)
+        except ValueError:
+            return None
+    return str(truth["category"]) if isinstance(truth, dict) and truth.get("category") else None
+
+
+def _answer_by_category(non_tensor) -> dict[str, float]:
+    """``recallm/answer/<category>``: the mean ``answer`` reward of each category's responses."""
+    answers = non_tensor.get("answer")
+    if answers is None:
+        return {}
+    n = len(answers)
+    extra = non_tensor.get("extra_info", [None] * n)
+    truth = non_tensor.get("reward_model", [None] * n)
+    sums: dict[str, list[float]] = {}
+    for answer, info, rm in zip(answers, extra, truth, strict=True):
+        category = _category(info, rm)
+        if category is not None:
+            sums.setdefault(category, []).append(float(answer))
+    return {f"recallm/answer/{c}": float(np.mean(v)) for c, v in sorted(sums.items())}
 
 
 def _verbatim_fraction(batch, responses, valid, start_id: int, end_id: int) -> float:

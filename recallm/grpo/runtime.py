@@ -8,7 +8,14 @@
   on the finished batch of every step, so that function is wrapped (once, before the trainer
   module imports it) to also return ``recallm.grpo.metrics.recall_batch_metrics``. Nothing of
   verl's own output changes. The recall token ids come from ``RECALLM_RECALL_TOKEN_IDS``
-  (``"<start>,<end>"``), set by ``recallm-grpo``.
+  (``"<start>,<end>"``), set by ``recallm-grpo``;
+* gives every ``recallm_<base>`` model type its base's continuous-token builder family in verl's
+  agent loop (``verl.utils.tokenizer.continuous_token_wiring``: an exact ``model_type`` lookup, so a
+  RecaLLM Qwen2 would get the generic builder — and a warning per rollout — instead of Qwen's);
+* makes verl's JSONL ``file`` logger append instead of truncate: verl 0.9.1's ``FileLogger``
+  opens its file with ``"wb"``, so a resumed run would erase the metrics of the steps before its
+  checkpoint. Its ``__init__`` is replaced by one that opens the same path with ``"ab"``; readers
+  (``recallm.grpo.curves``) keep the last record of a step logged twice.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ import sys
 
 import recallm  # noqa: F401  (registers the recallm_<base> classes)
 
-__all__ = ["install_metrics", "recall_token_ids"]
+__all__ = ["install_metrics", "install_appending_file_logger", "install_token_builder_families", "recall_token_ids"]
 
 
 def recall_token_ids() -> tuple[int | None, int | None]:
@@ -51,8 +58,54 @@ def install_metrics() -> None:
         trainer_module.compute_data_metrics = compute_data_metrics
 
 
+def _append_file_logger(tracking) -> None:
+    cls = getattr(tracking, "FileLogger", None)
+    if cls is None or getattr(cls.__init__, "_recallm", False):
+        return
+
+    def __init__(self, project_name: str, experiment_name: str) -> None:
+        # verl's own path rules (VERL_FILE_LOGGER_PATH, else <VERL_FILE_LOGGER_ROOT>/<project>/<experiment>.jsonl)
+        self.project_name = project_name
+        self.experiment_name = experiment_name
+        self.filepath = os.getenv("VERL_FILE_LOGGER_PATH", None)
+        if self.filepath is None:
+            root = os.path.expanduser(os.getenv("VERL_FILE_LOGGER_ROOT", "."))
+            self.filepath = os.path.join(root, project_name, f"{experiment_name}.jsonl")
+        os.makedirs(os.path.dirname(os.path.abspath(self.filepath)), exist_ok=True)
+        print(f"Appending file logger at {os.path.abspath(self.filepath)}")
+        self.fp = open(self.filepath, "ab", buffering=0)  # noqa: SIM115 - closed by FileLogger.finish
+
+    __init__._recallm = True  # type: ignore[attr-defined]
+    cls.__init__ = __init__
+
+
+def _register_token_builder_families(wiring) -> None:
+    from recallm.modeling import RECALL_CLASSES
+
+    families = getattr(wiring, "_MODEL_TYPE_TO_FAMILY", None)
+    if not isinstance(families, dict):
+        return
+    for base in RECALL_CLASSES:
+        if base in families:
+            families.setdefault(f"recallm_{base}", families[base])
+
+
+def install_token_builder_families() -> None:
+    from recallm.grpo.cpu.patches import after_import
+
+    after_import("verl.utils.tokenizer.continuous_token_wiring", _register_token_builder_families)
+
+
+def install_appending_file_logger() -> None:
+    from recallm.grpo.cpu.patches import after_import
+
+    after_import("verl.utils.tracking", _append_file_logger)
+
+
 if os.environ.get("RECALLM_GRPO_CPU") == "1":
     from recallm.grpo.cpu import activate
 
     activate()
 install_metrics()
+install_appending_file_logger()
+install_token_builder_families()

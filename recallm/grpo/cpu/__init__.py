@@ -3,8 +3,9 @@
 verl 0.9.1 assumes an accelerator in a few places. This package fills them from outside:
 
 * a CPU platform (``platform.PlatformCPU``, registered as ``"cpu"``; ``VERL_PLATFORM=cpu``);
-* two patches, each applied when verl's module is imported (``patches``): a gloo-only process
-  group, and no pinned memory for the FSDP2 CPU-offloaded reference model;
+* patches, each applied when verl's module is imported (``patches``): a gloo-only process
+  group, no pinned memory for the FSDP2 CPU-offloaded reference model, and vectorised token
+  log-probs (verl's fallback loops over tokens);
 * the ``hf_cpu`` rollout (``rollout``): a Ray actor generating with Hugging Face ``generate``,
   the recall logits processor active, returning the processed log-prob of every token.
 
@@ -23,6 +24,15 @@ Rollout settings: ``+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.<key>=<value
 keys of :class:`~recallm.grpo.cpu.hf_generate.HFCPUSettings` (``recall``, ``force_every``,
 ``force_length``, ``dtype``, ``attn_implementation``, ``threads``, ``max_batch_size``,
 ``batch_wait_ms``, ``seed``).
+
+What a CPU step costs, and what the plugin removes (``bench/grpo_step.py`` prints the split by phase
+and the step time against ``RECALLM_CPU_BASELINE=1``, the step without these): the inherent work is
+one generation, two forward passes (old and reference log-probs) and a forward + backward (update).
+Not inherent, and removed: verl's per-token log-prob loop (patch 3), gradient checkpointing (a
+second forward inside every backward, to save accelerator memory a CPU run does not need:
+``enable_gradient_checkpointing=False`` here, override it for a large model), and Ray's per-node
+reporter and autoscaler polling every 5 s (``REPORTER_UPDATE_INTERVAL_MS``,
+``AUTOSCALER_UPDATE_INTERVAL_S``: once a minute here; a single-node run uses neither).
 """
 
 from __future__ import annotations
@@ -76,6 +86,8 @@ def cpu_overrides(*, workers: int = 1, num_cpus: int | None = None) -> list[str]
     """
     if workers < 1:
         raise ValueError(f"workers must be >= 1, got {workers}")
+    from recallm.grpo.cpu import patches
+
     num_cpus = num_cpus or max(16, 8 * workers)
     arr = "actor_rollout_ref"
     return [
@@ -109,6 +121,9 @@ def cpu_overrides(*, workers: int = 1, num_cpus: int | None = None) -> list[str]
         f"++{arr}.model.override_config.attn_implementation=sdpa",
         f"{arr}.model.use_remove_padding=False",
         f"{arr}.model.use_fused_kernels=False",
+        # recomputing every layer's forward inside the backward saves accelerator memory; on a CPU it
+        # only costs time (the baseline of bench/grpo_step.py keeps verl's default)
+        *([] if patches.baseline() else [f"{arr}.model.enable_gradient_checkpointing=False"]),
         "data.dataloader_num_workers=0",
     ]
 
@@ -131,7 +146,20 @@ def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         m for m in environ.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m and m != PLUGIN_MODULE
     ]
     threads = str(_threads())
+    from recallm.grpo.cpu import patches
+
+    quiet = (
+        {}
+        if patches.baseline()
+        else {
+            # Ray's per-node reporter (psutil over every worker, metrics export) and autoscaler poll every
+            # 5 s; a single-node CPU run uses neither: once a minute
+            "REPORTER_UPDATE_INTERVAL_MS": environ.get("REPORTER_UPDATE_INTERVAL_MS", "60000"),
+            "AUTOSCALER_UPDATE_INTERVAL_S": environ.get("AUTOSCALER_UPDATE_INTERVAL_S", "60"),
+        }
+    )
     return {
+        **quiet,
         "VERL_PLATFORM": "cpu",  # our platform (registered by the plugin)
         "VERL_ENGINE_DEVICE": "cuda",  # verl registers its FSDP engines for cuda/npu only
         "VERL_USE_EXTERNAL_MODULES": ",".join(modules),
