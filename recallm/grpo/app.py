@@ -134,45 +134,10 @@ def _absolute(value: Any) -> Any:
     return str(Path(str(value)).expanduser().absolute())
 
 
-def _parse_hf_overrides(value: Any) -> dict[str, Any]:
-    """A user's ``engine_kwargs.vllm.hf_overrides``: a JSON string or a mapping."""
-    if value in (None, "", {}):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RecallmError(
-                f"actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides is not valid JSON: {exc.msg}"
-            ) from exc
-    elif OmegaConf.is_config(value):
-        value = OmegaConf.to_container(value, resolve=True)
-    if not isinstance(value, dict):
-        raise RecallmError(
-            f"actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides must be a mapping, got {type(value).__name__}"
-        )
-    return value
-
-
-def vllm_rollout_hf_overrides(user: Any, base: dict[str, Any]) -> dict[str, Any]:
-    """The ``hf_overrides`` a vLLM rollout of a RecaLLM model needs: the user's, plus ``base``
-    (``recallm.modeling.vllm_hf_overrides``: serve the base architecture). A user value that
-    names another architecture is refused (vLLM would refuse ``Recall*ForCausalLM`` or serve
-    the wrong model)."""
-    merged = _parse_hf_overrides(user)
-    for key, value in base.items():
-        if key in merged and merged[key] != value:
-            raise RecallmError(
-                f"actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides sets {key}={merged[key]!r}, but this "
-                f"RecaLLM model is served by vLLM as {key}={value!r}"
-            )
-        merged[key] = value
-    return merged
-
-
 def prepare(cfg: DictConfig) -> dict[str, str]:
     """Fill in the RecaLLM wiring (see module doc); returns the environment the run needs."""
     from recallm.modeling import check_recallm_model, vllm_hf_overrides
+    from recallm.serve import served_hf_overrides
 
     for key in _PATH_KEYS:  # before anything reads them: Ray workers have another working directory
         value = OmegaConf.select(cfg, key, default=None)
@@ -202,9 +167,10 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         # every vLLM rollout (the ablation too) serves the base architecture; the overrides reach
         # the server through the environment and are merged into verl's own (quantization), which
         # a value in engine_kwargs would replace
-        merged = vllm_rollout_hf_overrides(
+        merged = served_hf_overrides(
             OmegaConf.select(cfg, f"{vllm_key}.hf_overrides", default=None),
             vllm_hf_overrides(_model_config(model_path)),
+            f"{vllm_key}.hf_overrides",
         )
         _set(cfg, f"{vllm_key}.hf_overrides", None)
         env[HF_OVERRIDES_ENV] = json.dumps(merged, sort_keys=True)
