@@ -416,3 +416,56 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
         [f"actor_rollout_ref.model.path={tiny_dir}", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=3"]
     )
     assert cfg.data.train_batch_size == 8 and cfg.actor_rollout_ref.rollout.n == 3
+
+
+def test_vllm_rollout_on_cpu_composes(tiny_dir, tiny_data):
+    """recallm.cpu with rollout.name=vllm: verl's own vLLM rollout on vLLM's CPU build (the vLLM tier runs it)."""
+    from recallm.grpo.app import HF_OVERRIDES_ENV, VLLM_PROCESSOR
+
+    cfg = compose_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_dir}",
+            f"data.train_files={tiny_data[0]}",
+            f"data.val_files={tiny_data[1]}",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.dtype=bfloat16",  # the user's override still wins
+        ]
+    )
+    env = prepare(cfg)
+    validate(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    assert r.name == "vllm" and r.free_cache_engine is False and r.enable_sleep_mode is False
+    assert r.enforce_eager is True and r.dtype == "bfloat16" and r.load_format == "dummy"
+    assert cfg.trainer.device == "cpu" and VLLM_PROCESSOR in r.engine_kwargs.vllm.logits_processors
+    assert env["RECALLM_VLLM_CPU"] == "1" and HF_OVERRIDES_ENV in env
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.RECALLM_VLLM_CPU == "1"
+
+
+def test_vllm_cpu_weight_patch_keeps_live_weights():
+    """vLLM's CPU backend drops a linear layer's weight after packing it; the patch keeps it live."""
+    import types
+
+    from recallm.grpo.vllm_cpu import _patch_gemm
+
+    calls = []
+
+    def original(layer, remove_weight):  # what vLLM 0.24 does: a packed copy, the parameter removed
+        calls.append(remove_weight)
+        packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, w, b: torch.nn.functional.linear(x, packed, b)
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    utils = types.SimpleNamespace(dispatch_cpu_unquantized_gemm=original)
+    _patch_gemm(utils)
+    _patch_gemm(utils)  # once only
+    layer = torch.nn.Linear(4, 3)
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.weight.shape == (3, 4) and not calls
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        layer.weight.copy_(torch.ones(3, 4))  # a weight update from the actor
+    assert torch.allclose(layer.cpu_linear(x, layer.weight, layer.bias), x.sum(1, keepdim=True) + layer.bias)
+    conv = types.SimpleNamespace(weight=torch.zeros(2, 1, 3))  # not a linear layer: vLLM's own handling
+    utils.dispatch_cpu_unquantized_gemm(conv, remove_weight=False)
+    assert calls == [False]

@@ -72,7 +72,7 @@ VERL_DEFAULT_ATTENTION = "flash_attention_2"
 #: into the dict verl builds itself (quantization) inside every rollout server.
 HF_OVERRIDES_ENV = "RECALLM_VLLM_HF_OVERRIDES"
 #: Environment variables a run carries to every Ray worker, when set where it is launched
-#: (plus every ``NCCL_*``): W&B mode and directory, network interfaces, offline hubs, and the
+#: (plus every ``NCCL_*`` and ``VLLM_CPU_*``): W&B mode and directory, network interfaces, offline hubs, and the
 #: expiration timestamp verl saves a checkpoint before (``slurm/grpo*.sbatch`` set it).
 FORWARDED_ENV = (
     "WANDB_MODE",
@@ -114,7 +114,12 @@ def compose_config(overrides: list[str]) -> DictConfig:
     if cfg.recallm.cpu:
         from recallm.grpo.cpu import cpu_overrides
 
-        cfg = _compose(list(cpu_overrides()) + list(overrides))
+        extra = list(cpu_overrides())
+        if OmegaConf.select(cfg, "actor_rollout_ref.rollout.name", default=None, throw_on_missing=False) == "vllm":
+            from recallm.grpo.vllm_cpu import vllm_cpu_overrides  # verl's vLLM rollout on vLLM's CPU build
+
+            extra += vllm_cpu_overrides()
+        cfg = _compose(extra + list(overrides))
     return cfg
 
 
@@ -184,6 +189,10 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         from recallm.grpo.cpu import cpu_env
 
         env.update(cpu_env())
+        if rollout == "vllm":
+            from recallm.grpo.vllm_cpu import VLLM_CPU_ENV
+
+            env[VLLM_CPU_ENV] = "1"
     modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
     for module in (["recallm.grpo.cpu.plugin"] if rm.cpu else []) + [RUNTIME_MODULE]:
         if module not in modules:
@@ -193,7 +202,7 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         RECALLM_RECALL_TOKEN_IDS=f"{start},{end}",
         RECALLM_GRPO_CPU="1" if rm.cpu else "0",
     )
-    forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith("NCCL_")}
+    forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(("NCCL_", "VLLM_CPU_"))}
     for key, value in {**forwarded, **env}.items():  # Ray workers on other nodes get them through the runtime env
         _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
     return env
