@@ -7,7 +7,7 @@
 #   scripts/gpu_check.sh --download-wheels        # here (with PyPI): fill .gpu_wheels/ to carry along
 #
 # DeepSpeed and the small packages it (and a GGUF SmolLM2) needs are carried as wheels in
-# .gpu_wheels/ (gitignored, ~10 MB: DeepSpeed's sdist, hjson, py-cpuinfo, ninja, msgpack, pydantic,
+# .gpu_wheels/ (gitignored, ~20 MB: DeepSpeed's sdist, hjson, py-cpuinfo, ninja, msgpack, pydantic,
 # gguf, ...) and installed from there, without a network, when DeepSpeed is missing. PYTHON selects
 # the interpreter (default python3); recallm itself comes from this checkout (PYTHONPATH).
 set -euo pipefail
@@ -19,10 +19,11 @@ CARRIED=(deepspeed hjson py-cpuinfo ninja msgpack pydantic gguf)
 if [[ "${1:-}" == "--download-wheels" ]]; then
   mkdir -p "$WHEELS"
   "$PY" -m pip download -q --no-deps -d "$WHEELS" "deepspeed==0.19.8" hjson py-cpuinfo einops nvidia-ml-py gguf \
-    sentencepiece annotated-types typing-inspection "pydantic>=2"
+    annotated-types typing-inspection "pydantic>=2"
   for pyver in 3.10 3.11 3.12 3.13; do   # binary wheels for whichever Python the device has
     "$PY" -m pip download -q --no-deps --only-binary=:all: --python-version "$pyver" \
-      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 -d "$WHEELS" msgpack pydantic-core ninja \
+      --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 \
+      -d "$WHEELS" msgpack pydantic-core ninja psutil sentencepiece \
       || echo "no wheels for Python $pyver" >&2
   done
   du -sh "$WHEELS"
