@@ -67,7 +67,7 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
 
-    first = run_grpo(_command(model, data, ckpt, rollouts, 2), tmp_path, timeout=2400)
+    first = run_grpo(_command(model, data, ckpt, rollouts, 2), tmp_path, timeout=5400)
     assert first.returncode == 0, first.stdout[-8000:]
     assert "recallm.recall.vllm:RecallLogitsProcessorV1" in first.stdout  # the engine's arguments, as verl prints them
     assert '"architectures": ["Qwen2ForCausalLM"]' in first.stdout  # hf_overrides merged into verl's own
@@ -80,7 +80,7 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
         assert m["actor/grad_norm"] > 0
     assert (ckpt / "global_step_2" / "actor").is_dir()
 
-    second = run_grpo(_command(model, data, ckpt, rollouts, 3), tmp_path, timeout=2400)
+    second = run_grpo(_command(model, data, ckpt, rollouts, 3), tmp_path, timeout=5400)
     assert second.returncode == 0, second.stdout[-8000:]
     assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
     metrics = step_metrics(second.stdout)
