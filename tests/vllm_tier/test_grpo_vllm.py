@@ -22,6 +22,22 @@ pytest.importorskip("verl")
 from tests.test_grpo_cpu import MIX, check_spans, run_grpo, step_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
+RAY_START_TIMEOUT = "The current node timed out during startup"
+
+
+def _run(cmd, cwd):
+    """``run_grpo``, once more if Ray's node did not register within its fixed 30 s
+    (``ray/_private/node.py``: a 2-core machine under heavy load); any other failure stands."""
+    result = run_grpo(cmd, cwd, timeout=5400)
+    if result.returncode != 0 and RAY_START_TIMEOUT in result.stdout:
+        result = run_grpo(cmd, cwd, timeout=5400)
+    return result
+
+
+def _report(metrics):
+    for step, m in sorted(metrics.items()):
+        shown = {k: m[k] for k in sorted(m) if k.startswith("recallm/") and "reward" not in k}
+        print(f"step {step}: {shown}")
 
 
 def _command(model: Path, data: Path, ckpt: Path, rollouts: Path, steps: int) -> list[str]:
@@ -67,11 +83,12 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
 
-    first = run_grpo(_command(model, data, ckpt, rollouts, 2), tmp_path, timeout=5400)
+    first = _run(_command(model, data, ckpt, rollouts, 2), tmp_path)
     assert first.returncode == 0, first.stdout[-8000:]
     assert "recallm.recall.vllm:RecallLogitsProcessorV1" in first.stdout  # the engine's arguments, as verl prints them
     assert '"architectures": ["Qwen2ForCausalLM"]' in first.stdout  # hf_overrides merged into verl's own
     metrics = step_metrics(first.stdout)
+    _report(metrics)
     assert sorted(metrics) == [1, 2], first.stdout[-4000:]
     for step, m in metrics.items():
         assert check_spans(rollouts, step) >= 4, step
@@ -80,10 +97,11 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
         assert m["actor/grad_norm"] > 0
     assert (ckpt / "global_step_2" / "actor").is_dir()
 
-    second = run_grpo(_command(model, data, ckpt, rollouts, 3), tmp_path, timeout=5400)
+    second = _run(_command(model, data, ckpt, rollouts, 3), tmp_path)
     assert second.returncode == 0, second.stdout[-8000:]
     assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
     metrics = step_metrics(second.stdout)
+    _report(metrics)
     assert sorted(metrics) == [3], second.stdout[-4000:]
     # the resumed actor's weights reached the engine: log-probs inside spans still agree
     assert metrics[3]["recallm/logprob_gap_in_spans"] <= 1e-3
