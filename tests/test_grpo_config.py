@@ -1,12 +1,20 @@
-"""GRPO launcher: every recipe composes with verl's config and passes validation; clear errors; metrics."""
+"""GRPO launcher: every recipe composes with verl's config and passes validation; clear errors; metrics.
+
+Composing verl's config takes seconds: each recipe is composed once per module and the error cases
+are variants of it (:func:`_variant`, a dotted update on a copy, as a command-line override would
+set it); the cases that need Hydra's own parsing compose.
+"""
 
 from __future__ import annotations
 
+import copy
 import json
 
 import numpy as np
 import pytest
 import torch
+import yaml
+from omegaconf import OmegaConf, open_dict
 
 pytest.importorskip("verl")
 
@@ -42,18 +50,44 @@ def _overrides(recipe, tiny_dir, tiny_data, *extra):
     ]
 
 
+@pytest.fixture(scope="module")
+def composed(tiny_dir, tiny_data):
+    """recipe -> its composed (not yet prepared) config; copy before changing."""
+    cache = {}
+
+    def get(recipe):
+        if recipe not in cache:
+            cache[recipe] = compose_config(_overrides(recipe, tiny_dir, tiny_data))
+        return cache[recipe]
+
+    return get
+
+
+def _variant(base, *items):
+    """A copy of ``base`` with ``key=value`` items applied (values parsed as YAML, like Hydra's)."""
+    cfg = copy.deepcopy(base)
+    with open_dict(cfg):
+        for item in items:
+            key, value = item.lstrip("+").split("=", 1)
+            OmegaConf.update(cfg, key, yaml.safe_load(value), merge=False, force_add=True)
+    return cfg
+
+
 @pytest.mark.parametrize("recipe", GPU_RECIPES)
-def test_gpu_recipes_compose_and_validate(recipe, tiny_dir, tiny_data):
-    cfg = compose_config(_overrides(recipe, tiny_dir, tiny_data))
+def test_gpu_recipes_compose_and_validate(recipe, composed):
+    from recallm.grpo.app import HF_OVERRIDES_ENV
+
+    cfg = copy.deepcopy(composed(recipe))
     env = prepare(cfg)
     validate(cfg)  # ours, then verl's validate_config
     arr = cfg.actor_rollout_ref
     assert arr.rollout.name == "vllm" and arr.rollout.n == 16 and cfg.data.train_batch_size == 128
     assert "recallm.recall.vllm:RecallLogitsProcessorV1" in arr.rollout.engine_kwargs.vllm.logits_processors
-    assert json.loads(arr.rollout.engine_kwargs.vllm.hf_overrides) == {
-        "architectures": ["Qwen2ForCausalLM"],
-        "model_type": "qwen2",
-    }
+    # the architecture overrides travel to the server through the environment (merged there into
+    # verl's own hf_overrides), not as an engine kwarg that would replace verl's
+    assert arr.rollout.engine_kwargs.vllm.hf_overrides is None
+    assert json.loads(env[HF_OVERRIDES_ENV]) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[HF_OVERRIDES_ENV] == env[HF_OVERRIDES_ENV]
     assert arr.model.external_lib == "recallm" and not arr.model.use_fused_kernels
     assert cfg.reward.reward_manager.name == "RecallRewardManager"
     assert cfg.reward.reward_kwargs.recallm.overlong.max_response_length == 4096
@@ -61,7 +95,48 @@ def test_gpu_recipes_compose_and_validate(recipe, tiny_dir, tiny_data):
     assert arr.actor.optim.lr == 2e-6 and arr.actor.kl_loss_type == "low_var_kl"
     assert env["VERL_USE_EXTERNAL_MODULES"] == "recallm.grpo.runtime"
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.RECALLM_RECALL_TOKEN_IDS == env["RECALLM_RECALL_TOKEN_IDS"]
-    assert cfg.trainer.total_training_steps == (150 if "qwen" in recipe else 60)
+    # App. D.3: both runs are 150 steps (the cosine schedule spans 150); Llama is evaluated at step 60
+    assert cfg.trainer.total_training_steps == 150
+    assert cfg.recallm.get("eval_step") == (60 if "llama" in recipe else None)
+    # memory on 80 GB: vLLM's context capped at the longest sequence, dynamic batching with a token cap
+    # that holds one worst-case sequence, chunked entropy, flash attention over packed sequences
+    longest = cfg.data.max_prompt_length + cfg.data.max_response_length
+    assert arr.rollout.max_model_len == longest == 21120
+    assert arr.actor.use_dynamic_bsz and arr.ref.log_prob_use_dynamic_bsz and arr.rollout.log_prob_use_dynamic_bsz
+    for cap in (
+        arr.actor.ppo_max_token_len_per_gpu,
+        arr.ref.log_prob_max_token_len_per_gpu,
+        arr.rollout.log_prob_max_token_len_per_gpu,
+    ):
+        assert longest <= cap <= 32768
+    assert arr.actor.entropy_from_logits_with_chunking and arr.actor.fsdp_config.entropy_from_logits_with_chunking
+    assert arr.model.use_remove_padding and arr.model.override_config.attn_implementation == "flash_attention_2"
+    assert arr.actor.strategy == arr.ref.strategy == "fsdp2"
+    assert arr.rollout.logprobs_mode == "processed_logprobs"
+    assert cfg.trainer.esi_redundant_time > 0  # verl saves before the job's end (see slurm/)
+    for key in ("actor_rollout_ref.model.path", "data.train_files", "data.val_files", "trainer.default_local_dir"):
+        assert OmegaConf.select(cfg, key).startswith("/"), key
+
+
+def test_eval_step_checkpoint_is_saved_and_kept(composed):
+    cfg = copy.deepcopy(composed("llama3.1_8b"))
+    prepare(cfg)
+    validate(cfg)
+    from recallm.grpo.app import describe
+
+    assert "global_step_60" in describe(cfg)
+    for extra, message in [
+        (["trainer.save_freq=25"], "recallm.eval_step=60 is not saved with trainer.save_freq=25"),
+        (["trainer.max_actor_ckpt_to_keep=3"], "would delete the step-60 checkpoint"),
+        (["trainer.total_training_steps=50"], "must be within trainer.total_training_steps=50"),
+    ]:
+        cfg = _variant(composed("llama3.1_8b"), *extra)
+        prepare(cfg)
+        with pytest.raises(RecallmError, match=message):
+            validate(cfg)
+    cfg = _variant(composed("llama3.1_8b"), "trainer.max_actor_ckpt_to_keep=10")
+    prepare(cfg)
+    validate(cfg)  # 9 checkpoints come after step 60: 10 keeps it
 
 
 def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
@@ -86,24 +161,161 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
     "extra, message",
     [
         (["actor_rollout_ref.model.use_fused_kernels=true"], "use_fused_kernels=true bypasses the logits"),
-        (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], "loses the searchable context"),
+        # Ulysses sequence parallelism: the deprecated keys and the ones the engine reads, actor and ref
+        (["actor_rollout_ref.actor.ulysses_sequence_parallel_size=2"], r"actor\.ulysses_sequence_parallel_size=2: "),
+        (["actor_rollout_ref.ref.ulysses_sequence_parallel_size=2"], r"ref\.ulysses_sequence_parallel_size=2: "),
+        (
+            ["actor_rollout_ref.actor.fsdp_config.ulysses_sequence_parallel_size=4"],
+            r"actor\.fsdp_config\.ulysses_sequence_parallel_size=4: a sequence split across ranks",
+        ),
+        (
+            ["actor_rollout_ref.ref.fsdp_config.ulysses_sequence_parallel_size=2"],
+            r"ref\.fsdp_config\.ulysses_sequence_parallel_size=2: a sequence split across ranks",
+        ),
+        # packed sequences need flash attention's varlen kernels
+        (
+            ["actor_rollout_ref.model.override_config.attn_implementation=sdpa"],
+            "use_remove_padding=true with attn_implementation=sdpa: packed sequences would attend to each other",
+        ),
+        (
+            ["actor_rollout_ref.model.override_config.attn_implementation=eager"],
+            "attn_implementation=eager: packed sequences",
+        ),
+        # other training backends build models that know nothing of the mask
+        (["actor_rollout_ref.actor.strategy=megatron"], "actor.strategy=megatron: only fsdp / fsdp2"),
+        (["actor_rollout_ref.actor.strategy=veomni"], "actor.strategy=veomni: only fsdp / fsdp2"),
+        (["actor_rollout_ref.actor.strategy=torchtitan"], "actor.strategy=torchtitan"),
+        (["actor_rollout_ref.actor.strategy=automodel"], "actor.strategy=automodel"),
+        (["actor_rollout_ref.actor.strategy=fsdp_turbo"], "actor.strategy=fsdp_turbo"),
+        (["actor_rollout_ref.ref.strategy=megatron"], "ref.strategy=megatron: only fsdp / fsdp2"),
+        (["actor_rollout_ref.rollout.logprobs_mode=raw_logprobs"], "logprobs_mode=raw_logprobs: the rollout's"),
+        (["actor_rollout_ref.rollout.logprobs_mode=processed_logits"], "logprobs_mode=processed_logits"),
+        # lengths
+        (["actor_rollout_ref.rollout.max_model_len=16000"], "max_model_len=16000 is shorter than"),
+        (["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=16384"], r"ppo_max_token_len_per_gpu=16384 is below"),
+        (
+            ["actor_rollout_ref.ref.log_prob_max_token_len_per_gpu=8192"],
+            r"ref\.log_prob_max_token_len_per_gpu=8192 is below the longest sequence",
+        ),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={model_type: llama}"],
+            "hf_overrides sets model_type='llama', but this RecaLLM model is served by vLLM as model_type='qwen2'",
+        ),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides='{not json'"],
+            "hf_overrides is not valid JSON",
+        ),
         (["actor_rollout_ref.rollout.name=sglang"], "has no recall logits processor"),
         (["actor_rollout_ref.rollout.n=1"], "at least 2 rollouts per prompt"),
         (["data.train_batch_size=96"], "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
-        (["actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"], "must split into micro batches"),
+        (
+            ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
+            "must split into micro batches",
+        ),
         (["data.val_files=/nope.parquet"], "data file /nope.parquet does not exist"),
-        (["no_such_group=1"], "bad GRPO config"),
     ],
 )
-def test_config_errors_before_ray(extra, message, tiny_dir, tiny_data):
+def test_config_errors_before_ray(extra, message, composed):
+    cfg = _variant(composed("qwen2.5_7b"), *extra)
     with pytest.raises(RecallmError, match=message):
-        cfg = compose_config(_overrides("qwen2.5_7b", tiny_dir, tiny_data, *extra))
         prepare(cfg)
         validate(cfg)
 
 
-def test_model_without_recall_tokens_and_bad_ground_truth(tmp_path, tiny_base_dir, tiny_dir, tiny_data):
-    cfg = compose_config(_overrides("qwen2.5_7b", tiny_base_dir, tiny_data))
+def test_bad_override_is_one_line_error(tiny_dir, tiny_data):
+    with pytest.raises(RecallmError, match="bad GRPO config"):
+        compose_config(_overrides("qwen2.5_7b", tiny_dir, tiny_data, "no_such_group=1"))
+
+
+def test_packed_sequences_without_flash_attention_pass_unpacked(composed):
+    cfg = _variant(
+        composed("qwen2.5_7b"),
+        "actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+        "actor_rollout_ref.model.use_remove_padding=false",
+        "actor_rollout_ref.actor.strategy=fsdp",
+    )
+    prepare(cfg)
+    validate(cfg)  # sdpa is fine on padded batches; FSDP1 builds the HF model too
+    cfg = copy.deepcopy(composed("qwen2.5_7b"))
+    with open_dict(cfg):
+        del cfg.actor_rollout_ref.model.override_config["attn_implementation"]
+    prepare(cfg)
+    validate(cfg)  # unset: verl's default, flash_attention_2
+
+
+def test_user_hf_overrides_are_merged_not_replaced(tiny_dir, tiny_data):
+    from recallm.grpo.app import HF_OVERRIDES_ENV
+
+    # Hydra's own parsing: a dict, and a quoted JSON string
+    for value in ("{max_position_embeddings: 65536}", "'{\"max_position_embeddings\": 65536}'"):
+        cfg = compose_config(
+            _overrides(
+                "qwen2.5_7b", tiny_dir, tiny_data, f"+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={value}"
+            )
+        )
+        env = prepare(cfg)
+        validate(cfg)
+        assert cfg.actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides is None
+        assert json.loads(env[HF_OVERRIDES_ENV]) == {
+            "architectures": ["Qwen2ForCausalLM"],
+            "model_type": "qwen2",
+            "max_position_embeddings": 65536,
+        }
+
+
+def test_vllm_server_hf_overrides_merge_into_verls():
+    """The patch the runtime installs in every verl process: verl's own dict (FP8 here) survives."""
+    from recallm.grpo.vllm_rollout import install, merge_hf_overrides, patch_server_class
+
+    class FakeServer:  # verl's vLLMHttpServer._apply_quantization returns (quantization, hf_overrides)
+        def _apply_quantization(self):
+            return "fp8", {"quantization_config": {"quant_method": "fp8", "fmt": "e4m3"}}
+
+    ours = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "quantization_config": {"fmt": "e5m2"}}
+    patch_server_class(FakeServer, ours)
+    patch_server_class(FakeServer, ours)  # idempotent: wrapped once
+    quantization, merged = FakeServer()._apply_quantization()
+    assert quantization == "fp8"
+    assert merged == {
+        "quantization_config": {"quant_method": "fp8", "fmt": "e5m2"},
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+    }
+    assert not hasattr(FakeServer._apply_quantization.__wrapped__, "__wrapped__")
+    assert merge_hf_overrides(None, {"a": 1}) == {"a": 1}
+    assert install({}) is False  # nothing to merge: no patch
+
+
+def test_paths_become_absolute_and_environment_is_forwarded(composed, tiny_dir, tiny_data, monkeypatch, tmp_path):
+    import os
+
+    monkeypatch.chdir(tmp_path)
+    os.symlink(tiny_dir, tmp_path / "model")
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("NCCL_SOCKET_IFNAME", "ib0")
+    monkeypatch.setenv("MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP", "1900000000")
+    monkeypatch.setenv("SOME_SECRET", "x")
+    cfg = _variant(
+        composed("qwen2.5_7b"),
+        "actor_rollout_ref.model.path=model",
+        f"data.val_files=[{tiny_data[1]}]",
+        "trainer.default_local_dir=runs/x",
+        "trainer.rollout_data_dir=runs/x/rollouts",
+    )
+    prepare(cfg)
+    validate(cfg)
+    assert cfg.actor_rollout_ref.model.path == str(tmp_path / "model")
+    assert cfg.trainer.default_local_dir == str(tmp_path / "runs/x")
+    assert cfg.trainer.rollout_data_dir == str(tmp_path / "runs/x/rollouts")
+    assert list(cfg.data.val_files) == [str(tiny_data[1])]
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert env_vars.WANDB_MODE == "offline" and env_vars.NCCL_SOCKET_IFNAME == "ib0"
+    assert env_vars.MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP == "1900000000"
+    assert "SOME_SECRET" not in env_vars
+
+
+def test_model_without_recall_tokens_and_bad_ground_truth(composed, tmp_path, tiny_base_dir, tiny_data):
+    cfg = _variant(composed("qwen2.5_7b"), f"actor_rollout_ref.model.path={tiny_base_dir}")
     with pytest.raises(RecallmError, match="without recall tokens"):
         prepare(cfg)
     import pyarrow.parquet as pq
@@ -116,20 +328,27 @@ def test_model_without_recall_tokens_and_bad_ground_truth(tmp_path, tiny_base_di
     records[3]["reward_model"]["ground_truth"] = json.dumps(gt)
     bad = write_parquet(records, tmp_path / "bad.parquet")
     assert pq.read_table(bad).num_rows == len(records)
-    cfg = compose_config(_overrides("qwen2.5_7b", tiny_dir, (bad, tiny_data[1])))
+    cfg = _variant(composed("qwen2.5_7b"), f"data.train_files={bad}")
     prepare(cfg)
     with pytest.raises(RecallmError, match=r"bad.parquet: row 3: .*has no 'gold'"):
         validate(cfg)
 
 
-def test_unconstrained_ablation(tiny_dir, tiny_data):
-    cfg = compose_config(
-        _overrides("qwen2.5_7b", tiny_dir, tiny_data, "recallm.recall=false", "actor_rollout_ref.rollout.name=sglang")
-    )
-    prepare(cfg)
+def test_unconstrained_ablation(composed):
+    from recallm.grpo.app import HF_OVERRIDES_ENV
+
+    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall=false", "actor_rollout_ref.rollout.name=sglang")
+    env = prepare(cfg)
     validate(cfg)  # no processor needed
     assert cfg.actor_rollout_ref.model.override_config.recall_constrained is False
     assert "logits_processors" not in (cfg.actor_rollout_ref.rollout.engine_kwargs.get("vllm") or {})
+    assert HF_OVERRIDES_ENV not in env
+    # on vLLM the ablation still needs the base architecture (vLLM refuses Recall*ForCausalLM)
+    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall=false")
+    env = prepare(cfg)
+    validate(cfg)
+    assert "logits_processors" not in cfg.actor_rollout_ref.rollout.engine_kwargs.vllm
+    assert json.loads(env[HF_OVERRIDES_ENV])["architectures"] == ["Qwen2ForCausalLM"]
 
 
 def test_recall_batch_metrics():
@@ -197,3 +416,56 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
         [f"actor_rollout_ref.model.path={tiny_dir}", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=3"]
     )
     assert cfg.data.train_batch_size == 8 and cfg.actor_rollout_ref.rollout.n == 3
+
+
+def test_vllm_rollout_on_cpu_composes(tiny_dir, tiny_data):
+    """recallm.cpu with rollout.name=vllm: verl's own vLLM rollout on vLLM's CPU build (the vLLM tier runs it)."""
+    from recallm.grpo.app import HF_OVERRIDES_ENV, VLLM_PROCESSOR
+
+    cfg = compose_config(
+        [
+            f"actor_rollout_ref.model.path={tiny_dir}",
+            f"data.train_files={tiny_data[0]}",
+            f"data.val_files={tiny_data[1]}",
+            "actor_rollout_ref.rollout.name=vllm",
+            "actor_rollout_ref.rollout.dtype=bfloat16",  # the user's override still wins
+        ]
+    )
+    env = prepare(cfg)
+    validate(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    assert r.name == "vllm" and r.free_cache_engine is False and r.enable_sleep_mode is False
+    assert r.enforce_eager is True and r.dtype == "bfloat16" and r.load_format == "dummy"
+    assert cfg.trainer.device == "cpu" and VLLM_PROCESSOR in r.engine_kwargs.vllm.logits_processors
+    assert env["RECALLM_VLLM_CPU"] == "1" and HF_OVERRIDES_ENV in env
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.RECALLM_VLLM_CPU == "1"
+
+
+def test_vllm_cpu_weight_patch_keeps_live_weights():
+    """vLLM's CPU backend drops a linear layer's weight after packing it; the patch keeps it live."""
+    import types
+
+    from recallm.grpo.vllm_cpu import _patch_gemm
+
+    calls = []
+
+    def original(layer, remove_weight):  # what vLLM 0.24 does: a packed copy, the parameter removed
+        calls.append(remove_weight)
+        packed = layer.weight.detach().clone()
+        layer.cpu_linear = lambda x, w, b: torch.nn.functional.linear(x, packed, b)
+        if remove_weight:
+            layer.weight = torch.nn.Parameter(torch.empty(0), requires_grad=False)
+
+    utils = types.SimpleNamespace(dispatch_cpu_unquantized_gemm=original)
+    _patch_gemm(utils)
+    _patch_gemm(utils)  # once only
+    layer = torch.nn.Linear(4, 3)
+    utils.dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
+    assert layer.weight.shape == (3, 4) and not calls
+    x = torch.randn(2, 4)
+    with torch.no_grad():
+        layer.weight.copy_(torch.ones(3, 4))  # a weight update from the actor
+    assert torch.allclose(layer.cpu_linear(x, layer.weight, layer.bias), x.sum(1, keepdim=True) + layer.bias)
+    conv = types.SimpleNamespace(weight=torch.zeros(2, 1, 3))  # not a linear layer: vLLM's own handling
+    utils.dispatch_cpu_unquantized_gemm(conv, remove_weight=False)
+    assert calls == [False]

@@ -1,34 +1,214 @@
-"""SLURM batch scripts: valid bash, and the command each launches (dry run)."""
+"""SLURM batch scripts, run through a fake srun/scontrol/ray world (tests/slurm_harness.py): the
+commands each launches on one node and on two, the requeue on SLURM's warning signal, and the
+deadline verl saves a checkpoint before."""
 
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests.slurm_harness import FakeCluster, alive
+
 SLURM = Path(__file__).resolve().parents[1] / "slurm"
+SCRIPTS = sorted(p.name for p in SLURM.glob("*.sbatch"))
+MINE = ["sft.sbatch", "grpo.sbatch", "grpo_multinode.sbatch"]
+JOB = "123457"
+BASE = 20000 + (int(JOB) % 200) * 200
 
 
-@pytest.mark.parametrize("script", sorted(p.name for p in SLURM.glob("*.sbatch")))
+def _option(args, name):
+    values = [a.split("=", 1)[1] for a in args if a.startswith(f"--{name}=")]
+    assert len(values) == 1, (name, args)
+    return values[0]
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
 def test_scripts_parse_and_request_requeue(script):
     path = SLURM / script
     assert subprocess.run(["bash", "-n", str(path)]).returncode == 0
     text = path.read_text()
     assert "#SBATCH --requeue" in text and "resume" in text
+    assert "#SBATCH --open-mode=append" in text  # a requeued job appends to its log
 
 
-def test_sft_launch_command():
-    env = {**os.environ, "RECALLM_DRY_RUN": "1", "SLURM_GPUS_ON_NODE": "4", "RECALLM_REPO": str(SLURM.parent)}
-    out = subprocess.run(
-        ["bash", str(SLURM / "sft.sbatch"), "stage=full", "out_dir=/runs/x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
-    assert out[1:] == [
+@pytest.mark.parametrize("script", ["grpo.sbatch", "grpo_multinode.sbatch"])
+def test_signal_lead_matches_the_deadline(script):
+    text = (SLURM / script).read_text()
+    lead = re.search(r"#SBATCH --signal=B:USR1@(\d+)", text).group(1)
+    assert re.search(rf"^SIGNAL_LEAD={lead}\b", text, re.M), "the deadline given to verl must be the signal's time"
+
+
+def test_grpo_single_node(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-1"])
+    run = cluster.run(
+        "grpo.sbatch",
+        "grpo=qwen2.5_7b",
+        "trainer.default_local_dir=/runs/x",
+        SLURM_JOB_ID=JOB,
+        SLURM_GPUS_ON_NODE="4",
+        SLURM_CPUS_PER_TASK="48",
+        SLURM_JOB_END_TIME="2000000000",
+    )
+    assert run.returncode == 0, run.stderr
+    (driver,) = run.named("recallm-grpo")
+    assert driver["args"] == [
+        "trainer.nnodes=1",
+        "trainer.n_gpus_per_node=4",
+        "trainer.resume_mode=auto",
+        "ray_kwargs.ray_init.num_cpus=48",  # Ray gets the CPUs SLURM gave the job, not the node's
+        f"++ray_kwargs.ray_init.dashboard_port={BASE + 1}",
+        "grpo=qwen2.5_7b",
+        "trainer.default_local_dir=/runs/x",
+    ]
+    # verl saves before SLURM's warning (the job's end minus the signal's lead)
+    assert driver["env"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"] == str(2000000000 - 600)
+    assert driver["env"]["WANDB_MODE"] == "offline"
+    assert driver["env"]["WANDB_DIR"] == str(cluster.repo / "outputs" / "wandb")
+    assert (cluster.repo / "logs").is_dir()
+    assert not run.named("scontrol") or all(c["args"][0] == "show" for c in run.named("scontrol"))
+
+
+def test_end_time_from_scontrol_and_user_settings_win(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-1"])
+    run = cluster.run(
+        "grpo.sbatch",
+        SLURM_JOB_ID=JOB,
+        FAKE_END_TIME="2031-05-04T03:02:01",
+        WANDB_MODE="online",
+        RECALLM_NET_IFACE="ib0",
+        NCCL_SOCKET_IFNAME="mlx5",
+    )
+    assert run.returncode == 0, run.stderr
+    (driver,) = run.named("recallm-grpo")
+    end = int(subprocess.run(["date", "-d", "2031-05-04T03:02:01", "+%s"], capture_output=True, text=True).stdout)
+    assert driver["env"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"] == str(end - 600)
+    assert driver["env"]["WANDB_MODE"] == "online"
+    assert driver["env"]["NCCL_SOCKET_IFNAME"] == "mlx5" and driver["env"]["GLOO_SOCKET_IFNAME"] == "ib0"
+    # no time limit known: no deadline, and the log says so
+    run = FakeCluster(tmp_path / "nolimit", ["gpu-1"]).run("grpo.sbatch", SLURM_JOB_ID=JOB)
+    (driver,) = run.named("recallm-grpo")
+    assert "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP" not in driver["env"]
+    assert "end time is unknown" in run.stdout
+
+
+def test_grpo_two_nodes(tmp_path):
+    nodes = ["gpu-a", "gpu-b"]
+    cluster = FakeCluster(tmp_path, nodes, ips={"gpu-a": "192.0.2.10", "gpu-b": "192.0.2.11"})
+    run = cluster.run(
+        "grpo_multinode.sbatch",
+        "grpo=qwen2.5_7b",
+        SLURM_JOB_ID=JOB,
+        SLURM_GPUS_ON_NODE="8",
+        SLURM_CPUS_PER_TASK="96",
+        SLURM_JOB_END_TIME="2000000000",
+    )
+    assert run.returncode == 0, run.stderr
+    names = [c["name"] for c in run.calls if c["name"] in ("ray", "python", "recallm-grpo")]
+    # Ray nodes started in the background, the cluster polled until ready, then the driver
+    assert sorted(names) == ["python", "python", "ray", "ray", "recallm-grpo"]
+    assert names[-1] == "recallm-grpo"
+    (head,) = [c for c in run.named("ray") if "--head" in c["args"]]
+    (worker,) = [c for c in run.named("ray") if "--head" not in c["args"]]
+    address = f"192.0.2.10:{BASE}"  # the head's non-loopback address (hostname -I lists 127.0.1.1 first)
+    assert head["node"] == "gpu-a" and worker["node"] == "gpu-b"
+    assert head["args"][:2] == ["start", "--head"] and "--block" in head["args"]
+    assert _option(head["args"], "node-ip-address") == "192.0.2.10"
+    assert head["args"][:2] == ["start", "--head"]
+    assert _option(head["args"], "port") == str(BASE)
+    assert _option(worker["args"], "address") == address
+    for call in (head, worker):
+        assert _option(call["args"], "num-cpus") == "96" and _option(call["args"], "num-gpus") == "8"
+        assert _option(call["args"], "temp-dir") == f"/tmp/ray-recallm-{JOB}"
+        ports = [int(a.split("=")[1]) for a in call["args"] if re.match(r"--[a-z-]*port=", a)]
+        assert all(BASE <= p < BASE + 200 for p in ports), ports
+        assert int(_option(call["args"], "max-worker-port")) == BASE + 199
+    # the head first (1 node, its GPUs), then the whole cluster
+    assert [c["args"] for c in run.named("python")] == [
+        ["-m", "recallm.grpo.cluster", "--address", address, "--nodes", n, "--gpus", g, "--timeout", "600"]
+        for n, g in (("1", "8"), ("2", "16"))
+    ]
+    calls = run.calls
+    assert calls.index(worker) > calls.index(run.named("python")[0]), "workers join once the head is up"
+    (driver,) = run.named("recallm-grpo")
+    assert driver["node"] == "HEAD" and driver["env"]["RAY_ADDRESS"] == address
+    assert driver["args"][:3] == ["trainer.nnodes=2", "trainer.n_gpus_per_node=8", "trainer.resume_mode=auto"]
+    assert driver["args"][-1] == "grpo=qwen2.5_7b"
+    assert driver["env"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"] == str(2000000000 - 600)
+    for call in run.named("ray"):  # the job stops its Ray nodes when it ends
+        assert not alive(call["pid"]), call
+
+
+def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path):
+    used = []
+    for job in ("500", "501"):
+        cluster = FakeCluster(tmp_path / job, ["gpu-a", "gpu-b"], ips={"gpu-a": "192.0.2.10"})
+        run = cluster.run("grpo_multinode.sbatch", SLURM_JOB_ID=job)
+        assert run.returncode == 0, run.stderr
+        used.append(
+            {int(a.split("=")[1]) for c in run.named("ray") for a in c["args"] if re.match(r"--[a-z-]*port=", a)}
+        )
+        used[-1] |= set(
+            range(
+                int(_option(run.named("ray")[0]["args"], "min-worker-port")),
+                int(_option(run.named("ray")[0]["args"], "max-worker-port")) + 1,
+            )
+        )
+    assert not used[0] & used[1]
+
+
+def test_interface_and_cluster_that_never_comes_up(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-a", "gpu-b"])
+    run = cluster.run(
+        "grpo_multinode.sbatch",
+        SLURM_JOB_ID=JOB,
+        RECALLM_NET_IFACE="ib0",
+        FAKE_IFACE_IP="198.51.100.7",
+        FAKE_CLUSTER_RC="2",
+    )
+    assert run.returncode != 0
+    assert not run.named("recallm-grpo"), "the driver must not start on a partial cluster"
+    # the head's address from the interface (`ip -o -4 addr show dev ib0`)
+    assert run.named("python")[0]["env"]["RAY_ADDRESS"] == f"198.51.100.7:{BASE}"
+    assert "[recallm] Ray head gpu-a (198.51.100.7:" in run.stdout
+    for call in run.named("ray"):
+        assert not alive(call["pid"])
+    # a head with only loopback addresses: a clear error, nothing started
+    cluster = FakeCluster(tmp_path / "loop", ["gpu-a"], ips={"gpu-a": "127.0.0.1"})
+    run = cluster.run("grpo_multinode.sbatch", SLURM_JOB_ID=JOB)
+    assert run.returncode != 0 and "no non-loopback address for gpu-a" in run.stderr
+    assert not run.named("ray") and not run.named("recallm-grpo")
+
+
+@pytest.mark.parametrize(
+    "script, driver",
+    [("grpo.sbatch", "recallm-grpo"), ("grpo_multinode.sbatch", "recallm-grpo"), ("sft.sbatch", "torchrun")],
+)
+def test_requeue_on_warning_signal(tmp_path, script, driver):
+    cluster = FakeCluster(
+        tmp_path, ["gpu-a", "gpu-b"] if "multinode" in script else ["gpu-a"], ips={"gpu-a": "192.0.2.10"}
+    )
+    run = cluster.run_and_signal(script, "stage=full", SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT="1")
+    assert run.returncode == 0, run.stderr
+    assert "restart 1" in run.stdout  # a requeued run says it resumes
+    assert "requeueing job 123457" in run.stdout
+    requeues = [c for c in run.named("scontrol") if c["args"][0] == "requeue"]
+    assert [c["args"] for c in requeues] == [["requeue", JOB]]
+    (started,) = run.named(driver)
+    assert "resume=auto" in started["args"] or "trainer.resume_mode=auto" in started["args"]
+    for call in run.named(driver) + run.named("ray"):  # nothing of the job is left running
+        assert not alive(call["pid"]), call
+
+
+def test_sft_single_node(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-1"])
+    run = cluster.run("sft.sbatch", "stage=full", "out_dir=/runs/x", SLURM_JOB_ID=JOB, SLURM_GPUS_ON_NODE="4")
+    assert run.returncode == 0, run.stderr
+    (driver,) = run.named("torchrun")
+    assert driver["args"] == [
         "--standalone",
         "--nproc_per_node",
         "4",
@@ -39,35 +219,76 @@ def test_sft_launch_command():
         "stage=full",
         "out_dir=/runs/x",
     ]
+    assert driver["env"]["WANDB_MODE"] == "offline" and (cluster.repo / "logs").is_dir()
 
 
-def test_grpo_launch_commands():
-    env = {
-        **os.environ,
-        "RECALLM_DRY_RUN": "1",
-        "SLURM_GPUS_ON_NODE": "4",
-        "RECALLM_REPO": str(SLURM.parent),
-        "SLURM_NNODES": "3",
-    }
-    out = subprocess.run(
-        ["bash", str(SLURM / "grpo.sbatch"), "grpo=qwen2.5_7b"], env=env, capture_output=True, text=True, check=True
-    ).stdout.split()
-    assert out[0].endswith("recallm-grpo")
-    assert out[1:] == ["trainer.nnodes=1", "trainer.n_gpus_per_node=4", "trainer.resume_mode=auto", "grpo=qwen2.5_7b"]
-    out = subprocess.run(
-        ["bash", str(SLURM / "grpo_multinode.sbatch"), "grpo=qwen2.5_7b"],
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.splitlines()
-    assert out[0].startswith("head: ")
-    assert out[1].split()[1:] == [
+def test_dry_run_prints_the_commands(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-a", "gpu-b", "gpu-c"])
+    env = {"RECALLM_DRY_RUN": "1", "SLURM_GPUS_ON_NODE": "4", "SLURM_JOB_ID": JOB}
+    out = cluster.run("grpo_multinode.sbatch", "grpo=qwen2.5_7b", **env)
+    assert out.returncode == 0 and not out.named("ray") and not out.named("recallm-grpo")
+    lines = out.stdout.splitlines()
+    assert lines[0] == f"head: gpu-a workers: gpu-b gpu-c ports: {BASE}-{BASE + 199}"
+    assert lines[1].split()[1:] == [
         "trainer.nnodes=3",
         "trainer.n_gpus_per_node=4",
         "trainer.resume_mode=auto",
         "grpo=qwen2.5_7b",
     ]
+    out = cluster.run("sft.sbatch", "stage=full", **env)
+    assert out.stdout.split()[1:4] == ["--standalone", "--nproc_per_node", "4"] and not out.named("torchrun")
+
+
+def test_wait_for_cluster_polls_until_every_gpu_is_there():
+    from recallm.errors import RecallmError
+    from recallm.grpo.cluster import wait_for_cluster
+
+    class FakeRay:
+        def __init__(self, views):
+            self.views = list(views)
+            self.inits = 0
+
+        def init(self, **kwargs):
+            self.inits += 1
+            if self.inits == 1:
+                raise ConnectionError("GCS not up yet")
+
+        def nodes(self):
+            return self.views.pop(0) if len(self.views) > 1 else self.views[0]
+
+    node = {"Alive": True, "Resources": {"GPU": 4.0, "CPU": 64.0}}
+    dead = {"Alive": False, "Resources": {"GPU": 4.0}}
+    ray = FakeRay([[node], [node, dead], [node, {"Alive": True, "Resources": {"CPU": 8.0}}], [node, node]])
+    now = [0.0]
+    view = wait_for_cluster(
+        "192.0.2.10:20000",
+        2,
+        8,
+        timeout=100,
+        poll=1,
+        ray_module=ray,
+        clock=lambda: now[0],
+        sleep=lambda s: now.__setitem__(0, now[0] + s),
+    )
+    assert (view.nodes, view.gpus) == (2, 8.0) and ray.inits == 2 and now[0] == 4.0
+    ray = FakeRay([[node]])
+    now = [0.0]
+    with pytest.raises(RecallmError, match=r"did not reach 2 node\(s\) and 8 GPU\(s\) within 10 s; last seen: 1 node"):
+        wait_for_cluster(
+            "192.0.2.10:20000",
+            2,
+            8,
+            timeout=10,
+            poll=1,
+            ray_module=ray,
+            clock=lambda: now[0],
+            sleep=lambda s: now.__setitem__(0, now[0] + s),
+        )
+
+
+def test_environment_is_not_leaked_into_the_checkout():
+    # the harness copies slurm/ elsewhere: running the tests never creates logs/ here
+    assert os.path.isdir(SLURM)
 
 
 def test_eval_launch_commands():

@@ -3,6 +3,10 @@
 * registers the masked model classes (``import recallm``), so actor and reference load
   ``recallm_<base>`` checkpoints as the classes that apply the recall mask;
 * activates the CPU plugin (``recallm.grpo.cpu``) when ``RECALLM_GRPO_CPU=1``;
+* with ``RECALLM_VLLM_CPU=1``, lets verl's vLLM rollout run on vLLM's CPU build
+  (``recallm.grpo.vllm_cpu``);
+* merges the vLLM rollout's ``hf_overrides`` (``RECALLM_VLLM_HF_OVERRIDES``) into the ones verl
+  builds itself (``recallm.grpo.vllm_rollout``);
 * adds the RecaLLM metrics to the ones verl computes every step. verl 0.9.1 has no hook for
   extra training metrics: its trainer calls ``verl.trainer.ppo.metric_utils.compute_data_metrics``
   on the finished batch of every step, so that function is wrapped (once, before the trainer
@@ -109,3 +113,11 @@ if os.environ.get("RECALLM_GRPO_CPU") == "1":
 install_metrics()
 install_appending_file_logger()
 install_token_builder_families()
+if os.environ.get("RECALLM_VLLM_CPU") == "1":
+    from recallm.grpo.vllm_cpu import activate as _activate_vllm_cpu
+
+    _activate_vllm_cpu()
+if os.environ.get("RECALLM_VLLM_HF_OVERRIDES"):
+    from recallm.grpo.vllm_rollout import install as _install_hf_overrides
+
+    _install_hf_overrides()

@@ -1,0 +1,150 @@
+"""Serving a RecaLLM model with vLLM: the ``hf_overrides`` and the ``vllm serve`` command.
+
+A RecaLLM checkpoint names its own architecture (``Recall<Base>ForCausalLM``, ``recallm_<base>``),
+which vLLM does not know: vLLM serves it as its base architecture (``hf_overrides`` from
+:func:`recallm.modeling.vllm_hf_overrides`) and the recall logits processor
+(``recallm.recall.vllm:RecallLogitsProcessorV1``) keeps every recall span a verbatim copy of its
+context, reading the recall token ids from the same config. :func:`served_hf_overrides` merges a
+user's own overrides with those (one place, used by ``recallm-serve`` and ``recallm-grpo``);
+:func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
+OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
+at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from recallm.errors import RecallmError
+
+__all__ = ["served_hf_overrides", "serve_command", "ServeSettings"]
+
+PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
+
+
+def _as_mapping(value: Any, where: str) -> dict[str, Any]:
+    if value in (None, "", {}):
+        return {}
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RecallmError(f"{where} is not valid JSON: {exc.msg}") from exc
+    elif not isinstance(value, Mapping) and hasattr(value, "items"):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, Mapping):
+        raise RecallmError(f"{where} must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def served_hf_overrides(user: Any, base: Mapping[str, Any], where: str = "hf_overrides") -> dict[str, Any]:
+    """The user's ``hf_overrides`` (JSON string or mapping) plus ``base`` (serve the base
+    architecture). A user value naming another architecture or model type is refused: vLLM would
+    refuse ``Recall*ForCausalLM`` or build the wrong model."""
+    merged = _as_mapping(user, where)
+    for key, value in base.items():
+        if key in merged and merged[key] != value:
+            raise RecallmError(
+                f"{where} sets {key}={merged[key]!r}, but this RecaLLM model is served by vLLM as {key}={value!r}"
+            )
+        merged[key] = value
+    return merged
+
+
+class ServeSettings:
+    """``recallm-serve``'s own options (everything else goes to ``vllm serve`` unchanged)."""
+
+    def __init__(
+        self,
+        model: str | Path,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        served_model_name: str | None = None,
+        recall: bool = True,
+    ) -> None:
+        if not 0 < int(port) < 65536:
+            raise RecallmError(f"--port must be in 1..65535, got {port}")
+        self.model = Path(model)
+        self.host = host
+        self.port = int(port)
+        self.served_model_name = served_model_name or self.model.resolve().name
+        self.recall = bool(recall)
+
+
+def _pop_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
+    """Remove ``--name V`` / ``--name=V`` (and ``--name`` with several values up to the next
+    option) from ``args``; return (remaining args, the values)."""
+    rest, values, i = [], [], 0
+    alias = {name, name.replace("-", "_")}
+    while i < len(args):
+        arg = args[i]
+        key, eq, value = arg.partition("=")
+        if key in alias:
+            if eq:
+                values.append(value)
+                i += 1
+            else:
+                i += 1
+                while i < len(args) and not args[i].startswith("--"):
+                    values.append(args[i])
+                    i += 1
+            continue
+        rest.append(arg)
+        i += 1
+    return rest, values
+
+
+def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: str | None = None) -> list[str]:
+    """The ``vllm serve`` command for ``settings`` (checks the model first; ``extra``: more
+    ``vllm serve`` arguments, whose ``--hf-overrides`` are merged and ``--logits-processors`` kept)."""
+    from recallm.modeling import check_recallm_model, vllm_hf_overrides
+
+    check_recallm_model(settings.model)  # one line for a directory that is no RecaLLM model
+    from transformers import AutoConfig
+
+    import recallm  # noqa: F401  (registers the recallm_<base> configs)
+
+    config = AutoConfig.from_pretrained(str(settings.model))
+    extra = list(extra)
+    for own in ("--host", "--port", "--served-model-name", "--model"):
+        if any(a == own or a.startswith(own + "=") for a in extra):
+            raise RecallmError(
+                f"{own} is an option of recallm-serve itself: pass it before the model's extra arguments"
+            )
+    extra, user_overrides = _pop_option(extra, "--hf-overrides")
+    if len(user_overrides) > 1:
+        raise RecallmError("--hf-overrides was given more than once")
+    overrides = served_hf_overrides(
+        user_overrides[0] if user_overrides else None, vllm_hf_overrides(config), "--hf-overrides"
+    )
+    extra, processors = _pop_option(extra, "--logits-processors")
+    if settings.recall:
+        processors = [*processors, PROCESSOR] if PROCESSOR not in processors else processors
+    else:
+        processors = [p for p in processors if p != PROCESSOR]
+    command = [
+        python or sys.executable,
+        "-m",
+        "vllm.entrypoints.cli.main",
+        "serve",
+        str(settings.model),
+        "--host",
+        settings.host,
+        "--port",
+        str(settings.port),
+        "--served-model-name",
+        settings.served_model_name,
+        "--hf-overrides",
+        json.dumps(overrides, sort_keys=True),
+    ]
+    if processors:
+        command += ["--logits-processors", *processors]
+    command += extra
+    return command

