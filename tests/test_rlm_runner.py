@@ -393,3 +393,71 @@ def test_a_reply_cut_off_at_the_token_limit_is_not_an_answer():
     turns = events_of(result, "turn")
     assert turns[0]["finish_reason"] == "length" and turns[0]["observation"] == prompts.CUT_OFF_NUDGE
     assert turns[1]["observation"] == prompts.NO_CODE_NUDGE  # an empty reply
+
+
+# --- issue 17, item 6: one reading of FINAL and of code fences -----------------------------------
+
+
+def test_a_final_cut_off_at_the_token_limit_is_not_the_answer():
+    """Before: ``FINAL(`` cut off mid-answer at the token limit was accepted."""
+    root = ScriptedModel(["FINAL(" + "the answer is a long sentence that goes on " * 20, "FINAL(short)"])
+    result = make(root, root_max_new_tokens=40).run("ctx")
+    assert (result.answer, result.outcome, result.turns) == ("short", "final", 2)
+    first = events_of(result, "turn")[0]
+    assert first["finish_reason"] == "length" and "cut off" in first["observation"]
+
+
+def test_final_var_in_code_returns_the_variable_it_names():
+    """Before: FINAL_VAR(x) with x == 'total' returned the variable `total` instead of x."""
+    result = make([repl("total = 5\nx = 'total'\nFINAL_VAR(x)")]).run("ctx")
+    assert result.answer == "total"
+    result = make([repl("total = 5\nFINAL_VAR('total')")]).run("ctx")
+    assert result.answer == "5"
+
+
+def test_a_final_in_code_followed_by_an_error_is_refused_like_a_written_one():
+    """Before: FINAL called in code was accepted although the cell then raised."""
+    result = make([repl("FINAL('too early')\n1 / 0"), "FINAL(right)"]).run("ctx")
+    assert (result.answer, result.turns) == ("right", 2)
+    assert "FINAL(...) was not accepted" in events_of(result, "turn")[0]["observation"]
+
+
+@pytest.mark.parametrize(
+    "code",
+    ["s = 'a```b'\nprint(len(s))\n", 's = """\n```\n"""\nprint(len(s))\n', "s = 'x'  # ``` in a comment\n"],
+)
+def test_a_fence_inside_a_string_or_comment_does_not_end_the_block(code):
+    """Before: the block ended at the first ``` wherever it was (here: inside a string)."""
+    reply = f"```repl\n{code}```\nFINAL_VAR(s)"
+    assert prompts.extract_code(reply)[0] == [code]
+    result = make([reply]).run("ctx")
+    assert result.outcome == "final" and result.answer == {"s = 'a": "a```b", 's = "': "\n```\n", "s = 'x": "x"}[
+        code[:6]
+    ]
+
+
+# --- issue 17, item 9: the paper's prompts ---------------------------------------------------------
+
+
+def test_prompts_follow_the_paper():
+    assert (RLMSettings().max_iterations, RLMSettings().max_observation_chars) == (20, 20_000)
+    root = ScriptedModel([repl("print(len(context))"), repl("x = 1"), "FINAL(7)"])
+    make(root, max_iterations=5).run("some context", "How many widgets?")
+    system = root.calls[0].messages[0]["content"]
+    assert system.count("```repl") >= 3  # worked decomposition examples
+    assert "llm_query_batched(" in system and "FINAL(" in system and "not inside code" in system
+    first_user = root.calls[0].messages[1]["content"]
+    assert "have not looked at `context` yet" in first_user  # the first-turn safeguard
+    for call in root.calls[1:]:  # every later turn repeats the query
+        assert "How many widgets?" in call.messages[-1]["content"]
+
+
+def test_at_the_iteration_limit_one_last_call_asks_for_the_answer():
+    """Before: a run that reached the limit returned nothing unless `answer` was set."""
+    root = ScriptedModel([repl("x = 1"), repl("x = 2"), "I think it is FINAL(forced)"])
+    result = make(root, max_iterations=2).run("ctx", "q?")
+    assert (result.outcome, result.answer, result.turns) == ("max_iterations", "forced", 2)
+    assert len(root.calls) == 3 and prompts.FINAL_ANSWER_REQUEST in root.calls[-1].messages[-1]["content"]
+    plain = ScriptedModel([repl("x = 1"), "It is seven."])
+    result = make(plain, max_iterations=1).run("ctx", "q?")
+    assert (result.outcome, result.answer) == ("max_iterations", "It is seven.")

@@ -228,3 +228,22 @@ def test_an_rlm_with_a_perfect_classifier_scores_one(task, index, second):
     result = rlm.run(ex.context, ex.query)
     assert result.outcome == "final" and len(sub.calls) == len(ex.context.split("\n"))
     assert score_answer(task, result.answer, ex.reference).score == 1.0
+
+
+# --- issue 17, item 7: the stated answer is scored -------------------------------------------------
+
+
+def test_the_stated_answer_is_scored_not_the_last_number_or_every_option():
+    """Before: the count was read from the last number of the text (1200 here: score ~0), and a
+    label or comparison answer that mentioned another option scored 0."""
+    count = {"kind": "count", "label": "human", "value": 57}
+    assert score_answer("oolong", "57 instances are human, among 1200 records", count).score == 1.0
+    assert score_answer("oolong", "There are 1200 records in all. Answer: 57", count).score == 1.0
+    assert score_answer("oolong", "Final answer: 57 (out of 1,200)", count).score == 1.0
+    label = {"kind": "label", "value": "entity"}
+    assert score_answer("oolong", "entity is the most common; human comes second", label).correct
+    assert score_answer("oolong", "After counting, human is second. Answer: entity", label).correct
+    assert not score_answer("oolong", "human is the most common, then entity", label).correct
+    compare = {"kind": "compare", "labels": ["entity", "human"], "value": "more common"}
+    assert score_answer("oolong", "more common: 30 vs 20, so not less common", compare).correct
+    assert not score_answer("oolong", "less common, not more common", compare).correct

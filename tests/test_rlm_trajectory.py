@@ -203,3 +203,24 @@ def test_rewrite_argv():
     assert rewrite_argv(["show", "my run/a b.jsonl"]) == ["mode=show", "trajectory='my run/a b.jsonl'"]
     assert rewrite_argv(["export", "out_dir=o"]) == ["mode=export", "out_dir=o"]
     assert rewrite_argv(["tasks.per_cell=2"]) == ["tasks.per_cell=2"]
+
+
+# --- issue 17, item 8: the paper's filters -----------------------------------------------------------
+
+
+def test_export_keeps_only_correct_multi_turn_runs_and_fixes_final_templates(tmp_path, tiny_dir):
+    """Before: any run with score > 0 was kept (a wrong OOLONG count scores 0.75 ** error), and a
+    FINAL called inside code was exported as written."""
+    from recallm.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_dir)
+    run(tmp_path, "right", ["```repl\nx = 42\n```", "FINAL_VAR(x)"], score=1.0)
+    run(tmp_path, "close", ["```repl\nx = 41\n```", "FINAL_VAR(x)"], score=0.75)
+    run(tmp_path, "in_code", ["```repl\nx = 42\n```", "Done.\n```repl\ny = x\nFINAL_VAR('y')\n```"], score=1.0)
+    out = tmp_path / "sft.jsonl"
+    counts = export_sft([tmp_path], tokenizer, out)
+    assert counts["kept"] == 2 and counts["dropped_not_correct"] == 1 and counts["final_fixed"] == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    fixed = [r for r in rows if r["trajectory"].endswith("in_code.jsonl") and r["turn"] == 2][0]
+    assert "FINAL_VAR" not in fixed["completion"].split("```repl")[1]  # out of the code block ...
+    assert fixed["completion"].rstrip(tokenizer.eos_token).rstrip().endswith('FINAL_VAR("y")')  # ... written after it
