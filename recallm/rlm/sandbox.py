@@ -26,7 +26,14 @@ run without it.
 
 Sub-calls that model code makes arrive as ``call`` messages; ``on_call(kind, args)`` (the RLM's
 sub-call router) answers each on its own thread, so that concurrent calls from threads in a
-cell, and batched calls, are served at once.
+cell, and batched calls, are served at once. Each call gets a ``CancelToken``
+(``recallm.rlm.cancel.current()`` inside ``on_call``), cancelled when the cell that made it ends
+(or is killed) while it is still in flight.
+
+A cell's wall clock counts only its own time: while one of its sub-calls is in flight, the
+worker's timer is paused and the host's kill deadline moves by as much. ``execute(max_s=...)``
+bounds the whole cell, waits included (the task's remaining wall time): past it, the cell's
+sub-calls are cancelled and the cell gets ``kill_grace_s`` to end before it is killed.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ from typing import Any
 
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
+from recallm.rlm import cancel as _cancel
 from recallm.rlm.budget import BudgetExhausted
 from recallm.rlm.protocol import LineReader, ProtocolError, write_message
 
@@ -315,6 +323,10 @@ class Sandbox:
         self._write_lock = threading.Lock()
         self._ids = itertools.count(1)
         self._closed = False
+        self._calls_lock = threading.Lock()
+        self._inflight: dict[Any, _cancel.CancelToken] = {}  # sub-calls being answered
+        self._waiting_since: float | None = None  # when the in-flight count went from 0 to 1
+        self._waited = 0.0  # seconds with sub-calls in flight, summed
         self.starts = 0
         self.cells = 0
 
@@ -449,12 +461,42 @@ class Sandbox:
                 raise BrokenPipeError("the sandbox is not running")
             write_message(self._to_worker, message)
 
+    def _track(self, key: Any, token: _cancel.CancelToken | None) -> None:
+        """Register (``token``) or forget (None) an in-flight sub-call; keeps the waiting time."""
+        with self._calls_lock:
+            before = len(self._inflight)
+            if token is not None:
+                self._inflight[key] = token
+            else:
+                self._inflight.pop(key, None)
+            after = len(self._inflight)
+            now = time.monotonic()
+            if before == 0 and after > 0:
+                self._waiting_since = now
+            elif before > 0 and after == 0 and self._waiting_since is not None:
+                self._waited += now - self._waiting_since
+                self._waiting_since = None
+
+    def _waited_s(self) -> float:
+        with self._calls_lock:
+            ongoing = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
+            return self._waited + ongoing
+
+    def _cancel_calls(self, reason: str) -> None:
+        with self._calls_lock:
+            tokens = list(self._inflight.values())
+        for token in tokens:
+            token.cancel(reason)
+
     def _answer_call(self, message: Mapping[str, Any]) -> None:
         reply: dict[str, Any] = {"op": "result", "id": message.get("id"), "ok": False}
+        key, token = object(), _cancel.CancelToken()
+        self._track(key, token)
         try:
             if self.on_call is None:
                 raise RuntimeError("sub-calls are not available")
-            reply["value"] = self.on_call(str(message.get("kind")), message.get("args") or {})
+            with _cancel.scope(token):
+                reply["value"] = self.on_call(str(message.get("kind")), message.get("args") or {})
             reply["ok"] = True
         except BudgetExhausted as exc:
             reply.update(error=str(exc), budget=True)
@@ -464,6 +506,8 @@ class Sandbox:
             self._send(reply)
         except OSError:  # the REPL was killed meanwhile; nobody waits for this answer
             pass
+        finally:
+            self._track(key, None)
 
     def _dispatch(self, message: Mapping[str, Any]) -> None:
         threading.Thread(target=self._answer_call, args=(message,), name="rlm-subcall", daemon=True).start()
@@ -490,29 +534,53 @@ class Sandbox:
 
     # --- the API -----------------------------------------------------------------------------
 
-    def execute(self, code: str, *, wall_s: float | None = None, cpu_s: float | None = None) -> CellResult:
-        """Run one cell (see class doc). ``wall_s`` / ``cpu_s`` cut the cell's limits further."""
+    def execute(
+        self, code: str, *, wall_s: float | None = None, cpu_s: float | None = None, max_s: float | None = None
+    ) -> CellResult:
+        """Run one cell (see class doc). ``wall_s`` / ``cpu_s`` cut the cell's limits further;
+        ``max_s`` bounds the cell with its sub-call waits (see module doc)."""
         self.start()
         wall = self.limits.wall_s if wall_s is None else max(0.05, min(self.limits.wall_s, wall_s))
         cpu = self.limits.cpu_s if cpu_s is None else max(0.05, min(self.limits.cpu_s, cpu_s))
         cell_id = next(self._ids)
         self.cells += 1
         start = time.monotonic()
+        waited_before = self._waited_s()
         try:
             self._send({"op": "exec", "id": cell_id, "code": code, "cpu_s": cpu, "wall_s": wall})
         except OSError:
             how = self._died()
             return self._failed(self._lost(f"the REPL process {how} before the cell ran"), start)
-        deadline = start + wall + self.limits.kill_grace_s
+        try:
+            return self._wait_cell(cell_id, start, wall, waited_before, max_s)
+        finally:
+            self._cancel_calls("the cell that made this sub-call has ended")
+
+    def _wait_cell(
+        self, cell_id: int, start: float, wall: float, waited_before: float, max_s: float | None
+    ) -> CellResult:
+        grace = self.limits.kill_grace_s
+        hard = None if max_s is None else start + max(0.05, max_s)
+        cut: float | None = None  # set when `hard` passed: the cell's last moment
         while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
+            now = time.monotonic()
+            deadline = start + wall + grace + (self._waited_s() - waited_before)
+            if hard is not None and now >= hard and cut is None:
+                self._cancel_calls("the task's wall-clock budget is spent")
+                cut = now + grace
+            if cut is not None:
+                deadline = min(deadline, cut)
+            left = deadline - now
+            if hard is not None and cut is None:
+                left = min(left, hard - now)
+            if deadline - now <= 0:
                 self._kill()
-                return self._failed(
-                    self._lost(f"TimeoutError: the cell ignored its wall-clock limit of {wall:g}s and was killed"),
-                    start,
-                    timed_out=True,
+                what = (
+                    f"the cell outlived the task's wall-clock budget ({max_s:g}s) and was killed"
+                    if cut is not None
+                    else f"the cell ignored its wall-clock limit of {wall:g}s and was killed"
                 )
+                return self._failed(self._lost(f"TimeoutError: {what}"), start, timed_out=True)
             try:
                 message = self._reader.read(timeout=left)
             except EOFError:
