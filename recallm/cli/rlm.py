@@ -42,7 +42,7 @@ def _task_settings(cfg: DictConfig) -> tuple[list[tuple[str, int, int]], dict[st
     from recallm.rlm.tasks import TokenCounter, task_specs
 
     tasks = _container(cfg.tasks)
-    known = {"name", "names", "lengths", "per_cell", "seed", "tolerance", "max_pair_users", "tokenizer_path"}
+    known = {"name", "names", "lengths", "per_cell", "seed", "tolerance", "max_pair_users", "needles", "tokenizer_path"}
     unknown = sorted(set(tasks) - known)
     if unknown:
         raise RecallmError(f"tasks has unknown keys {unknown}; known: {sorted(known)}")
@@ -60,7 +60,8 @@ def _task_kwargs(tasks: dict[str, Any], counter) -> dict[str, Any]:
         "seed": int(tasks.get("seed") or 0),
         "counter": counter,
         "tolerance": float(tasks.get("tolerance", 0.02)),
-        "max_pair_users": int(tasks.get("max_pair_users", 40)),
+        "max_pair_users": None if tasks.get("max_pair_users") is None else int(tasks["max_pair_users"]),
+        "needles": int(tasks.get("needles") or 2),
     }
 
 
