@@ -9,8 +9,9 @@ normally. Implementations:
 
 * ``BackendModel`` - an in-process engine of ``recallm.eval.backends`` (``hf``: transformers
   ``generate``, optionally a RecaLLM model with constrained recall; ``vllm``). Messages are
-  rendered with the tokenizer's chat template. Requests that arrive while the engine is busy
-  queue up and go to the engine together, as one ``generate`` call (one batch for HF - the
+  rendered with the tokenizer's chat template. Requests that arrive together (within 5 ms of
+  each other) or while the engine is busy queue up and go to the engine together, as one
+  ``generate`` call (one batch for HF - the
   backend splits it by its ``batch_size`` - and one submission for vLLM, which schedules them
   together): concurrent sub-calls run as a batch, not one after another, and a cancelled request
   still in the queue never reaches the engine. When the chat template's generation prompt opens
@@ -232,9 +233,10 @@ class _Pending:
 class _Batcher:
     """One engine user at a time; what queued up meanwhile goes to the engine as one call."""
 
-    def __init__(self, generate: Callable[[list], list], max_batch: int, name: str) -> None:
+    def __init__(self, generate: Callable[[list], list], max_batch: int, name: str, wait_s: float = 0.005) -> None:
         self._generate = generate
         self._max_batch = max_batch
+        self._wait_s = wait_s
         self._queue: list[_Pending] = []
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
@@ -283,6 +285,13 @@ class _Batcher:
                     self._cond.wait()
                 if self._closed and not self._queue:
                     return
+                while len(self._queue) < self._max_batch:  # requests that arrive together go together
+                    seen = len(self._queue)
+                    self._cond.wait(self._wait_s)
+                    if len(self._queue) == seen:
+                        break
+                if not self._queue:  # all dropped meanwhile
+                    continue
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 for pending in batch:
                     pending.state = "running"

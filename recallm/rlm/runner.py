@@ -68,7 +68,7 @@ from recallm.rlm.sandbox import ISOLATION_MODES, Isolation, Sandbox, SandboxLimi
 from recallm.rlm.subcalls import ERROR_PREFIX, CallPool, SubCallError, SubCallExecutor, SubCallSettings
 from recallm.rlm.trajectory import TrajectoryWriter, preview
 
-__all__ = ["RLMSettings", "RLMResult", "RLM", "RootSession", "Step", "OUTCOMES", "MAX_DEPTH"]
+__all__ = ["RLMSettings", "RLMResult", "RLM", "RootSession", "Step", "OUTCOMES", "MAX_DEPTH", "initial_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -353,6 +353,13 @@ class RootSession:
             self.result = self.level.finish_at_limit(reply)
         return self.result
 
+    def stop(self, reason: str) -> RLMResult:
+        """End the run early (the caller's own limit, such as a rollout's response length): the
+        stored answer (``answer_var``), if any, is the answer; outcome ``budget_exhausted``."""
+        if self.result is None:
+            self.result = self.level.end(None, "budget_exhausted", reason, self.level.turn)
+        return self.result
+
     def close(self) -> RLMResult:
         try:
             if self.result is None:
@@ -566,17 +573,7 @@ class _Level:
         rlm = self.rlm
         if not self._repl_held:
             self._repl_held = self.task.repls.acquire(self.rlm_id)  # the root: the first, always granted
-        system = prompts.system_prompt(
-            llm_query=self.llm,
-            rlm_query=self.rlm_mode,
-            max_observation_chars=settings.max_observation_chars,
-            cell_wall_s=rlm.sandbox_limits.wall_s,
-            max_iterations=settings.max_iterations,
-            sub_context_chars=rlm.subcall_settings.max_prompt_chars,
-            answer_var=settings.answer_var,
-        )
-        first = prompts.context_message(self.context, self.query, settings.preview_chars)
-        self.messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+        self.messages = initial_messages(rlm, self.context, self.query, depth=self.depth)
         self._event(
             "start",
             task_id=self.task.task_id,
@@ -815,6 +812,24 @@ class _Level:
         usage = self.task.budget.usage()
         self._event("end", outcome=outcome, reason=reason, answer=answer, turns=turns, usage=usage)
         return RLMResult(answer=answer, outcome=outcome, reason=reason, turns=turns, usage=usage)
+
+
+def initial_messages(rlm: RLM, context: Any, query: str | None, *, depth: int = 0) -> list[dict[str, str]]:
+    """The system and first user messages of an RLM instance at ``depth`` (see ``prompts``)."""
+    settings = rlm.settings
+    max_depth = settings.max_depth
+    mode = "recursive" if depth + 1 < max_depth else ("fallback" if depth < max_depth else "off")
+    system = prompts.system_prompt(
+        llm_query=depth < max_depth,
+        rlm_query=mode,
+        max_observation_chars=settings.max_observation_chars,
+        cell_wall_s=rlm.sandbox_limits.wall_s,
+        max_iterations=settings.max_iterations,
+        sub_context_chars=rlm.subcall_settings.max_prompt_chars,
+        answer_var=settings.answer_var,
+    )
+    first = prompts.context_message(context, query, settings.preview_chars)
+    return [{"role": "system", "content": system}, {"role": "user", "content": first}]
 
 
 def _fallback_prompt(context: Any, query: str) -> str:
