@@ -95,8 +95,9 @@ def _row_kwargs(context, query, reference, task="s_niah"):
 
 def test_the_agent_loop_trains_on_the_root_and_masks_the_repl(tmp_path, tiny_dir):
     """Two root turns (code with a sub-call, then FINAL_VAR): the root's tokens are trained with
-    their rollout log-probs, the observation between them is masked, the sub-call went to the
-    server but is in no trajectory, and the reward is the task's score."""
+    their rollout log-probs, the observation between them is masked (and verl's policy loss has no
+    gradient there), the sub-call went to the server but is in no trajectory, and the reward is
+    the task's score."""
     from recallm.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_dir)
@@ -130,29 +131,22 @@ def test_the_agent_loop_trains_on_the_root_and_masks_the_repl(tmp_path, tiny_dir
     assert extra["rlm_masked_tokens"] == observed and extra["rlm_subcalls"] == 1 and extra["rlm_correct"] == 1.0
     trajectories = list((tmp_path / "traj").glob("*.jsonl"))
     assert len(trajectories) == 1 and '"event": "subcall"' in trajectories[0].read_text()
+    _loss_ignores_the_masked_tokens(cfg, out)
 
 
-def test_the_loss_ignores_what_the_mask_hides(tmp_path, tiny_dir):
+def _loss_ignores_the_masked_tokens(cfg, out) -> None:
     """The mask the agent loop writes is the one verl's policy loss aggregates with: the gradient
     of the loss is zero on every masked (REPL) token and not on the root's own."""
     import torch
     from verl.trainer.ppo.core_algos import agg_loss, get_policy_loss_fn
+    from verl.utils.config import omega_conf_to_dataclass
 
-    from recallm.tokens import load_tokenizer
-
-    tokenizer = load_tokenizer(tiny_dir)
-    cfg = compose(tmp_path, tiny_dir, *ROOMY)
-    out = _run(cfg, ScriptedServer(tokenizer, REPLIES), tokenizer, {"temperature": 1.0, "logprobs": True},
-               _row_kwargs("ctx", "q?", {"value": "4242"}))  # fmt: skip
     mask = torch.tensor([out.response_mask], dtype=torch.float32)
     old = torch.tensor([out.response_logprobs])
     log_prob = (old + 0.1).clone().requires_grad_(True)
-    advantages = torch.ones_like(old)
     loss_fn = get_policy_loss_fn(cfg.actor_rollout_ref.actor.policy_loss.loss_mode)
-    from verl.utils.config import omega_conf_to_dataclass
-
     actor_cfg = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
-    pg_loss, *_ = loss_fn(old_log_prob=old, log_prob=log_prob, advantages=advantages, response_mask=mask,
+    pg_loss, *_ = loss_fn(old_log_prob=old, log_prob=log_prob, advantages=torch.ones_like(old), response_mask=mask,
                           loss_agg_mode="token-mean", config=actor_cfg)  # fmt: skip
     if isinstance(pg_loss, dict):
         pg_loss = pg_loss["pg_loss"]
@@ -199,15 +193,24 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
     assert cfg.actor_rollout_ref.model.external_lib == "recallm"  # a RecaLLM model: masked log-probs
     assert cfg.recallm.reward_manager is False
 
+    import copy
+
+    def variant(base, **updates):
+        out = copy.deepcopy(base)
+        for key, value in updates.items():
+            OmegaConf.update(out, key, value, force_add=True)
+        return out
+
+    fresh = compose(tmp_path, tiny_dir)
     with pytest.raises(RecallmError, match="more than data.max_prompt_length=100"):
-        prepare_data(compose(tmp_path, tiny_dir, "data.max_prompt_length=100"))
+        prepare_data(variant(fresh, **{"data.max_prompt_length": 100}))
+    with pytest.raises(RecallmError, match="recallm.rlm.rlm.max_depth must be in"):
+        prepare_data(variant(fresh, **{"recallm.rlm.rlm.max_depth": 7}))
     with pytest.raises(RecallmError, match="plain model without recall tokens: set recallm.recall=false"):
-        prepare(compose(tmp_path, tiny_base_dir))
-    plain = compose(tmp_path, tiny_base_dir, "recallm.recall=false")
+        prepare(variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir)}))
+    plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall": False})
     env = prepare(plain)
     assert "recallm.rlm.runtime" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
-    with pytest.raises(RecallmError, match="recallm.rlm.rlm.max_depth must be in"):
-        prepare_data(compose(tmp_path, tiny_dir, "recallm.rlm.rlm.max_depth=7"))
 
 
 def test_the_paper_recipe_composes(tmp_path, tiny_dir):
