@@ -581,6 +581,7 @@ class Sandbox:
             "mode": kind,
             "cgroups": self._cgroups.join if self._cgroups is not None else [],
             "private_uid": self._root_host,
+            "host_pid": os.getpid(),  # the REPL dies with the host (confine._die_with_host)
             "nproc": self.limits.max_processes,
             "fds": [h2w_r, w2h_w, context_fd],
         }
