@@ -65,9 +65,11 @@ class EndpointConfig:
     base_url: str
     model: str
     api_key_env: str | None = "OPENAI_API_KEY"
-    temperature: float = 0.0
+    temperature: float | None = 0.0
+    """None: not sent (the server's default; reasoning models reject a temperature)"""
     top_p: float | None = None
-    max_tokens: int = 4096
+    max_tokens: int | None = 4096
+    """None: not sent (the server's default)"""
     timeout: float = 300.0
     concurrency: int = 8
     retries: int = 4
@@ -101,20 +103,21 @@ class EndpointConfig:
             base_url=base_url,
             model=model,
             api_key_env=env or None,
-            temperature=as_number(cfg.get("temperature", 0.0), f"{role}.temperature"),
+            temperature=_optional(cfg, "temperature", 0.0, f"{role}.temperature", float),
             top_p=None if cfg.get("top_p") is None else as_number(cfg.get("top_p"), f"{role}.top_p"),
-            max_tokens=as_number(cfg.get("max_tokens", 4096), f"{role}.max_tokens", int),
+            max_tokens=_optional(cfg, "max_tokens", 4096, f"{role}.max_tokens", int),
             timeout=as_number(cfg.get("timeout", 300.0), f"{role}.timeout"),
             concurrency=as_number(cfg.get("concurrency", 8), f"{role}.concurrency", int),
             retries=as_number(cfg.get("retries", 4), f"{role}.retries", int),
             backoff=as_number(cfg.get("backoff", 1.0), f"{role}.backoff"),
             extra_body=dict(extra),
         )
-        check_range(config.temperature, f"{role}.temperature", 0.0, 2.0)
+        if config.temperature is not None:
+            check_range(config.temperature, f"{role}.temperature", 0.0, 2.0)
         if config.top_p is not None:
             check_range(config.top_p, f"{role}.top_p", 0.0, 1.0)
         for name in ("max_tokens", "concurrency"):
-            if getattr(config, name) < 1:
+            if getattr(config, name) is not None and getattr(config, name) < 1:
                 raise RecallmError(f"{role}.{name} must be >= 1, got {getattr(config, name)}")
         if config.timeout <= 0:
             raise RecallmError(f"{role}.timeout must be > 0 seconds, got {config.timeout}")
@@ -136,11 +139,13 @@ class ChatError(Exception):
 
 class Completion(NamedTuple):
     """One completion: its text, why it stopped (``stop``, ``length``, ... or None when the
-    server does not say) and how many tokens it has (None when the server does not say)."""
+    server does not say), how many tokens it has and how many its prompt had (each None when
+    the server does not say)."""
 
     text: str
     finish_reason: str | None
     completion_tokens: int | None
+    prompt_tokens: int | None = None
 
 
 class ChatClient:
@@ -200,7 +205,11 @@ class ChatClient:
 
     def _payload(self, options: Mapping[str, Any]) -> dict[str, Any]:
         cfg = self.config
-        payload: dict[str, Any] = {"model": cfg.model, "temperature": cfg.temperature, "max_tokens": cfg.max_tokens}
+        payload: dict[str, Any] = {"model": cfg.model}
+        if cfg.temperature is not None:
+            payload["temperature"] = cfg.temperature
+        if cfg.max_tokens is not None:
+            payload["max_tokens"] = cfg.max_tokens
         if cfg.top_p is not None:
             payload["top_p"] = cfg.top_p
         payload.update(cfg.extra_body)
@@ -267,7 +276,7 @@ class ChatClient:
         reasoning = message.get("reasoning_content") or message.get("reasoning") or ""
         if with_reasoning and reasoning and "</think>" not in content:
             content = f"{reasoning.strip()}\n</think>\n\n{content.strip()}"
-        return Completion(content, choice.get("finish_reason"), _usage_tokens(data))
+        return Completion(content, choice.get("finish_reason"), *_usage_tokens(data))
 
     def complete_text(self, prompt: str, **options: Any) -> Completion:
         """One text completion of a raw prompt (``POST {base_url}/completions``); ``options`` as
@@ -281,7 +290,7 @@ class ChatClient:
             text = choice.get("text") or ""
         except (ValueError, KeyError, IndexError, TypeError, AttributeError):
             raise ChatError(f"not a text completion: {self._body(resp)}") from None
-        return Completion(str(text), choice.get("finish_reason"), _usage_tokens(data))
+        return Completion(str(text), choice.get("finish_reason"), *_usage_tokens(data))
 
     def complete(self, messages: list[dict[str, str]], *, with_reasoning: bool = False) -> str:
         """The assistant message of one chat completion, strictly: a completion cut off at
@@ -298,7 +307,19 @@ class ChatClient:
         return self._redact(text[:200]) or "empty body"
 
 
-def _usage_tokens(data: Mapping[str, Any]) -> int | None:
+def _usage_tokens(data: Mapping[str, Any]) -> tuple[int | None, int | None]:
+    """(completion tokens, prompt tokens) the server reported (None for what it did not)."""
     usage = data.get("usage") if isinstance(data, Mapping) else None
-    value = usage.get("completion_tokens") if isinstance(usage, Mapping) else None
-    return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    def count(key: str) -> int | None:
+        value = usage.get(key) if isinstance(usage, Mapping) else None
+        return int(value) if isinstance(value, int) and not isinstance(value, bool) else None
+
+    return count("completion_tokens"), count("prompt_tokens")
+
+
+def _optional(cfg: Mapping[str, Any], key: str, default: Any, name: str, kind: type) -> Any:
+    """``cfg[key]`` as a number; ``default`` when the key is absent; None (not sent) when null."""
+    if key not in cfg:
+        return default
+    return None if cfg[key] is None else as_number(cfg[key], name, kind)

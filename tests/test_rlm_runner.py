@@ -45,8 +45,9 @@ def test_code_runs_variables_persist_and_the_root_never_sees_the_context():
     result = make(root).run(context, "How many a?")
     assert (result.answer, result.outcome, result.turns) == ("done", "final", 3)
     turns = events_of(result, "turn")
-    assert turns[0]["observation"] == "[block 1 output]\n(nothing printed)"
-    assert turns[1]["observation"] == "[block 1 output]\n10000"
+    assert turns[0]["observation"].startswith("[block 1 output]\n(nothing printed)\n\n")
+    assert turns[1]["observation"].startswith("[block 1 output]\n10000\n\n")
+    assert turns[1]["observation"].endswith(prompts.turn_reminder("How many a?"))
     seen = [m["content"] for call in root.calls for m in call.messages]
     assert all("SECRET-MARKER" not in text for text in seen)  # metadata and a preview only
     assert "5,025 characters" in root.calls[0].messages[1]["content"]
@@ -83,7 +84,7 @@ def test_final_is_refused_when_a_block_of_the_same_message_failed():
 def test_plain_text_is_nudged_then_taken_as_the_answer():
     result = make(["I believe it is 7.", "It is 7."], plain_text_retries=1).run("ctx")
     assert (result.answer, result.outcome, result.turns) == ("It is 7.", "plain_text", 2)
-    assert events_of(result, "turn")[0]["observation"] == prompts.NO_CODE_NUDGE
+    assert events_of(result, "turn")[0]["observation"].startswith(prompts.NO_CODE_NUDGE)
     again = make(["<think>hmm</think>Seven."], plain_text_retries=0).run("ctx")
     assert (again.answer, again.outcome) == ("Seven.", "plain_text")  # reasoning is not the answer
 
@@ -97,13 +98,13 @@ def test_cell_errors_and_timeouts_are_observations_not_crashes():
     assert "TimeoutError: the cell ran longer than its wall-clock limit of 1s" in observations[1]
 
 
-def test_iteration_limit_returns_the_stored_answer_and_warns_the_last_turn():
-    root = ScriptedModel([repl("answer = 'partial'")])
+def test_iteration_limit_returns_the_stored_answer_when_the_final_call_gives_none():
+    root = ScriptedModel([repl("answer = 'partial'")])  # the final call writes code again: no answer
     result = make(root, max_iterations=3).run("ctx")
     assert (result.outcome, result.answer, result.turns) == ("max_iterations", "partial", 3)
     assert "returning the stored answer (variable 'answer')" in result.reason
-    assert prompts.LAST_TURN in root.calls[-1].messages[-1]["content"]
-    assert prompts.LAST_TURN not in root.calls[-2].messages[-1]["content"]
+    assert prompts.FINAL_ANSWER_REQUEST in root.calls[-1].messages[-1]["content"]
+    assert prompts.FINAL_ANSWER_REQUEST not in root.calls[-2].messages[-1]["content"]
     empty = make([repl("x = 1")], max_iterations=2).run("ctx")
     assert empty.answer is None and "no stored answer" in empty.reason
 
@@ -202,19 +203,20 @@ def test_a_prompt_longer_than_the_sub_model_reads_is_refused():
     assert "11 characters, more than the sub-model reads (10); split it" in events_of(result, "turn")[0]["observation"]
 
 
-def test_sub_call_budget_ends_the_run_with_the_stored_answer():
+def test_the_sub_call_cap_refuses_sub_calls_and_the_root_answers_with_what_it_has():
     code1 = "llm_query_batched(['a'] * 5)"
     code2 = "answer = [llm_query('a') for _ in range(3)]"
     code3 = "more = llm_query('one too many')"
     budget = BudgetLimits(max_tokens=None, max_subcalls=3, max_wall_s=None)
     sub = ScriptedModel(["a-answer"])
-    result = make([repl(code1), repl(code2), repl(code3), "FINAL(unreached)"], sub, budget=budget).run("c")
-    assert result.outcome == "budget_exhausted" and result.turns == 3 and len(sub.calls) == 3
-    assert "3 sub-calls made, 1 more asked, max_subcalls=3" in result.reason
-    assert "returning the stored answer" in result.reason and result.answer == str(["a-answer"] * 3)
+    result = make([repl(code1), repl(code2), repl(code3), "FINAL_VAR(answer)"], sub, budget=budget).run("c")
+    assert result.outcome == "final" and result.turns == 4 and len(sub.calls) == 3
+    assert result.answer == str(["a-answer"] * 3)
     first = events_of(result, "turn")[0]["observation"]
     assert "BudgetExhausted: budget exhausted: 0 sub-calls made, 5 more asked" in first  # refused whole
-    assert result.usage["subcalls"] == 3
+    third = events_of(result, "turn")[2]["observation"]
+    assert "3 sub-calls made, 1 more asked, max_subcalls=3" in third
+    assert result.usage["subcalls"] == 3 and result.usage["exhausted"] is None
 
 
 def test_token_budget_ends_the_run():
@@ -391,5 +393,75 @@ def test_a_reply_cut_off_at_the_token_limit_is_not_an_answer():
     result = make(root, root_max_new_tokens=50, plain_text_retries=0).run("ctx")
     assert (result.answer, result.outcome, result.turns) == ("acted", "final", 3)
     turns = events_of(result, "turn")
-    assert turns[0]["finish_reason"] == "length" and turns[0]["observation"] == prompts.CUT_OFF_NUDGE
-    assert turns[1]["observation"] == prompts.NO_CODE_NUDGE  # an empty reply
+    assert turns[0]["finish_reason"] == "length" and turns[0]["observation"].startswith(prompts.CUT_OFF_NUDGE)
+    assert turns[1]["observation"].startswith(prompts.NO_CODE_NUDGE)  # an empty reply
+
+
+# --- issue 17, item 6: one reading of FINAL and of code fences -----------------------------------
+
+
+def test_a_final_cut_off_at_the_token_limit_is_not_the_answer():
+    """Before: ``FINAL(`` cut off mid-answer at the token limit was accepted."""
+    root = ScriptedModel(["FINAL(" + "the answer is a long sentence that goes on " * 20, "FINAL(short)"])
+    result = make(root, root_max_new_tokens=40).run("ctx")
+    assert (result.answer, result.outcome, result.turns) == ("short", "final", 2)
+    first = events_of(result, "turn")[0]
+    assert first["finish_reason"] == "length" and "cut off" in first["observation"]
+
+
+def test_final_var_in_code_returns_the_variable_it_names():
+    """Before: FINAL_VAR(x) with x == 'total' returned the variable `total` instead of x."""
+    result = make([repl("total = 5\nx = 'total'\nFINAL_VAR(x)")]).run("ctx")
+    assert result.answer == "total"
+    result = make([repl("total = 5\nFINAL_VAR('total')")]).run("ctx")
+    assert result.answer == "5"
+
+
+def test_a_final_in_code_followed_by_an_error_is_refused_like_a_written_one():
+    """Before: FINAL called in code was accepted although the cell then raised."""
+    result = make([repl("FINAL('too early')\n1 / 0"), "FINAL(right)"]).run("ctx")
+    assert (result.answer, result.turns) == ("right", 2)
+    assert "FINAL(...) was not accepted" in events_of(result, "turn")[0]["observation"]
+
+
+@pytest.mark.parametrize(
+    "code, value",
+    [
+        ("s = 'a```b'\nprint(len(s))\n", "a```b"),
+        ('s = """\n```\n"""\nprint(len(s))\n', "\n```\n"),
+        ("s = 'x'  # ``` in a comment\n", "x"),
+    ],
+)
+def test_a_fence_inside_a_string_or_comment_does_not_end_the_block(code, value):
+    """Before: the block ended at the first ``` wherever it was (here: inside a string)."""
+    reply = f"```repl\n{code}```\nFINAL_VAR(s)"
+    assert prompts.extract_code(reply)[0] == [code]
+    result = make([reply]).run("ctx")
+    assert (result.outcome, result.answer) == ("final", value)
+
+
+# --- issue 17, item 9: the paper's prompts ---------------------------------------------------------
+
+
+def test_prompts_follow_the_paper():
+    assert (RLMSettings().max_iterations, RLMSettings().max_observation_chars) == (20, 20_000)
+    root = ScriptedModel([repl("print(len(context))"), repl("x = 1"), "FINAL(7)"])
+    make(root, max_iterations=5).run("some context", "How many widgets?")
+    system = root.calls[0].messages[0]["content"]
+    assert system.count("```repl") >= 3  # worked decomposition examples
+    assert "llm_query_batched(" in system and "FINAL(" in system and "not inside code" in system
+    first_user = root.calls[0].messages[1]["content"]
+    assert "have not looked at `context` yet" in first_user  # the first-turn safeguard
+    for call in root.calls[1:]:  # every later turn repeats the query
+        assert "How many widgets?" in call.messages[-1]["content"]
+
+
+def test_at_the_iteration_limit_one_last_call_asks_for_the_answer():
+    """Before: a run that reached the limit returned nothing unless `answer` was set."""
+    root = ScriptedModel([repl("x = 1"), repl("x = 2"), "I think it is FINAL(forced)"])
+    result = make(root, max_iterations=2).run("ctx", "q?")
+    assert (result.outcome, result.answer, result.turns) == ("max_iterations", "forced", 2)
+    assert len(root.calls) == 3 and prompts.FINAL_ANSWER_REQUEST in root.calls[-1].messages[-1]["content"]
+    plain = ScriptedModel([repl("x = 1"), "It is seven."])
+    result = make(plain, max_iterations=1).run("ctx", "q?")
+    assert (result.outcome, result.answer) == ("max_iterations", "It is seven.")

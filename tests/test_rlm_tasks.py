@@ -17,24 +17,28 @@ from recallm.rlm.sandbox import SandboxLimits
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.tasks import (
     LABELS,
+    PAIR_CONDITIONS,
     TASKS,
     TokenCounter,
     label_of,
     make_task,
     numeric_partial_credit,
+    pair_condition_met,
     pairs_f1,
     parse_pairs,
+    parse_record_date,
     score_answer,
     task_specs,
 )
 
 
-def records(context):
+def records(context, with_dates=False):
     out = []
     for line in context.split("\n"):
-        m = re.fullmatch(r"Date: \w{3} \d\d, \d{4} \|\| User: (\d+) \|\| Instance: (.+)", line)
+        m = re.fullmatch(r"Date: (\w{3} \d\d, \d{4}) \|\| User: (\d+) \|\| Instance: (.+)", line)
         assert m, line
-        out.append((int(m.group(1)), label_of(m.group(2))))
+        row = (int(m.group(2)), label_of(m.group(3)))
+        out.append((*row, parse_record_date(m.group(1))) if with_dates else row)
     return out
 
 
@@ -53,14 +57,16 @@ def test_numeric_partial_credit_is_0_75_to_the_error():
     assert numeric_partial_credit(4.0, 4) == 1.0 and numeric_partial_credit(None, 4) == 0.0
 
 
-def test_comparison_and_label_answers_are_exact():
+def test_comparison_and_label_answers_are_the_option_stated_first():
     ref = {"kind": "compare", "labels": ["human", "entity"], "value": "less common"}
     assert score_answer("oolong", "It is less common.", ref).correct
     assert not score_answer("oolong", "more common", ref).correct
-    assert not score_answer("oolong", "less common or more common", ref).correct  # hedging is wrong
+    assert not score_answer("oolong", "more common or less common", ref).correct  # a hedge is its first option
+    assert not score_answer("oolong", "no idea", ref).correct
     label = {"kind": "label", "value": "location"}
     assert score_answer("oolong", "The most common label is LOCATION.", label).score == 1.0
-    assert score_answer("oolong", "location or numeric", label).score == 0.0
+    assert score_answer("oolong", "numeric or location", label).score == 0.0
+    assert score_answer("oolong", "Answer: location (numeric is second)", label).score == 1.0
 
 
 def test_pairs_are_scored_by_f1():
@@ -105,11 +111,13 @@ def test_f1_is_bounded_and_symmetric(a, b):
 
 @pytest.mark.parametrize("task", TASKS)
 def test_tasks_are_deterministic_and_fit_their_length(task):
+    from recallm.rlm.tasks import context_text
+
     a, b = make_task(task, 8192, 1, seed=3), make_task(task, 8192, 1, seed=3)
     assert a.context == b.context and a.query == b.query and a.reference == b.reference
     assert make_task(task, 8192, 2, seed=3).context != a.context
     assert make_task(task, 8192, 1, seed=4).context != a.context
-    assert 0.98 * 8192 <= a.tokens <= 1.02 * 8192 and a.tokens == TokenCounter().count(a.context)
+    assert 0.98 * 8192 <= a.tokens <= 1.02 * 8192 and a.tokens == TokenCounter().count(context_text(a.context))
     assert a.task_id == f"{task}/8192/1"
 
 
@@ -139,25 +147,76 @@ def test_oolong_gold_matches_the_labels_in_the_context(index):
     assert not any(f"label: {label}" in ex.context.lower() for label in LABELS)  # labels must be inferred
 
 
-@pytest.mark.parametrize("index", [0, 1])
+@pytest.mark.parametrize("index", range(len(PAIR_CONDITIONS)))
 def test_oolong_pairs_gold_is_every_pair_meeting_the_condition(index):
+    """Eight kinds of condition, as the paper's query set: labels, counts, dates, asymmetric pairs."""
     ex = make_task("oolong_pairs", 8192, index)
-    has: dict[int, set[str]] = {}
-    for user, label in records(ex.context):
-        has.setdefault(user, set()).add(label)
-    need = ex.reference["condition"]
-    meeting = sorted(u for u, labels in has.items() if set(need) <= labels)
-    assert len(meeting) >= 3 and ex.reference["users"] == meeting
-    assert {tuple(p) for p in ex.reference["pairs"]} == {
-        (a, b) for i, a in enumerate(meeting) for b in meeting[i + 1 :]
-    }
-    assert all(f"'{label}'" in ex.query for label in need)
+    condition = ex.reference["condition"]
+    assert condition["type"] == PAIR_CONDITIONS[index]
+    by_user: dict[int, list] = {}
+    for user, label, day in records(ex.context, with_dates=True):
+        by_user.setdefault(user, []).append((user, label, day))
+    # brute force over every pair of users, straight from the records in the context
+    gold = set()
+    users = sorted(by_user)
+    for i, x in enumerate(users):
+        for y in users[i + 1 :]:
+            (xa, xb), (ya, yb) = pair_condition_met(condition, by_user[x]), pair_condition_met(condition, by_user[y])
+            if (xa and yb) or (xb and ya):
+                gold.add((x, y))
+    assert {tuple(p) for p in ex.reference["pairs"]} == gold and len(gold) >= 3
+    assert all(f"'{label}'" in ex.query for label in condition["labels"])
+    assert ("k" not in condition or f"{condition['k']} instances" in ex.query) and len(gold) < len(users) ** 2 / 4
+    if condition["type"].startswith("one_each"):  # asymmetric: not all pairs within one set
+        side_a, side_b = ex.reference["users"]["a"], ex.reference["users"]["b"]
+        assert set(side_a) != set(side_b) and len(gold) != len(side_a) * (len(side_a) - 1) // 2
 
 
-def test_a_million_tokens_with_a_bounded_gold_set():
+def test_a_million_tokens_and_a_gold_set_that_grows_with_the_length():
+    """Before: at most 40 qualifying users (780 pairs) whatever the length."""
     ex = make_task("oolong_pairs", 1 << 20, 0)
     assert 0.98 * (1 << 20) <= ex.tokens <= 1.02 * (1 << 20)
-    assert len(ex.reference["pairs"]) == 40 * 39 // 2
+    assert len(ex.reference["users"]) > 100 and len(ex.reference["pairs"]) > 40 * 39 // 2
+    small = make_task("oolong_pairs", 32768, 0)
+    assert len(small.reference["users"]) < len(ex.reference["users"])
+    capped = make_task("oolong_pairs", 32768, 0, max_pair_users=10)
+    assert len(capped.reference["users"]) <= 10
+
+
+def test_labels_need_reading_not_template_matching():
+    """Every sentence frame carries every label; only what is asked about decides the label."""
+    from collections import defaultdict
+
+    def frame(question):  # the question with what it asks about and its subject blanked out
+        return re.sub(r"the .+? of .+?(?=[?.;]| is\?)", "the X of Y", question)
+
+    train = [q for i in range(3) for q in [line.split("Instance: ")[1] for line in make_task("oolong", 16384, i).context.split("\n")]]
+    by_frame: dict[str, Counter] = defaultdict(Counter)
+    for q in train:
+        by_frame[frame(q)][label_of(q)] += 1
+    assert len(by_frame) >= 6 and all(len(c) == len(LABELS) for c in by_frame.values())
+    guess = {f: c.most_common(1)[0][0] for f, c in by_frame.items()}
+    test = [line.split("Instance: ")[1] for line in make_task("oolong", 16384, 9).context.split("\n")]
+    accuracy = sum(guess.get(frame(q)) == label_of(q) for q in test) / len(test)
+    assert accuracy < 0.4  # the frame alone is near chance (the most common label's share)
+
+
+def test_mrcr_hides_needles_among_near_misses_and_is_graded_by_prefix_and_similarity():
+    ex = make_task("mrcr", 32768, 0, needles=2)
+    ref = ex.reference
+    assert 0.98 * 32768 <= ex.tokens <= 1.02 * 32768 and ref["needles"] == 2 and ref["k"] in (1, 2)
+    asks = [m["content"] for m in ex.context if m["role"] == "user"]
+    needle_at = [i for i, a in enumerate(asks) if f" {ref['form']} about {ref['topic']}" in a]
+    assert len(needle_at) == 2
+    assert ex.context[2 * needle_at[ref["k"] - 1] + 1]["content"] == ref["answer"]
+    assert any(ref["topic"] in a for i, a in enumerate(asks) if i not in needle_at)  # near misses
+    assert score_answer("mrcr", ref["prefix"] + ref["answer"], ref).score == 1.0
+    assert score_answer("mrcr", ref["answer"], ref).score == 0.0  # no prefix
+    other = ex.context[2 * needle_at[2 - ref["k"]] + 1]["content"]
+    assert 0.0 < score_answer("mrcr", ref["prefix"] + other, ref).score < 1.0
+    big = make_task("mrcr", 512 * 1024, 0, needles=8)
+    assert big.reference["needles"] == 8 and 0.98 * 512 * 1024 <= big.tokens <= 1.02 * 512 * 1024
+    assert sum(f" {big.reference['form']} about {big.reference['topic']}" in m["content"] for m in big.context) == 8
 
 
 def test_a_tokenizer_counts_when_given():
@@ -170,7 +229,7 @@ def test_a_tokenizer_counts_when_given():
 
 
 def test_bad_task_settings_are_one_line_errors():
-    with pytest.raises(RecallmError, match="unknown RLM task 'niah'; known: s_niah, oolong, oolong_pairs"):
+    with pytest.raises(RecallmError, match="unknown RLM task 'niah'; known: s_niah, oolong, oolong_pairs, mrcr"):
         make_task("niah", 8192, 0)
     with pytest.raises(RecallmError, match="bad length 100 for task oolong"):
         make_task("oolong", 100, 0)
@@ -228,3 +287,22 @@ def test_an_rlm_with_a_perfect_classifier_scores_one(task, index, second):
     result = rlm.run(ex.context, ex.query)
     assert result.outcome == "final" and len(sub.calls) == len(ex.context.split("\n"))
     assert score_answer(task, result.answer, ex.reference).score == 1.0
+
+
+# --- issue 17, item 7: the stated answer is scored -------------------------------------------------
+
+
+def test_the_stated_answer_is_scored_not_the_last_number_or_every_option():
+    """Before: the count was read from the last number of the text (1200 here: score ~0), and a
+    label or comparison answer that mentioned another option scored 0."""
+    count = {"kind": "count", "label": "human", "value": 57}
+    assert score_answer("oolong", "57 instances are human, among 1200 records", count).score == 1.0
+    assert score_answer("oolong", "There are 1200 records in all. Answer: 57", count).score == 1.0
+    assert score_answer("oolong", "Final answer: 57 (out of 1,200)", count).score == 1.0
+    label = {"kind": "label", "value": "entity"}
+    assert score_answer("oolong", "entity is the most common; human comes second", label).correct
+    assert score_answer("oolong", "After counting, human is second. Answer: entity", label).correct
+    assert not score_answer("oolong", "human is the most common, then entity", label).correct
+    compare = {"kind": "compare", "labels": ["entity", "human"], "value": "more common"}
+    assert score_answer("oolong", "more common: 30 vs 20, so not less common", compare).correct
+    assert not score_answer("oolong", "less common, not more common", compare).correct

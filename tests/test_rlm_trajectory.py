@@ -64,7 +64,7 @@ def test_the_page_shows_turns_cells_subcalls_and_children_escaped(tmp_path):
         load_trajectory(tmp_path / "bad.jsonl")
 
 
-def test_export_keeps_scored_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_dir):
+def test_export_keeps_correct_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_dir):
     from recallm.sft.data import load_sft_file
     from recallm.tokens import THINK_END, load_tokenizer
 
@@ -81,10 +81,10 @@ def test_export_keeps_scored_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_d
     counts = export_sft([tmp_path], tokenizer, out, min_turns=2, max_turn_chars=5000)
     assert counts == {
         "trajectories": 6,
-        "kept": 3,
-        "records": 5,  # good: 2, partial: 2, long: 1 (its second turn read 3000+ characters more)
+        "kept": 2,
+        "records": 3,  # good: 2, long: 1 (its second turn read 3000+ characters more)
         "turns_too_long": 1,
-        "dropped_score_zero": 1,
+        "dropped_not_correct": 2,  # partial credit is not correct, and score 0 neither
         "dropped_too_few_turns": 1,
         "dropped_unscored": 1,
     }
@@ -93,8 +93,6 @@ def test_export_keeps_scored_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_d
         ("good.jsonl", 1),
         ("good.jsonl", 2),
         ("long.jsonl", 1),
-        ("partial.jsonl", 1),
-        ("partial.jsonl", 2),
     ]
     first, second = rows[0], rows[1]
     assert first["messages"][0]["role"] == "system" and len(first["messages"]) == 2
@@ -110,7 +108,7 @@ def test_export_keeps_scored_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_d
     dataset, stats = load_sft_file(
         out, tokenizer, max_length=100_000, vocab_size=AutoConfig.from_pretrained(tiny_dir).vocab_size
     )
-    assert stats["examples"] == 5 and len(dataset) == 5
+    assert stats["examples"] == 3 and len(dataset) == 3
     with pytest.raises(RecallmError, match="train.jsonl:1: not a trajectory event"):
         export_sft([tmp_path / "sft"], tokenizer, tmp_path / "x.jsonl")  # SFT rows are no trajectory
     (tmp_path / "empty").mkdir()
@@ -203,3 +201,28 @@ def test_rewrite_argv():
     assert rewrite_argv(["show", "my run/a b.jsonl"]) == ["mode=show", "trajectory='my run/a b.jsonl'"]
     assert rewrite_argv(["export", "out_dir=o"]) == ["mode=export", "out_dir=o"]
     assert rewrite_argv(["tasks.per_cell=2"]) == ["tasks.per_cell=2"]
+
+
+# --- issue 17, item 8: the paper's filters -----------------------------------------------------------
+
+
+def test_export_keeps_only_correct_multi_turn_runs_and_fixes_final_templates(tmp_path, tiny_dir):
+    """Before: any run with score > 0 was kept (a wrong OOLONG count scores 0.75 ** error), and a
+    FINAL called inside code was exported as written."""
+    from recallm.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_dir)
+    run(tmp_path, "right", ["```repl\nx = 42\n```", "FINAL_VAR(x)"], score=1.0)
+    run(tmp_path, "close", ["```repl\nx = 41\n```", "FINAL_VAR(x)"], score=0.75)
+    run(tmp_path, "in_code", ["```repl\nx = 42\n```", "Done.\n```repl\ny = x\nFINAL_VAR('y')\n```"], score=1.0)
+    out = tmp_path / "sft.jsonl"
+    counts = export_sft([tmp_path], tokenizer, out)
+    assert counts["kept"] == 2 and counts["dropped_not_correct"] == 1 and counts["final_fixed"] == 1
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    fixed = [r for r in rows if r["trajectory"].endswith("in_code.jsonl") and r["turn"] == 2][0]
+    assert "FINAL_VAR" not in fixed["completion"].split("```repl")[1].split("```")[0]  # out of the code block ...
+    assert fixed["completion"].removesuffix(tokenizer.eos_token).rstrip().endswith("FINAL_VAR(y)")  # ... written after
+    refused = ["```repl\nx = 42\n```", "```repl\n1 / 0\n```\nFINAL(41)", "FINAL_VAR(x)"]
+    run(tmp_path / "more", "refused", refused, score=1.0)
+    counts = export_sft([tmp_path / "more"], tokenizer, tmp_path / "more.jsonl")
+    assert counts["turns_final_refused"] == 1 and counts["records"] == 2  # the refused FINAL is not a target

@@ -7,9 +7,10 @@
     recallm-rlm generate out_dir=outputs/rlm/tasks                     # tasks.jsonl only
     recallm-rlm show outputs/rlm/tiny/trajectories/oolong-8192-0.jsonl # an HTML page next to it
     recallm-rlm export export.tokenizer_path=/models/recallm-qwen      # successful runs -> SFT jsonl
+    recallm-rlm train                                                  # GRPO of the root (configs/rlm_train.yaml)
 
-The first argument may name the mode (``run``, ``generate``, ``show``, ``export``); ``show``
-takes the trajectory as the next argument. Everything else is a Hydra override of
+The first argument may name the mode (``run``, ``generate``, ``show``, ``export``, ``train``); ``show``
+takes the trajectory as the next argument; ``train`` composes its own config (``recallm.rlm.train``). Everything else is a Hydra override of
 ``configs/rlm.yaml``. Settings, task names and lengths are checked before any model is loaded;
 mistakes are one ``error: ...`` line and exit code 2. A rerun of ``run`` resumes.
 """
@@ -42,7 +43,7 @@ def _task_settings(cfg: DictConfig) -> tuple[list[tuple[str, int, int]], dict[st
     from recallm.rlm.tasks import TokenCounter, task_specs
 
     tasks = _container(cfg.tasks)
-    known = {"name", "names", "lengths", "per_cell", "seed", "tolerance", "max_pair_users", "tokenizer_path"}
+    known = {"name", "names", "lengths", "per_cell", "seed", "tolerance", "max_pair_users", "needles", "tokenizer_path"}
     unknown = sorted(set(tasks) - known)
     if unknown:
         raise RecallmError(f"tasks has unknown keys {unknown}; known: {sorted(known)}")
@@ -60,7 +61,8 @@ def _task_kwargs(tasks: dict[str, Any], counter) -> dict[str, Any]:
         "seed": int(tasks.get("seed") or 0),
         "counter": counter,
         "tolerance": float(tasks.get("tolerance", 0.02)),
-        "max_pair_users": int(tasks.get("max_pair_users", 40)),
+        "max_pair_users": None if tasks.get("max_pair_users") is None else int(tasks["max_pair_users"]),
+        "needles": int(tasks.get("needles") or 2),
     }
 
 
@@ -222,7 +224,17 @@ def rewrite_argv(argv: list[str]) -> list[str]:
     return args
 
 
+@cli_errors
+def train(argv: list[str]) -> int:
+    """``recallm-rlm train ...``: GRPO of the RLM root (``recallm.rlm.train``, its own config)."""
+    from recallm.rlm.train import main as train_main
+
+    return train_main(argv)
+
+
 def main() -> None:
+    if sys.argv[1:2] == ["train"]:
+        sys.exit(train(sys.argv[2:]))
     sys.argv[1:] = rewrite_argv(sys.argv[1:])
     _hydra_main()
 

@@ -3,16 +3,19 @@
 One ``Budget`` is made per task and handed to the root RLM, its sub-calls and every recursive
 RLM below it (threads included). It is checked *before* each model call and charged after it:
 
-* ``max_tokens`` - prompt + completion tokens of every model call (root turns and sub-calls);
-  a call is refused once the total reaches the cap, and a call's ``max_new_tokens`` is cut to
-  what is left, so calls already in flight can overshoot by at most their prompt tokens;
-* ``max_subcalls`` - sub-calls (each prompt of a batch counts once; a recursive ``rlm_query``
-  counts once, and its own model calls count as well);
+* ``max_tokens`` - prompt + completion tokens of every model call (root turns and sub-calls,
+  charged when the call ends - also when its caller had stopped waiting for it); a call is
+  refused once the total reaches the cap, and a call's ``max_new_tokens`` (when it has one) is
+  cut to what is left, so calls already in flight can overshoot by at most their prompt tokens;
+* ``max_subcalls`` - sub-calls (each prompt of a batch counts once, and a batch is reserved whole
+  or refused whole; a recursive ``rlm_query`` counts once, and its own model calls count as
+  well). Reaching it refuses further sub-calls (model code gets ``BudgetExhausted``) but does
+  not end the task: the root still gets its turns to answer with what it has;
 * ``max_wall_s`` - seconds since the task started; every wait (a cell, a sub-call, a root
   turn) is bounded by what is left, so a spent budget ends the task instead of hanging it.
 
-Once spent the budget stays spent (``reason`` says which cap), and every later check raises
-``BudgetExhausted``. ``None`` turns a cap off.
+Once the tokens or the wall time are spent the budget stays spent (``reason`` says which cap),
+and every later check raises ``BudgetExhausted``. ``None`` turns a cap off.
 """
 
 from __future__ import annotations
@@ -107,15 +110,14 @@ class Budget:
             raise BudgetExhausted(reason)
 
     def start_subcalls(self, n: int = 1) -> None:
-        """Count ``n`` sub-calls about to start; raises (counting none) if that passes a cap."""
+        """Reserve ``n`` sub-calls about to start, all or none: raises (reserving none) when the
+        budget is spent or the ``n`` would pass ``max_subcalls`` (which refuses, but does not
+        spend the budget: see module doc)."""
         with self._lock:
             reason = self._spent()
             cap = self.limits.max_subcalls
             if reason is None and cap is not None and self.subcalls + n > cap:
-                left = cap - self.subcalls
                 reason = f"{self.subcalls} sub-calls made, {n} more asked, max_subcalls={cap}"
-                if left <= 0:
-                    self.reason = reason
             if reason is not None:
                 raise BudgetExhausted(reason)
             self.subcalls += n
@@ -124,10 +126,13 @@ class Budget:
         with self._lock:
             self.tokens += max(0, int(prompt_tokens)) + max(0, int(completion_tokens))
 
-    def cap_new_tokens(self, wanted: int) -> int:
-        """``wanted`` cut to the tokens left (at least 1; ``check`` refuses a spent budget)."""
+    def cap_new_tokens(self, wanted: int | None) -> int | None:
+        """``wanted`` cut to the tokens left (at least 1; ``check`` refuses a spent budget);
+        ``None`` (no per-call limit: a server's own default) stays ``None``."""
         left = self.remaining_tokens()
-        return wanted if left is None else max(1, min(wanted, left))
+        if wanted is None or left is None:
+            return wanted
+        return max(1, min(wanted, left))
 
     def timeout(self, wanted: float | None) -> float | None:
         """``wanted`` seconds cut to the wall time left."""

@@ -14,10 +14,14 @@ sandbox's cgroups, so that every process it ever starts is counted and capped th
   reaper that builds the same minimal filesystem (read-only bind mounts of ``/usr``, the Python
   installation and its site-packages, a fresh ``/proc``, a few device nodes, size-capped tmpfs
   for ``/tmp``, ``/dev/shm`` and the private directory ``/home/rlm``), pivots into it and forks
-  the worker. PID 1 dies with the outer (``PR_SET_PDEATHSIG``) and the worker; the kernel then
-  kills every process left in the namespace;
+  the worker. The outer dies with the host, PID 1 with the outer (``PR_SET_PDEATHSIG``) and
+  with the worker; the kernel then kills every process left in the namespace;
 * ``none``: becomes a child subreaper (orphaned descendants come back to it), forks the worker,
-  and kills whatever descendants remain when the worker exits.
+  and kills whatever descendants remain when the worker exits or the host dies.
+
+A host that dies without closing its sandboxes (``SIGKILL``, a killed test run) takes every
+REPL process with it in every mode (bubblewrap: ``--die-with-parent``), also while a cell runs
+or waits on a sub-call.
 
 The worker then drops to the sandbox's own unprivileged uid when the host is root (a fresh uid
 per REPL: ``RLIMIT_NPROC`` counts exactly its processes and threads, and the host can find and
@@ -110,6 +114,8 @@ def enter(config: dict) -> None:
         if spec.get("private_uid"):
             spec["uid"] = spec["gid"] = UID_BASE + os.getpid()
         mode = spec["mode"]
+        if mode in ("namespaces", "none"):  # bubblewrap has --die-with-parent
+            _die_with_host(spec, signal.SIGKILL if mode == "namespaces" else signal.SIGTERM)
         if mode == "bwrap":
             inner = dict(config, confine=dict(spec, stage="inside"))
             argv = [*spec["bwrap"], spec["python"], "-I", "-S", "-B", spec["inside_worker"], json.dumps(inner)]
@@ -163,8 +169,25 @@ def _children_of(pid: int) -> list[int]:
     return found
 
 
+class _HostGone(Exception):
+    pass
+
+
+def _host_gone(signum, frame) -> None:
+    raise _HostGone()
+
+
+def _die_with_host(spec: dict, signum: int) -> None:
+    """Get ``signum`` when the host dies (``PR_SET_PDEATHSIG``); exit now if it already has."""
+    _prctl(PR_SET_PDEATHSIG, signum)
+    host = spec.get("host_pid")
+    if host is not None and os.getppid() != host:  # the host died before the line above
+        os._exit(1)
+
+
 def _enter_supervised(spec: dict) -> None:
     """``none``: the worker under a subreaper that kills its leftover descendants (module doc)."""
+    signal.signal(signal.SIGTERM, _host_gone)  # the host died (_die_with_host) or asks to stop
     _prctl(PR_SET_CHILD_SUBREAPER, 1)
     home = spec["home"]
     if spec.get("uid") is not None:
@@ -172,10 +195,15 @@ def _enter_supervised(spec: dict) -> None:
             os.chown(path, spec["uid"], spec["gid"])
     worker = os.fork()
     if worker == 0:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.chdir(home)
         return
     _close_fds(spec["fds"])
-    code = _wait_for(worker)
+    try:
+        code = _wait_for(worker)
+    except _HostGone:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        code = 1
     for _ in range(1000):  # each round kills every live descendant; their children come back to us
         children = _children_of(os.getpid())
         if not children:

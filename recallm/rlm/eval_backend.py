@@ -122,7 +122,7 @@ def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) 
             "recall_constrained": bool(cfg.get("recall_constrained", False)),
             "dtype": cfg.get("dtype", "auto"),
             "device": cfg.get("device", "auto"),
-            "batch_size": 1,
+            "batch_size": 16,  # concurrent requests (sub-calls) are generated together
             **{k: v for k, v in root_cfg.items() if k != "name"},
         }
     root = make_model(root_cfg, "backend.rlm.root", models_dir=models_dir, tokenizer=tokenizer, model_path=model_path)

@@ -75,7 +75,8 @@ def run_tasks(
     seed: int = 0,
     counter: TokenCounter | None = None,
     tolerance: float = 0.02,
-    max_pair_users: int = 40,
+    max_pair_users: int | None = None,
+    needles: int = 2,
     fingerprint: Mapping[str, Any] | None = None,
     overwrite: bool = False,
     parallel: int = 1,
@@ -107,7 +108,14 @@ def run_tasks(
     def one(spec: tuple[str, int, int], f) -> None:
         task, length, index = spec
         example = make_task(
-            task, length, index, seed=seed, counter=counter, tolerance=tolerance, max_pair_users=max_pair_users
+            task,
+            length,
+            index,
+            seed=seed,
+            counter=counter,
+            tolerance=tolerance,
+            max_pair_users=max_pair_users,
+            needles=needles,
         )
         path = traj_dir / f"{task}-{length}-{index}.jsonl"
         result = rlm.run(example.context, example.query, task_id=example.task_id, trajectory=path)

@@ -1,23 +1,40 @@
 """The models an RLM calls: the evaluation backends behind one small chat interface.
 
-``ChatModel.complete(messages, max_new_tokens=..., seed=...)`` returns a ``Reply`` (text,
-prompt and completion tokens, finish reason). Implementations:
+``ChatModel.complete(messages, max_new_tokens=..., seed=..., cancel=...)`` returns a ``Reply``
+(text, prompt and completion tokens, finish reason). ``max_new_tokens=None`` means no per-call
+limit: a server gets none (its own default), a local engine uses its section's
+``max_new_tokens``. ``cancel`` (a ``recallm.rlm.cancel.CancelToken``) tells the model its caller
+gave up: a request that has not started is dropped (``Cancelled``); one already running ends
+normally. Implementations:
 
-* ``BackendModel`` - any ``recallm.eval.backends.Backend`` (``hf``: transformers ``generate``,
-  optionally a RecaLLM model with constrained recall; ``vllm``; ``openai``: any
-  OpenAI-compatible server, its key read from the environment variable named in
-  ``api_key_env``). Messages are rendered with the tokenizer's chat template for the local
-  engines; a server gets the messages. When the chat template's generation prompt opens a think
-  block (RecaLLM models), the reply text starts with that ``<think>``, so that every reply
-  carries its own reasoning markers. In-process engines (``hf``, ``vllm``) are called one
-  request at a time (a lock); a server is called concurrently.
+* ``BackendModel`` - an in-process engine of ``recallm.eval.backends`` (``hf``: transformers
+  ``generate``, optionally a RecaLLM model with constrained recall; ``vllm``). Messages are
+  rendered with the tokenizer's chat template. Requests that arrive together (within 5 ms of
+  each other) or while the engine is busy queue up and go to the engine together, as one
+  ``generate`` call (one batch for HF - the
+  backend splits it by its ``batch_size`` - and one submission for vLLM, which schedules them
+  together): concurrent sub-calls run as a batch, not one after another, and a cancelled request
+  still in the queue never reaches the engine. When the chat template's generation prompt opens
+  a think block (RecaLLM models), the reply text starts with that ``<think>``, so that every
+  reply carries its own reasoning markers.
+* ``OpenAIChatModel`` - any OpenAI-compatible server, called concurrently through
+  ``recallm.clients.ChatClient`` (its key read from the environment variable named in
+  ``api_key_env``). A request carries only what the section configures (``temperature``,
+  ``top_p``, ``top_k``, ``seed``, ``extra_body``) and a token limit only when the caller has one,
+  under ``max_tokens_key`` (``max_tokens``, or ``max_completion_tokens`` for OpenAI's reasoning
+  models, which reject the former and any temperature); the section's ``max_new_tokens`` is the
+  limit of calls that have none of their own. Token counts are the server's
+  (``usage``) when it reports them, else counted with ``tokenizer_path``'s tokenizer (or 4
+  characters per token).
 * ``ScriptedModel`` - deterministic replies (a list indexed by the conversation's turn, or a
-  function of the messages), an optional fixed latency and scripted failures: what tests and
-  ``bench/rlm_subcalls.py`` drive the runner with. It records the start and end of every call.
+  function of the messages), an optional fixed latency (cut short by cancellation) and scripted
+  failures: what tests and ``bench/rlm_subcalls.py`` drive the runner with. It records every call
+  that completed (``calls``), how many started and how many were cancelled.
 
 ``make_model(cfg, role)`` builds one from a config section (``configs/rlm.yaml``: ``root`` and
 ``sub``); the keys of the ``hf`` / ``vllm`` / ``openai`` kinds are those of ``recallm-eval``'s
-``backend`` section, plus ``model_path``, ``tokenizer_path`` and the sampling settings.
+``backend`` section, plus ``model_path``, ``tokenizer_path``, ``max_tokens_key`` and the sampling
+settings.
 """
 
 from __future__ import annotations
@@ -32,12 +49,14 @@ from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
+from recallm.rlm.cancel import Cancelled, CancelToken
 from recallm.tokens import THINK_START
 
 __all__ = [
     "Reply",
     "ChatModel",
     "BackendModel",
+    "OpenAIChatModel",
     "ScriptedModel",
     "CallRecord",
     "MODEL_KINDS",
@@ -47,8 +66,9 @@ __all__ = [
 
 MODEL_KINDS = ("hf", "vllm", "openai", "scripted")
 _SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
-_OWN_KEYS = {"name", "model_path", "tokenizer_path", "max_new_tokens", *_SAMPLING_KEYS}
+_OWN_KEYS = {"name", "model_path", "tokenizer_path", "max_new_tokens", "max_tokens_key", *_SAMPLING_KEYS}
 _SCRIPTED_KEYS = {"replies", "latency_s", "continuation"}
+_MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
 #: the keys of recallm-eval's `backend` section that a model section may carry (configs/eval.yaml)
 _BACKEND_KEYS = {
     "recall_constrained",
@@ -96,7 +116,14 @@ class ChatModel(ABC):
     name: str = "model"
 
     @abstractmethod
-    def complete(self, messages: Sequence[Mapping[str, str]], *, max_new_tokens: int, seed: int = 0) -> Reply:
+    def complete(
+        self,
+        messages: Sequence[Mapping[str, str]],
+        *,
+        max_new_tokens: int | None,
+        seed: int = 0,
+        cancel: CancelToken | None = None,
+    ) -> Reply:
         """The assistant's next message after ``messages``."""
 
     def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
@@ -118,6 +145,7 @@ class CallRecord:
     start: float
     end: float
     messages: tuple[Mapping[str, str], ...]
+    reply: str = ""
 
 
 class ScriptedModel(ChatModel):
@@ -125,7 +153,8 @@ class ScriptedModel(ChatModel):
 
     ``replies``: a list (the reply to a conversation with ``k`` assistant messages so far is
     ``replies[k]``, the last one repeating), or ``fn(messages) -> str`` (it may raise, to script
-    a failing backend). ``latency_s`` is slept in every call.
+    a failing backend). ``latency_s`` is slept in every call, unless the call is cancelled first
+    (then ``Cancelled`` is raised and ``cancelled`` counts it).
     """
 
     name = "scripted"
@@ -145,24 +174,34 @@ class ScriptedModel(ChatModel):
         self.latency_s = float(latency_s)
         self.continuation = continuation
         self.calls: list[CallRecord] = []
+        self.started = 0
+        self.cancelled = 0
         self._lock = threading.Lock()
 
-    def complete(self, messages, *, max_new_tokens: int, seed: int = 0) -> Reply:
+    def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
         start = time.monotonic()
         messages = [dict(m) for m in messages]
+        with self._lock:
+            self.started += 1
         if self.latency_s:
-            time.sleep(self.latency_s)
+            if cancel is not None:
+                if cancel.wait(self.latency_s):
+                    with self._lock:
+                        self.cancelled += 1
+                    raise Cancelled(cancel.reason or "cancelled")
+            else:
+                time.sleep(self.latency_s)
         if callable(self.replies):
             text = str(self.replies(messages))
         else:
             turn = sum(1 for m in messages if m.get("role") == "assistant")
             text = self.replies[min(turn, len(self.replies) - 1)]
-        with self._lock:
-            self.calls.append(CallRecord(start, time.monotonic(), tuple(messages)))
         prompt = sum(approx_tokens(m.get("content", "")) for m in messages)
         reason = "stop"
-        if approx_tokens(text) > max_new_tokens:  # honour the token cap as a real model would
+        if max_new_tokens is not None and approx_tokens(text) > max_new_tokens:  # as a real model would
             text, reason = text[: 4 * max_new_tokens], "length"
+        with self._lock:
+            self.calls.append(CallRecord(start, time.monotonic(), tuple(messages), text))
         return Reply(text, prompt, approx_tokens(text), reason)
 
     def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
@@ -180,15 +219,117 @@ class _ApproxTokenizer:
         return {"input_ids": [0] * approx_tokens(text)}
 
 
-class BackendModel(ChatModel):
-    """An evaluation backend as a chat model (see module doc)."""
+class _Pending:
+    __slots__ = ("request", "done", "result", "error", "state")
 
-    def __init__(self, backend, tokenizer, settings, *, label: str = "") -> None:
+    def __init__(self, request) -> None:
+        self.request = request
+        self.done = threading.Event()
+        self.result = None
+        self.error: BaseException | None = None
+        self.state = "queued"  # queued | running | dropped
+
+
+class _Batcher:
+    """One engine user at a time; what queued up meanwhile goes to the engine as one call."""
+
+    def __init__(self, generate: Callable[[list], list], max_batch: int, name: str, wait_s: float = 0.005) -> None:
+        self._generate = generate
+        self._max_batch = max_batch
+        self._wait_s = wait_s
+        self._queue: list[_Pending] = []
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._name = name
+        self._closed = False
+
+    def queued(self) -> int:
+        with self._cond:
+            return len(self._queue)
+
+    def submit(self, request, cancel: CancelToken | None):
+        pending = _Pending(request)
+        with self._cond:
+            if self._closed:
+                raise RecallmError(f"model {self._name} is closed")
+            if cancel is not None and cancel.cancelled:
+                raise Cancelled(cancel.reason or "cancelled")
+            self._queue.append(pending)
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._serve, name=f"rlm-engine-{self._name}", daemon=True)
+                self._thread.start()
+            self._cond.notify_all()
+
+        def drop() -> None:
+            with self._cond:
+                if pending.state == "queued":
+                    pending.state = "dropped"
+                    self._queue.remove(pending)
+                    pending.error = Cancelled(cancel.reason or "cancelled")
+                    pending.done.set()
+
+        remove = cancel.add_callback(drop) if cancel is not None else None
+        try:
+            pending.done.wait()  # a running request is waited for: its tokens are spent and charged
+        finally:
+            if remove is not None:
+                remove()
+        if pending.error is not None:
+            raise pending.error
+        return pending.result
+
+    def _serve(self) -> None:
+        while True:
+            with self._cond:
+                while not self._queue and not self._closed:
+                    self._cond.wait()
+                if self._closed and not self._queue:
+                    return
+                while len(self._queue) < self._max_batch:  # requests that arrive together go together
+                    seen = len(self._queue)
+                    self._cond.wait(self._wait_s)
+                    if len(self._queue) == seen:
+                        break
+                if not self._queue:  # all dropped meanwhile
+                    continue
+                batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
+                for pending in batch:
+                    pending.state = "running"
+            try:
+                results = self._generate([p.request for p in batch])
+            except BaseException as exc:  # every request of the batch fails with it; the engine stays up
+                for pending in batch:
+                    pending.error = exc
+                    pending.done.set()
+                continue
+            for pending, result in zip(batch, results, strict=True):
+                pending.result = result
+                pending.done.set()
+
+    def close(self) -> None:
+        with self._cond:
+            self._closed = True
+            for pending in self._queue:
+                pending.state = "dropped"
+                pending.error = Cancelled("the model was closed")
+                pending.done.set()
+            self._queue.clear()
+            self._cond.notify_all()
+
+
+class BackendModel(ChatModel):
+    """An in-process evaluation backend (``hf``, ``vllm``) as a chat model (see module doc)."""
+
+    def __init__(self, backend, tokenizer, settings, *, label: str = "", max_batch: int = 256) -> None:
         self.backend = backend
         self.tokenizer = tokenizer if tokenizer is not None and hasattr(tokenizer, "apply_chat_template") else None
         self.settings = settings
         self.name = label or backend.name
-        self._lock = None if backend.name == "openai" else threading.Lock()
+        self._batcher = _Batcher(lambda requests: backend.generate(requests, settings), max_batch, self.name)
+
+    def queued(self) -> int:
+        """Requests waiting for the engine (not yet in a ``generate`` call)."""
+        return self._batcher.queued()
 
     def render(self, messages: Sequence[Mapping[str, str]]) -> str:
         if self.tokenizer is not None:
@@ -202,18 +343,13 @@ class BackendModel(ChatModel):
             return approx_tokens(text)
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
-    def _generate(self, request):
-        if self._lock is None:
-            return self.backend.generate([request], self.settings)[0]
-        with self._lock:
-            return self.backend.generate([request], self.settings)[0]
-
-    def complete(self, messages, *, max_new_tokens: int, seed: int = 0) -> Reply:
+    def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
         from recallm.eval.types import GenRequest
 
         prompt_text = self.render(messages)
-        request = GenRequest(prompt_text, tuple(dict(m) for m in messages), int(max_new_tokens), int(seed))
-        generation = self._generate(request)
+        limit = self.settings.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
+        request = GenRequest(prompt_text, tuple(dict(m) for m in messages), limit, int(seed))
+        generation = self._batcher.submit(request, cancel)
         text = generation.text
         if self.tokenizer is not None and prompt_text.endswith(THINK_START + "\n"):
             text = f"{THINK_START}\n{text}"  # the template opened the think block: the reply carries it
@@ -222,7 +358,8 @@ class BackendModel(ChatModel):
     def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
         from recallm.eval.types import GenRequest
 
-        generation = self._generate(GenRequest(prompt_text, None, int(max_new_tokens), int(seed), prefix=prefix))
+        request = GenRequest(prompt_text, None, int(max_new_tokens), int(seed), prefix=prefix)
+        generation = self._batcher.submit(request, None)
         return Reply(
             generation.text, self.count_tokens(prompt_text + prefix), generation.n_tokens, generation.finish_reason
         )
@@ -231,15 +368,148 @@ class BackendModel(ChatModel):
         return {"name": self.name, **self.backend.describe()}
 
     def close(self) -> None:
+        self._batcher.close()
         self.backend.close()
+
+
+class OpenAIChatModel(ChatModel):
+    """A model behind an OpenAI-compatible server (see module doc). The server is pinged when the
+    model is built: one that is down is a ``RecallmError`` naming its URL."""
+
+    def __init__(
+        self,
+        client,
+        *,
+        options: Mapping[str, Any],
+        max_tokens_key: str = "max_tokens",
+        api: str = "chat",
+        tokenizer=None,
+        label: str = "openai",
+        max_new_tokens: int | None = None,
+    ) -> None:
+        if api not in ("chat", "completions"):
+            raise RecallmError(f"{label}.api must be chat or completions, got {api!r}")
+        self.client = client
+        self.options = {k: v for k, v in options.items() if v is not None}
+        self.max_tokens_key = max_tokens_key
+        self.api = api
+        self.tokenizer = tokenizer
+        self.name = label
+        self.max_new_tokens = max_new_tokens
+        self.client.ping()
+
+    def count_tokens(self, text: str) -> int:
+        if self.tokenizer is None:
+            return approx_tokens(text)
+        return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
+
+    def _render(self, messages) -> str:
+        if self.tokenizer is not None and hasattr(self.tokenizer, "apply_chat_template"):
+            return self.tokenizer.apply_chat_template(
+                [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
+            )
+        return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
+
+    def _call(self, fn, *, max_new_tokens: int | None, cancel) -> Any:
+        from recallm.clients import ChatError
+
+        if cancel is not None:
+            cancel.check()  # a request that has not left is not sent
+        options = dict(self.options)
+        if max_new_tokens is None:
+            max_new_tokens = self.max_new_tokens
+        if max_new_tokens is not None:
+            options[self.max_tokens_key] = int(max_new_tokens)
+        try:
+            return fn(options)
+        except ChatError as exc:
+            raise RecallmError(f"{self.name} endpoint {self.client.config.base_url}: {exc}") from None
+
+    def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
+        messages = [dict(m) for m in messages]
+        if self.api == "chat":
+            completion = self._call(
+                lambda o: self.client.chat(messages, with_reasoning=True, **o), max_new_tokens=max_new_tokens,
+                cancel=cancel,
+            )  # fmt: skip
+        else:
+            prompt = self._render(messages)
+            completion = self._call(
+                lambda o: self.client.complete_text(prompt, **o), max_new_tokens=max_new_tokens, cancel=cancel
+            )
+        prompt_tokens = completion.prompt_tokens
+        if prompt_tokens is None:
+            prompt_tokens = self.count_tokens("".join(str(m.get("content", "")) for m in messages))
+        completion_tokens = completion.completion_tokens
+        if completion_tokens is None:
+            completion_tokens = self.count_tokens(completion.text)
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Reply(completion.text, int(prompt_tokens), int(completion_tokens), reason)
+
+    def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
+        completion = self._call(
+            lambda o: self.client.complete_text(prompt_text + prefix, **o), max_new_tokens=max_new_tokens, cancel=None
+        )
+        completion_tokens = completion.completion_tokens
+        if completion_tokens is None:
+            completion_tokens = self.count_tokens(completion.text)
+        prompt_tokens = completion.prompt_tokens or self.count_tokens(prompt_text + prefix)
+        reason = "length" if completion.finish_reason == "length" else "stop"
+        return Reply(completion.text, int(prompt_tokens), int(completion_tokens), reason)
+
+    def describe(self) -> dict[str, Any]:
+        return {"name": self.name, "backend": "openai", "api": self.api, "served_model": self.client.config.model,
+                "options": dict(self.options), "max_tokens_key": self.max_tokens_key}  # fmt: skip
+
+    def close(self) -> None:
+        self.client.close()
 
 
 def _settings(cfg: Mapping[str, Any], role: str):
     from recallm.eval.types import GenerationSettings
 
     values = {k: cfg[k] for k in _SAMPLING_KEYS if cfg.get(k) is not None}
-    values["max_new_tokens"] = cfg.get("max_new_tokens", 1024)
+    values["max_new_tokens"] = cfg.get("max_new_tokens") or 1024
     return GenerationSettings.from_mapping(values, role)
+
+
+def _openai_model(cfg: Mapping[str, Any], role: str, tokenizer) -> OpenAIChatModel:
+    from recallm.clients import ChatClient, EndpointConfig, as_number
+
+    if not cfg.get("served_model"):
+        raise RecallmError(f"{role}.served_model is required for openai (the model name the server serves)")
+    key = cfg.get("max_tokens_key") or "max_tokens"
+    if key not in _MAX_TOKENS_KEYS:
+        raise RecallmError(f"{role}.max_tokens_key must be one of {', '.join(_MAX_TOKENS_KEYS)}, got {key!r}")
+    endpoint = EndpointConfig.from_mapping(
+        {
+            "base_url": cfg.get("base_url"),
+            "model": cfg["served_model"],
+            "api_key_env": cfg.get("api_key_env"),
+            "temperature": None,  # sent per request, and only when configured (below)
+            "max_tokens": None,
+            "timeout": cfg.get("timeout", 600),
+            "concurrency": cfg.get("concurrency", 16),
+            "retries": cfg.get("retries", 4),
+            "backoff": cfg.get("backoff", 2.0),
+            "extra_body": cfg.get("extra_body") or {},
+        },
+        role,
+    )
+    options: dict[str, Any] = {}
+    for name, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("seed", int)):
+        if cfg.get(name) is not None:
+            options[name] = as_number(cfg[name], f"{role}.{name}", kind)
+    limit = cfg.get("max_new_tokens")
+    return OpenAIChatModel(
+        ChatClient(endpoint, role),
+        options=options,
+        max_tokens_key=key,
+        api=str(cfg.get("api") or "chat"),
+        tokenizer=tokenizer,
+        label=f"{role}:openai",
+        max_new_tokens=None if limit is None else as_number(limit, f"{role}.max_new_tokens", int),
+    )
 
 
 def make_model(
@@ -267,9 +537,6 @@ def make_model(
         return ScriptedModel(
             replies, latency_s=float(cfg.get("latency_s") or 0.0), continuation=str(cfg.get("continuation") or "")
         )
-    from recallm.eval.backends import make_backend
-
-    settings = _settings(cfg, role)
     path = cfg.get("model_path") or model_path
     if name in ("hf", "vllm"):
         if not path:
@@ -282,15 +549,14 @@ def make_model(
         from recallm.tokens import load_tokenizer
 
         tokenizer = load_tokenizer(Path(tokenizer_path))
-    if name == "openai" and not cfg.get("served_model"):
-        raise RecallmError(f"{role}.served_model is required for openai (the model name the server serves)")
+    if name == "openai":
+        return _openai_model(cfg, role, tokenizer)
+    from recallm.eval.backends import check_model_dir, make_backend
+
+    settings = _settings(cfg, role)
     backend_cfg = {k: v for k, v in cfg.items() if k in _BACKEND_KEYS}
     backend_cfg["name"] = name
-    if name in ("hf", "vllm"):
-        backend_cfg.setdefault("recall_constrained", False)
-        check_path = Path(str(path))
-        from recallm.eval.backends import check_model_dir
-
-        check_model_dir(check_path, constrained=bool(backend_cfg["recall_constrained"]))
-    backend = make_backend(backend_cfg, str(path or ""), tokenizer if tokenizer is not None else _ApproxTokenizer())
+    backend_cfg.setdefault("recall_constrained", False)
+    check_model_dir(Path(str(path)), constrained=bool(backend_cfg["recall_constrained"]))
+    backend = make_backend(backend_cfg, str(path), tokenizer if tokenizer is not None else _ApproxTokenizer())
     return BackendModel(backend, tokenizer, settings, label=f"{role}:{name}")

@@ -10,6 +10,8 @@ model-written code that writes to file descriptor 1 cannot corrupt the channel).
 Host -> worker:
 
 * ``{"op": "exec", "id": n, "code": str, "cpu_s": float, "wall_s": float}`` - run a cell;
+  ``wall_s`` counts the cell's own time only: while one of its ``call``s is in flight the
+  worker's timer is paused (and the host moves its kill deadline by as much);
 * ``{"op": "get", "id": n, "name": str}`` - the ``str()`` of a REPL variable (``FINAL_VAR``);
 * ``{"op": "result", "id": k, "ok": bool, "value": ..., "error": str, "budget": bool}`` - the
   answer to the worker's sub-call ``k`` (``budget``: the task's budget is spent);

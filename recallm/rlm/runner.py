@@ -3,41 +3,55 @@
 ``RLM.run(context, query)`` answers one task:
 
 1. the context is loaded into a fresh sandboxed REPL (``recallm.rlm.sandbox``) as ``context``;
-   the root model reads only its metadata (type, length, a short preview; ``prompts``);
+   the root model reads only its metadata (type, length, a short preview) and the query, with the
+   first-turn safeguard (``prompts``);
 2. each turn the root writes a message; its code blocks run in order in the REPL and what they
-   print, cut to ``max_observation_chars`` per block, is the next user message. Syntax errors,
-   exceptions and cell timeouts are observations, not crashes;
-3. the run ends with, in this order of precedence: ``FINAL(x)`` / ``FINAL_VAR(name)`` called in
-   code; ``FINAL(...)`` / ``FINAL_VAR(...)`` written on a line of its own outside code (read
-   *after* the message's code ran, so an answer computed in the same message is found; it is
-   refused, and the root told why, when a block of that message failed or the variable does
-   not exist); a plain-text reply with neither code nor FINAL - nudged ``plain_text_retries``
-   times, then taken as the answer (outcome ``plain_text``). An empty reply, or one cut off at the
-   token limit before any code (a reasoning model that spent its output budget thinking), is
-   never taken as an answer: the root is told so and goes on;
-4. limits end it otherwise: ``max_iterations`` turns (the last turn is told it is the last;
-   outcome ``max_iterations``), or the task's ``Budget`` (outcome ``budget_exhausted``); in
-   both cases the answer is the REPL variable ``answer_var`` if the root stored one there
-   (the reason says so), else None. A root model that fails (a server that is down, a prompt
-   that no longer fits) ends it with outcome ``error`` and its message.
+   print, cut to ``max_observation_chars`` per block, followed by a reminder of the query, is the
+   next user message. Syntax errors, exceptions and cell timeouts are observations, not crashes;
+3. the run ends with a final answer: ``FINAL(x)`` / ``FINAL_VAR(name)`` written on a line of its
+   own outside code (read *after* the message's code ran, so an answer computed in the same
+   message is found), or called in code. One rule for both: a FINAL is refused, and the root told
+   why, when a code block of that message failed, when it was cut off before its closing
+   parenthesis, or when ``FINAL_VAR`` names no variable. A plain-text reply with neither code
+   nor FINAL is nudged ``plain_text_retries`` times, then taken as the answer (outcome
+   ``plain_text``). An empty reply, or one cut off at the token limit before any code (a reasoning
+   model that spent its output budget thinking), is never taken as an answer;
+4. after ``max_iterations`` turns without an answer, one last call shows the last turn's output
+   and asks for the final answer (``FINAL``, ``FINAL_VAR``, or its plain text): outcome
+   ``max_iterations``. When the task's ``Budget`` (tokens or wall time) is spent, the run ends
+   (outcome ``budget_exhausted``). In both cases the REPL variable ``answer_var`` is the answer
+   if nothing else is. A root model that fails (a server that is down, a prompt that no longer
+   fits) ends it with outcome ``error`` and its message.
 
 Depth (``max_depth`` 0-3): at depth 0 the REPL has no sub-calls; at depth 1 ``llm_query`` and
 ``llm_query_batched`` call the sub-model; with ``max_depth`` >= 2 ``rlm_query(context, query)``
 starts a child RLM (its own REPL, the sub-model as its root, one level deeper, the same
 budget), and at the last level it falls back to a plain sub-call of ``context`` + ``query``.
-Sub-calls run on the host (``recallm.rlm.subcalls``): batched ones concurrently on a bounded
-pool, each with a timeout and retries. Every event goes to the trajectory
+
+What the levels of one task share (``_Task``): the budget, one ``CallPool`` that every model call
+goes through (children's turns and sub-calls: at most ``pool_size`` at once; the top-level
+root's own turn is charged and cancelled there too, but takes no slot), the
+count of live REPLs (at most ``max_repls``: a recursive call waits for one, and when every live
+REPL belongs to a level that is itself waiting on recursive calls - no REPL can come free - it is
+answered by a plain sub-call instead, recorded as a ``fallback``), and a cancel token: when the
+run ends, every call still in flight is cancelled and waited for (``CallPool.drain``), so the
+usage it reports is complete. A batch of recursive calls is reserved in the budget whole (or
+refused whole) and keeps the answers of the children that finished when others fail.
+
+``RootSession`` drives the same loop from outside, turn by turn (verl's agent loop generates the
+root's turns itself: ``recallm.rlm.train``). Every event goes to the trajectory
 (``recallm.rlm.trajectory``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -45,14 +59,16 @@ from typing import Any
 
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
+from recallm.rlm import cancel as _cancel
 from recallm.rlm import prompts
 from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits
-from recallm.rlm.models import ChatModel
+from recallm.rlm.cancel import Cancelled, CancelToken
+from recallm.rlm.models import ChatModel, Reply
 from recallm.rlm.sandbox import ISOLATION_MODES, Isolation, Sandbox, SandboxLimits, resolve_isolation
-from recallm.rlm.subcalls import ERROR_PREFIX, SubCallError, SubCallExecutor, SubCallSettings, call_with_timeout
+from recallm.rlm.subcalls import ERROR_PREFIX, CallPool, SubCallError, SubCallExecutor, SubCallSettings
 from recallm.rlm.trajectory import TrajectoryWriter, preview
 
-__all__ = ["RLMSettings", "RLMResult", "RLM", "OUTCOMES", "MAX_DEPTH"]
+__all__ = ["RLMSettings", "RLMResult", "RLM", "RootSession", "Step", "OUTCOMES", "MAX_DEPTH", "initial_messages"]
 
 log = logging.getLogger(__name__)
 
@@ -67,19 +83,19 @@ class RLMSettings:
     max_depth: int = 1
     """0: REPL only; 1: llm_query sub-calls; 2-3: rlm_query recursion"""
     max_iterations: int = 20
-    """root turns per RLM instance"""
-    max_observation_chars: int = 4000
-    """characters of each block's output the root reads"""
+    """root turns per RLM instance (the paper's runs: 20)"""
+    max_observation_chars: int = 20_000
+    """characters of each block's output the root reads (the paper's implementation: 20,000)"""
     preview_chars: int = 400
     """characters of the context shown to the root"""
-    root_max_new_tokens: int = 2048
-    """tokens per root turn"""
+    root_max_new_tokens: int | None = 2048
+    """tokens per root turn (null: no limit sent to a server; a local engine's max_new_tokens)"""
     root_timeout_s: float | None = None
     """seconds one root turn may take (None: only the task's wall budget)"""
     plain_text_retries: int = 1
     """plain-text replies (no code, no FINAL) nudged before one is taken as the answer"""
     answer_var: str = "answer"
-    """the REPL variable returned when a limit ends the run"""
+    """the REPL variable returned when nothing else answers"""
     child_model: str = "sub"
     """model of recursive rlm_query children: sub | root"""
     isolation: str = "bwrap"
@@ -99,8 +115,9 @@ class RLMSettings:
         if not 0 <= self.max_depth <= MAX_DEPTH:
             raise RecallmError(f"{where}.max_depth must be in [0, {MAX_DEPTH}], got {self.max_depth}")
         for name in ("max_iterations", "max_observation_chars", "preview_chars", "root_max_new_tokens"):
-            if getattr(self, name) < 1:
-                raise RecallmError(f"{where}.{name} must be >= 1, got {getattr(self, name)}")
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise RecallmError(f"{where}.{name} must be >= 1, got {value}")
         if self.plain_text_retries < 0:
             raise RecallmError(f"{where}.plain_text_retries must be >= 0, got {self.plain_text_retries}")
         if self.root_timeout_s is not None and self.root_timeout_s <= 0:
@@ -126,15 +143,82 @@ class RLMResult:
     events: list[dict[str, Any]] = field(default_factory=list, repr=False)
 
 
+@dataclass
+class Step:
+    """What one root turn led to: ``result`` when the instance ended, else ``observation`` (the
+    next user message; at the iteration limit, the request for the final answer, with
+    ``final_call`` set)."""
+
+    result: RLMResult | None = None
+    observation: str | None = None
+    final_call: bool = False
+
+
+class _ReplSlots:
+    """Live REPLs of a task (see module doc): a level holds one from start to close."""
+
+    def __init__(self, size: int) -> None:
+        self.size = int(size)
+        self._cond = threading.Condition()
+        self._held: set[str] = set()
+        self._waiting: dict[str, int] = {}  # holder -> recursive calls it is blocked on
+        self.peak = 0
+
+    def acquire(self, owner: str, cancel: CancelToken | None = None) -> bool:
+        """Take a slot for ``owner`` (True), or False when none can come free: every holder is
+        blocked on its own recursive calls."""
+        remove = cancel.add_callback(self._wake) if cancel is not None else None
+        try:
+            with self._cond:
+                while len(self._held) >= self.size:
+                    if all(self._waiting.get(h, 0) > 0 for h in self._held):
+                        return False
+                    if cancel is not None and cancel.cancelled:
+                        raise Cancelled(cancel.reason or "cancelled")
+                    self._cond.wait()
+                self._held.add(owner)
+                self.peak = max(self.peak, len(self._held))
+                return True
+        finally:
+            if remove is not None:
+                remove()
+
+    def release(self, owner: str) -> None:
+        with self._cond:
+            self._held.discard(owner)
+            self._waiting.pop(owner, None)
+            self._cond.notify_all()
+
+    @contextlib.contextmanager
+    def waiting(self, owner: str) -> Iterator[None]:
+        """``owner`` is blocked on recursive calls meanwhile."""
+        with self._cond:
+            self._waiting[owner] = self._waiting.get(owner, 0) + 1
+            self._cond.notify_all()
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._waiting[owner] -= 1
+                self._cond.notify_all()
+
+    def _wake(self) -> None:
+        with self._cond:
+            self._cond.notify_all()
+
+
 class _Task:
-    """What the levels of one task share: budget, sub-call executor, trajectory, id counters."""
+    """What the levels of one task share (see module doc)."""
 
     def __init__(self, rlm: RLM, writer: TrajectoryWriter, budget: Budget, task_id: str | None) -> None:
         self.rlm = rlm
         self.writer = writer
         self.budget = budget
         self.task_id = task_id
-        self.executor = SubCallExecutor(rlm.sub_model, rlm.subcall_settings, budget)
+        self.token = CancelToken()
+        self.pool = CallPool(rlm.subcall_settings.pool_size, budget)
+        self.executor = SubCallExecutor(rlm.sub_model, rlm.subcall_settings, budget, self.pool)
+        self.repls = _ReplSlots(rlm.subcall_settings.max_repls)
         self._children: dict[str, itertools.count] = {}
         self._lock = threading.Lock()
 
@@ -142,6 +226,13 @@ class _Task:
         with self._lock:
             counter = self._children.setdefault(parent, itertools.count(1))
             return f"{parent}.{next(counter)}"
+
+    def finish(self) -> None:
+        """Cancel what is still in flight and wait for it (its tokens are charged)."""
+        self.token.cancel("the task has ended")
+        left = self.pool.drain(self.rlm.subcall_settings.timeout_s)
+        if left:
+            log.warning("%d model call(s) still running after the task ended; their tokens are not counted", left)
 
 
 class RLM:
@@ -193,13 +284,94 @@ class RLM:
         """Answer one task (see module doc); writes the trajectory to ``trajectory`` if given."""
         writer = TrajectoryWriter(trajectory, max_text_chars=self.settings.trajectory_text_chars)
         task = _Task(self, writer, Budget(self.budget_limits), task_id)
+        level = _Level(task, context, query, depth=0, rlm_id="0", model=self.root_model, parent=None)
         try:
-            result = _Level(task, context, query, depth=0, rlm_id="0", model=self.root_model, parent=None).run()
+            result = level.run()
         finally:
             writer.close()
         result.trajectory = str(trajectory) if trajectory is not None else None
         result.events = writer.events
         return result
+
+    def session(
+        self,
+        context: Any,
+        query: str | None = None,
+        *,
+        task_id: str | None = None,
+        trajectory: str | Path | None = None,
+    ) -> RootSession:
+        """A task whose root turns are generated by the caller (``RootSession``)."""
+        return RootSession(self, context, query, task_id=task_id, trajectory=trajectory)
+
+
+class RootSession:
+    """One task, its root turns written by the caller: ``begin()`` gives the first messages,
+    ``step(reply)`` runs a reply's code and says what comes next (``Step``), ``finish(reply)``
+    reads the answer of the final call; ``close()`` ends it (cancelling what is in flight) and
+    returns the ``RLMResult``. The caller's generations are charged to the task's budget as
+    given in each ``Reply``. Sub-calls and recursion are the RLM's own (its sub-model)."""
+
+    def __init__(
+        self, rlm: RLM, context: Any, query: str | None, *, task_id: str | None, trajectory: str | Path | None
+    ) -> None:
+        self._writer = TrajectoryWriter(trajectory, max_text_chars=rlm.settings.trajectory_text_chars)
+        self.task = _Task(rlm, self._writer, Budget(rlm.budget_limits), task_id)
+        self.level = _Level(self.task, context, query, depth=0, rlm_id="0", model=rlm.root_model, parent=None)
+        self.trajectory = trajectory
+        self.result: RLMResult | None = None
+
+    def begin(self) -> list[dict[str, str]]:
+        """The system and first user messages; a ``RecallmError`` when the REPL cannot start."""
+        started = self.level.begin()
+        if isinstance(started, RLMResult):
+            self.result = started
+            raise RecallmError(started.reason)
+        return [dict(m) for m in self.level.messages]
+
+    def step(self, reply: Reply, latency_s: float = 0.0) -> Step:
+        """Run the code of the root's next turn, ``reply``."""
+        if self.result is not None:
+            raise RecallmError("this RLM session has ended")
+        self.task.budget.charge(reply.prompt_tokens, reply.completion_tokens)
+        self.level.turn += 1
+        step = self.level.step(reply, latency_s)
+        if step.result is not None:
+            self.result = step.result
+        elif not step.final_call and self.task.budget.exhausted:
+            self.result = self.level.end(
+                None, "budget_exhausted", f"budget exhausted: {self.task.budget.reason}", self.level.turn
+            )
+            step = Step(result=self.result)
+        return step
+
+    def finish(self, reply: Reply | None) -> RLMResult:
+        """The answer of the final call (``reply``; None when it could not be made)."""
+        if self.result is None:
+            if reply is not None:
+                self.task.budget.charge(reply.prompt_tokens, reply.completion_tokens)
+            self.result = self.level.finish_at_limit(reply)
+        return self.result
+
+    def stop(self, reason: str) -> RLMResult:
+        """End the run early (the caller's own limit, such as a rollout's response length): the
+        stored answer (``answer_var``), if any, is the answer; outcome ``budget_exhausted``."""
+        if self.result is None:
+            self.result = self.level.end(None, "budget_exhausted", reason, self.level.turn)
+        return self.result
+
+    def close(self) -> RLMResult:
+        try:
+            if self.result is None:
+                self.result = self.level.end(None, "error", "the session was closed before the run ended", 0)
+            self.level.close()
+            self.task.finish()
+        finally:
+            self._writer.close()
+        self.result.usage = self.task.budget.usage()
+        self.result.trajectory = str(self.trajectory) if self.trajectory is not None else None
+        self.result.events = self._writer.events
+        return self.result
 
 
 class _Level:
@@ -215,6 +387,8 @@ class _Level:
         rlm_id: str,
         model: ChatModel,
         parent: str | None,
+        cancel: CancelToken | None = None,
+        repl_held: bool = False,
     ) -> None:
         self.task = task
         self.rlm = task.rlm
@@ -225,7 +399,13 @@ class _Level:
         self.rlm_id = rlm_id
         self.model = model
         self.parent = parent
+        self.cancel = cancel or task.token
+        self._repl_held = repl_held
         self.turn = 0
+        self.messages: list[dict[str, str]] = []
+        self.sandbox: Sandbox | None = None
+        self._plain_strikes = 0
+        self._latency = 0.0
         max_depth = self.settings.max_depth
         self.llm = depth < max_depth
         self.recursive = depth + 1 < max_depth
@@ -251,46 +431,119 @@ class _Level:
     # --- sub-calls from the REPL -----------------------------------------------------------------
 
     def on_call(self, kind: str, args: Mapping[str, Any]) -> Any:
+        token = CancelToken([_cancel.current(), self.cancel])
+        try:
+            return self._route(kind, args, token)
+        except Cancelled as exc:
+            if self.task.budget.exhausted:
+                raise BudgetExhausted(self.task.budget.reason or "spent") from None
+            raise SubCallError(f"cancelled: {exc.reason}") from None
+        finally:
+            token.detach()
+
+    def _route(self, kind: str, args: Mapping[str, Any], token: CancelToken) -> Any:
         executor = self.task.executor
         max_tokens = args.get("max_tokens")
-        if kind in ("llm_query", "llm_query_batched") and not self.llm:
+        if kind in ("llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched") and not self.llm:
             raise SubCallError(f"{kind} is not available at max_depth={self.settings.max_depth}")
         if kind == "llm_query":
-            return executor.query(str(args["prompt"]), max_tokens, on_record=self._record(kind))
+            return executor.query(str(args["prompt"]), max_tokens, on_record=self._record(kind), cancel=token)
         if kind == "llm_query_batched":
-            return executor.query_batch([str(p) for p in args["prompts"]], max_tokens, on_record=self._record(kind))
-        if kind in ("rlm_query", "rlm_query_batched") and not self.llm:
-            raise SubCallError(f"{kind} is not available at max_depth={self.settings.max_depth}")
+            return executor.query_batch(
+                [str(p) for p in args["prompts"]], max_tokens, on_record=self._record(kind), cancel=token
+            )
         if kind == "rlm_query":
+            context, query = args["context"], str(args["query"])
             if not self.recursive:
-                return executor.query(_fallback_prompt(args["context"], args["query"]), on_record=self._record(kind))
-            return self._child(args["context"], str(args["query"]), strict=True)
+                return executor.query(_fallback_prompt(context, query), on_record=self._record(kind), cancel=token)
+            self.task.budget.start_subcalls(1)
+            owner = self.task.child_id(self.rlm_id)
+            with self.task.repls.waiting(self.rlm_id):
+                if self.task.repls.acquire(owner, token):
+                    return self._child(context, query, strict=True, cancel=token, owner=owner)
+            return self._fallback([(context, query)], token, strict=True)[0]
         if kind == "rlm_query_batched":
             contexts, queries = list(args["contexts"]), [str(q) for q in args["queries"]]
+            pairs = list(zip(contexts, queries, strict=True))
             if not self.recursive:
                 return executor.query_batch(
-                    [_fallback_prompt(c, q) for c, q in zip(contexts, queries, strict=True)],
-                    on_record=self._record(kind),
+                    [_fallback_prompt(c, q) for c, q in pairs], on_record=self._record(kind), cancel=token
                 )
-            self.task.budget.start_subcalls(0)  # refuse at once when already spent
-            workers = max(1, min(self.rlm.subcall_settings.pool_size, len(contexts)))
-            with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="rlm-child") as pool:
-                return list(pool.map(lambda cq: self._child(*cq, strict=False), zip(contexts, queries, strict=True)))
+            return self._children(pairs, token)
         raise SubCallError(f"unknown sub-call {kind!r}")
 
-    def _child(self, context: Any, query: str, *, strict: bool) -> str:
+    def _children(self, pairs: list[tuple[Any, str]], token: CancelToken) -> list[str]:
+        """A batch of recursive calls: reserved whole; each child gets a REPL when one is free
+        (one thread per running child), or falls back to a plain sub-call (module doc)."""
+        if not pairs:
+            return []
+        self.task.budget.start_subcalls(len(pairs))
+        answers: list[str | None] = [None] * len(pairs)
+        fallbacks: list[int] = []
+        with self.task.repls.waiting(self.rlm_id), ThreadPoolExecutor(
+            max_workers=max(1, min(len(pairs), self.task.repls.size)), thread_name_prefix="rlm-child"
+        ) as pool:
+            futures = {}
+            for index, (context, query) in enumerate(pairs):
+                owner = self.task.child_id(self.rlm_id)
+                try:
+                    granted = self.task.repls.acquire(owner, token)
+                except Cancelled as exc:
+                    answers[index] = f"{ERROR_PREFIX}: cancelled: {exc.reason}]"
+                    continue
+                if not granted:
+                    fallbacks.append(index)
+                    continue
+                futures[index] = pool.submit(self._child, context, query, strict=False, cancel=token, owner=owner)
+            if fallbacks:
+                done = self._fallback([pairs[i] for i in fallbacks], token, strict=False)
+                for index, answer in zip(fallbacks, done, strict=True):
+                    answers[index] = answer
+            for index, future in futures.items():
+                try:
+                    answers[index] = future.result()
+                except (BudgetExhausted, SubCallError, Cancelled, RecallmError) as exc:  # keep the siblings
+                    answers[index] = f"{ERROR_PREFIX}: {exc}]"
+        return [str(a) for a in answers]
+
+    def _fallback(self, pairs: list[tuple[Any, str]], token: CancelToken, *, strict: bool) -> list[str]:
+        """Recursive calls answered by plain sub-calls: no REPL can come free (module doc)."""
+        reason = (
+            f"no REPL free: all {self.task.repls.size} live REPLs (subcalls.max_repls) belong to levels waiting on "
+            "their own recursive calls"
+        )
+        record = self._record("rlm_query")
+
+        def note(item: dict[str, Any]) -> None:
+            record({**item, "fallback": reason})
+
+        prompts_ = [_fallback_prompt(c, q) for c, q in pairs]
+        if strict:
+            return [self.task.executor.query(prompts_[0], on_record=note, cancel=token, reserved=True)]
+        return self.task.executor.query_batch(prompts_, on_record=note, cancel=token, reserved=True)
+
+    def _child(
+        self,
+        context: Any,
+        query: str,
+        *,
+        strict: bool,
+        cancel: CancelToken,
+        owner: str,
+    ) -> str:
         task = self.task
-        task.budget.start_subcalls(1)
-        child_id = task.child_id(self.rlm_id)
         model = self.rlm.sub_model if self.settings.child_model == "sub" else self.rlm.root_model
         start = time.monotonic()
-        result = _Level(task, context, query, depth=self.depth + 1, rlm_id=child_id, model=model, parent=self.rlm_id)
-        result = result.run()
+        level = _Level(
+            task, context, query, depth=self.depth + 1, rlm_id=owner, model=model, parent=self.rlm_id,
+            cancel=CancelToken([cancel, task.token]), repl_held=True,
+        )  # fmt: skip
+        result = level.run()
         self._event(
             "subcall",
             turn=self.turn,
             kind="rlm_query",
-            child=child_id,
+            child=owner,
             prompt=preview(query, task.writer.max_text_chars),
             prompt_chars=len(context) if isinstance(context, str) else len(json.dumps(context)),
             response=preview(result.answer, task.writer.max_text_chars),
@@ -298,11 +551,11 @@ class _Level:
             latency_s=round(time.monotonic() - start, 4),
             error=None if result.answer is not None else result.reason,
         )
-        if result.outcome == "budget_exhausted" and result.answer is None:
-            raise BudgetExhausted(result.reason.removeprefix("budget exhausted: "))
         if result.answer is None:
-            message = f"the recursive RLM {child_id} ended without an answer ({result.outcome}: {result.reason})"
+            message = f"the recursive RLM {owner} ended without an answer ({result.outcome}: {result.reason})"
             if strict:
+                if result.outcome == "budget_exhausted":
+                    raise BudgetExhausted(result.reason.removeprefix("budget exhausted: "))
                 raise SubCallError(message)
             return f"{ERROR_PREFIX}: {message}]"
         return result.answer
@@ -314,35 +567,26 @@ class _Level:
             return []
         return ["llm_query", "llm_query_batched", "rlm_query", "rlm_query_batched"]
 
-    def run(self) -> RLMResult:
+    def begin(self) -> RLMResult | None:
+        """Open the REPL and write the first messages; an ``RLMResult`` when the REPL cannot start."""
         settings = self.settings
         rlm = self.rlm
-        system = prompts.system_prompt(
-            llm_query=self.llm,
-            rlm_query=self.rlm_mode,
-            max_observation_chars=settings.max_observation_chars,
-            cell_wall_s=rlm.sandbox_limits.wall_s,
-            max_iterations=settings.max_iterations,
-            sub_context_chars=rlm.subcall_settings.max_prompt_chars,
-            answer_var=settings.answer_var,
-        )
-        first = prompts.context_message(self.context, self.query, settings.preview_chars)
-        if settings.max_iterations == 1:
-            first += "\n\n" + prompts.LAST_TURN
-        messages = [{"role": "system", "content": system}, {"role": "user", "content": first}]
+        if not self._repl_held:
+            self._repl_held = self.task.repls.acquire(self.rlm_id)  # the root: the first, always granted
+        self.messages = initial_messages(rlm, self.context, self.query, depth=self.depth)
         self._event(
             "start",
             task_id=self.task.task_id,
             parent=self.parent,
             query=self.query,
-            context={k: v for k, v in prompts.context_metadata(self.context, settings.preview_chars).items()},
+            context=dict(prompts.context_metadata(self.context, settings.preview_chars)),
             isolation=rlm.isolation.describe(),
             models={"root": self.model.describe(), "sub": rlm.sub_model.describe()},
             settings=rlm.describe() if self.depth == 0 else None,
-            messages=messages,
+            messages=self.messages,
         )
         try:
-            sandbox = Sandbox(
+            self.sandbox = Sandbox(
                 self.context,
                 query=self.query,
                 limits=rlm.sandbox_limits,
@@ -353,124 +597,209 @@ class _Level:
                 site_packages=settings.site_packages,
             )
         except RecallmError as exc:
-            return self._end(None, "error", str(exc), None)
-        try:
-            return self._loop(sandbox, messages)
-        finally:
-            sandbox.close()
+            self.close()
+            return self.end(None, "error", str(exc), 0)
+        return None
 
-    def _loop(self, sandbox: Sandbox, messages: list[dict[str, str]]) -> RLMResult:
+    def close(self) -> None:
+        if self.sandbox is not None:
+            self.sandbox.close()
+            self.sandbox = None
+        if self._repl_held:
+            self.task.repls.release(self.rlm_id)
+            self._repl_held = False
+
+    def run(self) -> RLMResult:
+        try:
+            started = self.begin()
+            if started is not None:
+                return started
+            return self._loop()
+        finally:
+            self.close()
+            if self.depth == 0:
+                self.task.finish()
+
+    def _loop(self) -> RLMResult:
+        budget = self.task.budget
+        for turn in range(1, self.settings.max_iterations + 1):
+            self.turn = turn
+            if self.cancel.cancelled:
+                return self.end(None, "error", f"cancelled: {self.cancel.reason}", turn - 1)
+            reply = self._root_turn(self.messages)
+            if isinstance(reply, RLMResult):
+                return reply
+            step = self.step(reply, self._latency)
+            if step.result is not None:
+                return step.result
+            if step.final_call:
+                return self.finish_at_limit(self._final_call())
+            if budget.exhausted:
+                return self.end(None, "budget_exhausted", f"budget exhausted: {budget.reason}", turn)
+        raise AssertionError("unreachable: the last turn asks for the final answer")  # pragma: no cover
+
+    def _root_turn(self, messages: list[dict[str, str]]) -> Reply | RLMResult:
+        """One call of the root model; an ``RLMResult`` when the call ended the run."""
+        budget = self.task.budget
+        turn = self.turn
+        try:
+            budget.check()
+            timeout = budget.timeout(self.settings.root_timeout_s)
+            if timeout is not None and timeout <= 0:
+                budget.check()
+            start = time.monotonic()
+            reply = self.task.pool.call(
+                self.model,
+                messages,
+                max_new_tokens=budget.cap_new_tokens(self.settings.root_max_new_tokens),
+                seed=turn,
+                timeout=timeout,
+                cancel=self.cancel,
+                slot=self.depth > 0,
+            )
+            self._latency = time.monotonic() - start
+            return reply
+        except BudgetExhausted as exc:
+            return self.end(None, "budget_exhausted", str(exc), turn - 1)
+        except TimeoutError as exc:
+            if budget.exhausted:
+                return self.end(None, "budget_exhausted", f"budget exhausted: {budget.reason}", turn - 1)
+            return self.end(None, "error", f"the root model did not answer: {exc}", turn - 1)
+        except Cancelled as exc:
+            return self.end(None, "error", f"cancelled: {exc.reason}", turn - 1)
+        except Exception as exc:  # a backend that is down, a prompt that no longer fits, ...
+            message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            if not isinstance(exc, RecallmError):
+                message = f"{type(exc).__name__}: {message}"
+            return self.end(None, "error", f"root model failed: {message}", turn - 1)
+
+    def step(self, reply: Reply, latency_s: float = 0.0) -> Step:
+        """Run the code of the root's reply for turn ``self.turn`` (set by the caller) and read
+        its FINAL (module doc)."""
         settings = self.settings
         budget = self.task.budget
-        plain_strikes = 0
-        for turn in range(1, settings.max_iterations + 1):
-            self.turn = turn
-            last = turn == settings.max_iterations
-            try:
-                budget.check()
-                reply = self._root_turn(messages)
-            except BudgetExhausted as exc:
-                return self._end(None, "budget_exhausted", str(exc), sandbox, turns=turn - 1)
-            except TimeoutError as exc:
-                if budget.exhausted:
-                    return self._end(None, "budget_exhausted", f"budget exhausted: {budget.reason}", sandbox, turn - 1)
-                return self._end(None, "error", f"the root model did not answer: {exc}", sandbox, turns=turn - 1)
-            except Exception as exc:  # a backend that is down, a prompt that no longer fits, ...
-                message = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                if not isinstance(exc, RecallmError):
-                    message = f"{type(exc).__name__}: {message}"
-                return self._end(None, "error", f"root model failed: {message}", sandbox, turns=turn - 1)
-            visible = prompts.visible_text(reply.text)
-            blocks, outside = prompts.extract_code(visible)
-            written = prompts.find_final(outside)
-            cells: list[dict[str, Any]] = []
-            code_final = None
-            for code in blocks:  # cells cost no tokens: they run unless the wall time is spent
-                left = budget.remaining_s()
-                if left is not None and left <= 0:
-                    break
-                result = sandbox.execute(code, wall_s=budget.timeout(self.rlm.sandbox_limits.wall_s))
-                cells.append({"code": code, **result.as_dict()})
-                if result.final is not None:
-                    code_final = result.final
-                    break
-            notes: list[str] = []
-            answer = outcome = how = None
-            if code_final is not None:
+        turn = self.turn
+        last = turn >= settings.max_iterations
+        visible = prompts.visible_text(reply.text)
+        code = prompts.extract_code(visible)
+        written = prompts.find_final(code.outside)
+        cells: list[dict[str, Any]] = []
+        code_final = None
+        for block in code.blocks:  # cells cost no tokens: they run unless the wall time is spent
+            left = budget.remaining_s()
+            if left is not None and left <= 0:
+                break
+            result = self.sandbox.execute(
+                prompts.name_final_var(block),
+                wall_s=budget.timeout(self.rlm.sandbox_limits.wall_s),
+                max_s=budget.remaining_s(),
+            )
+            cells.append({"code": block, **result.as_dict()})
+            if result.final is not None:
+                code_final = result.final
+                break
+        failed = any(c["error"] for c in cells)
+        notes: list[str] = []
+        if code.unclosed:
+            notes.append(prompts.UNCLOSED_BLOCK)
+        answer = outcome = how = None
+        if code_final is not None or written is not None:
+            kind = written.kind if (written is not None and code_final is None) else "FINAL"
+            if failed:
+                notes.append(f"{kind}(...) was not accepted: a code block of the same message failed.")
+            elif code_final is not None:
                 answer, outcome, how = code_final, "final", "FINAL called in code"
-            elif written is not None:
-                if any(c["error"] for c in cells):
-                    notes.append(f"{written.kind}(...) was not accepted: a code block of the same message failed.")
-                elif written.kind == "FINAL":
-                    answer, outcome, how = written.value, "final", "FINAL"
+            elif not written.closed:
+                notes.append(prompts.FINAL_CUT_OFF)
+            elif written.kind == "FINAL":
+                answer, outcome, how = written.value, "final", "FINAL"
+            else:
+                ok, value = self.sandbox.get(written.value)
+                if ok:
+                    answer, outcome, how = value, "final", f"FINAL_VAR({written.value})"
                 else:
-                    ok, value = sandbox.get(written.value)
-                    if ok:
-                        answer, outcome, how = value, "final", f"FINAL_VAR({written.value})"
-                    else:
-                        notes.append(f"FINAL_VAR({written.value}) was not accepted: {value}.")
-            elif not blocks:
-                if reply.finish_reason == "length" or not visible:  # cut off (or nothing) before any action
-                    notes.append(prompts.CUT_OFF_NUDGE if reply.finish_reason == "length" else prompts.NO_CODE_NUDGE)
-                elif last or plain_strikes >= settings.plain_text_retries:
-                    answer, outcome, how = visible, "plain_text", "a reply without code or FINAL taken as the answer"
-                else:
-                    plain_strikes += 1
-                    notes.append(prompts.NO_CODE_NUDGE)
-            done = outcome is not None
-            observation = None
-            if not done and not last:
-                observation = prompts.observation(cells, settings.max_observation_chars) if cells else ""
-                if notes:
-                    observation = (observation + "\n\n" if observation else "") + "\n".join(notes)
-                if turn + 1 == settings.max_iterations:
-                    observation += "\n\n" + prompts.LAST_TURN
-                observation = observation.strip()
+                    notes.append(f"FINAL_VAR({written.value}) was not accepted: {value}.")
+        elif not code.blocks and not code.unclosed:
+            if reply.finish_reason == "length" or not visible:  # cut off (or nothing) before any action
+                notes.append(prompts.CUT_OFF_NUDGE if reply.finish_reason == "length" else prompts.NO_CODE_NUDGE)
+            elif last or self._plain_strikes >= settings.plain_text_retries:
+                answer, outcome, how = visible, "plain_text", "a reply without code or FINAL taken as the answer"
+            else:
+                self._plain_strikes += 1
+                notes.append(prompts.NO_CODE_NUDGE)
+        done = outcome is not None
+        observation = None
+        if not done:
+            observation = prompts.observation(cells, settings.max_observation_chars) if cells else ""
+            if notes:
+                observation = (observation + "\n\n" if observation else "") + "\n".join(notes)
+            tail = prompts.FINAL_ANSWER_REQUEST if last else prompts.turn_reminder(self.query)
+            observation = ((observation + "\n\n") if observation else "") + tail
+        self._event(
+            "turn",
+            turn=turn,
+            reply=reply.text,
+            visible=visible,
+            prompt_tokens=reply.prompt_tokens,
+            completion_tokens=reply.completion_tokens,
+            latency_s=round(latency_s, 4),
+            finish_reason=reply.finish_reason,
+            cells=cells,
+            final=how,
+            notes=notes,
+            observation=observation,
+        )
+        if done:
+            return Step(result=self.end(answer, outcome, how, turn))
+        self.messages.append({"role": "assistant", "content": visible})
+        self.messages.append({"role": "user", "content": observation})
+        return Step(observation=observation, final_call=last)
+
+    def _final_call(self) -> Reply | None:
+        """The one last call at the iteration limit (None when it cannot be made)."""
+        if self.task.budget.exhausted or self.cancel.cancelled:
+            return None
+        self.turn = self.settings.max_iterations + 1
+        reply = self._root_turn(self.messages)
+        self.turn = self.settings.max_iterations
+        return reply if isinstance(reply, Reply) else None
+
+    def finish_at_limit(self, reply: Reply | None) -> RLMResult:
+        """End at the iteration limit with the final call's answer (``reply``) if it has one."""
+        n = self.settings.max_iterations
+        reason = f"no final answer after {n} turns"
+        answer = how = None
+        if reply is not None:
+            visible = prompts.visible_text(reply.text)
+            code = prompts.extract_code(visible)
+            written = prompts.find_final(code.outside, anywhere=True)
+            if written is not None and written.closed and written.kind == "FINAL":
+                answer, how = written.value, "FINAL"
+            elif written is not None and written.closed and self.sandbox is not None:
+                ok, value = self.sandbox.get(written.value)
+                answer, how = (value, f"FINAL_VAR({written.value})") if ok else (None, None)
+            elif written is None and not code.blocks and visible and reply.finish_reason != "length":
+                answer, how = visible, "its plain text"
             self._event(
                 "turn",
-                turn=turn,
+                turn=n + 1,
+                final_call=True,
                 reply=reply.text,
                 visible=visible,
                 prompt_tokens=reply.prompt_tokens,
                 completion_tokens=reply.completion_tokens,
                 latency_s=round(self._latency, 4),
                 finish_reason=reply.finish_reason,
-                cells=cells,
+                cells=[],
                 final=how,
-                notes=notes,
-                observation=observation,
+                notes=[],
+                observation=None,
             )
-            if done:
-                return self._end(answer, outcome, how, sandbox=None, turns=turn)
-            if budget.exhausted:
-                return self._end(None, "budget_exhausted", f"budget exhausted: {budget.reason}", sandbox, turns=turn)
-            messages.append({"role": "assistant", "content": visible})
-            messages.append({"role": "user", "content": observation})
-        return self._end(
-            None,
-            "max_iterations",
-            f"no final answer after {settings.max_iterations} turns",
-            sandbox,
-            settings.max_iterations,
-        )
+            reason += f"; the final call answered with {how}" if how else "; the final call gave no answer"
+        return self.end(answer, "max_iterations", reason, n)
 
-    def _root_turn(self, messages: list[dict[str, str]]):
-        budget = self.task.budget
-        settings = self.settings
-        timeout = budget.timeout(settings.root_timeout_s)
-        if timeout is not None and timeout <= 0:
-            budget.check()
-        max_new = budget.cap_new_tokens(settings.root_max_new_tokens)
-        seed = self.turn
-        start = time.monotonic()
-        reply = call_with_timeout(
-            lambda: self.model.complete([dict(m) for m in messages], max_new_tokens=max_new, seed=seed), timeout
-        )
-        self._latency = time.monotonic() - start
-        budget.charge(reply.prompt_tokens, reply.completion_tokens)
-        return reply
-
-    def _end(self, answer: str | None, outcome: str, reason: str, sandbox: Sandbox | None, turns: int = 0) -> RLMResult:
+    def end(self, answer: str | None, outcome: str, reason: str, turns: int = 0) -> RLMResult:
+        sandbox = self.sandbox
         if answer is None and sandbox is not None and sandbox.alive:
             ok, value = sandbox.get(self.settings.answer_var, timeout=5.0)
             if ok:
@@ -478,9 +807,29 @@ class _Level:
                 reason += f"; returning the stored answer (variable {self.settings.answer_var!r})"
         if answer is None and outcome in ("max_iterations", "budget_exhausted"):
             reason += f"; no stored answer (variable {self.settings.answer_var!r} unset)"
+        if self.depth == 0:
+            self.task.finish()  # what is still in flight is cancelled and waited for: the usage is complete
         usage = self.task.budget.usage()
         self._event("end", outcome=outcome, reason=reason, answer=answer, turns=turns, usage=usage)
         return RLMResult(answer=answer, outcome=outcome, reason=reason, turns=turns, usage=usage)
+
+
+def initial_messages(rlm: RLM, context: Any, query: str | None, *, depth: int = 0) -> list[dict[str, str]]:
+    """The system and first user messages of an RLM instance at ``depth`` (see ``prompts``)."""
+    settings = rlm.settings
+    max_depth = settings.max_depth
+    mode = "recursive" if depth + 1 < max_depth else ("fallback" if depth < max_depth else "off")
+    system = prompts.system_prompt(
+        llm_query=depth < max_depth,
+        rlm_query=mode,
+        max_observation_chars=settings.max_observation_chars,
+        cell_wall_s=rlm.sandbox_limits.wall_s,
+        max_iterations=settings.max_iterations,
+        sub_context_chars=rlm.subcall_settings.max_prompt_chars,
+        answer_var=settings.answer_var,
+    )
+    first = prompts.context_message(context, query, settings.preview_chars)
+    return [{"role": "system", "content": system}, {"role": "user", "content": first}]
 
 
 def _fallback_prompt(context: Any, query: str) -> str:

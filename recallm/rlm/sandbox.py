@@ -46,7 +46,14 @@ Model code is hostile until proven otherwise. What protects the host:
 
 Sub-calls that model code makes arrive as ``call`` messages; ``on_call(kind, args)`` (the RLM's
 sub-call router) answers each on a bounded pool of threads, so that concurrent calls from
-threads in a cell, and batched calls, are served at once.
+threads in a cell, and batched calls, are served at once. Each call gets a ``CancelToken``
+(``recallm.rlm.cancel.current()`` inside ``on_call``), cancelled when the cell that made it ends
+(or is killed) while it is still in flight.
+
+A cell's wall clock counts only its own time: while one of its sub-calls is in flight, the
+worker's timer is paused and the host's kill deadline moves by as much. ``execute(max_s=...)``
+bounds the whole cell, waits included (the task's remaining wall time): past it, the cell's
+sub-calls are cancelled and the cell gets ``kill_grace_s`` to end before it is killed.
 """
 
 from __future__ import annotations
@@ -73,6 +80,7 @@ from typing import Any
 
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
+from recallm.rlm import cancel as _cancel
 from recallm.rlm import confine, proctree
 from recallm.rlm.budget import BudgetExhausted
 from recallm.rlm.protocol import LineReader, ProtocolError, encode
@@ -508,7 +516,10 @@ class Sandbox:
         self._uid: int | None = None
         self._write_lock = threading.Lock()
         self._calls_lock = threading.Lock()
-        self._calls: set[tuple[int, Any]] = set()  # (REPL start, call id) of the sub-calls being served
+        # (REPL start, call id) of the sub-calls being served -> the token that cancels each
+        self._calls: dict[tuple[int, Any], _cancel.CancelToken] = {}
+        self._waiting_since: float | None = None  # when the count of calls being served went from 0 to 1
+        self._waited = 0.0  # seconds with sub-calls being served, summed
         self._pool: ThreadPoolExecutor | None = None
         self._broken: str | None = None
         self._cgroups: proctree.Cgroups | None = None
@@ -570,6 +581,7 @@ class Sandbox:
             "mode": kind,
             "cgroups": self._cgroups.join if self._cgroups is not None else [],
             "private_uid": self._root_host,
+            "host_pid": os.getpid(),  # the REPL dies with the host (confine._die_with_host)
             "nproc": self.limits.max_processes,
             "fds": [h2w_r, w2h_w, context_fd],
         }
@@ -738,12 +750,37 @@ class Sandbox:
         except OSError:  # the REPL was killed meanwhile; nobody waits for this answer
             pass
 
-    def _answer_call(self, generation: int, call_id: Any, kind: str, args: Mapping[str, Any]) -> None:
+    def _waiting_changed(self, before: int) -> None:
+        """Under ``_calls_lock``, after a call was added or removed (``before``: how many were
+        served): keeps the time with sub-calls being served."""
+        after, now = len(self._calls), time.monotonic()
+        if before == 0 and after > 0:
+            self._waiting_since = now
+        elif before > 0 and after == 0 and self._waiting_since is not None:
+            self._waited += now - self._waiting_since
+            self._waiting_since = None
+
+    def _waited_s(self) -> float:
+        """Seconds so far with at least one sub-call being served (the REPL's timer paused)."""
+        with self._calls_lock:
+            ongoing = time.monotonic() - self._waiting_since if self._waiting_since is not None else 0.0
+            return self._waited + ongoing
+
+    def _cancel_calls(self, reason: str) -> None:
+        with self._calls_lock:
+            tokens = list(self._calls.values())
+        for token in tokens:
+            token.cancel(reason)
+
+    def _answer_call(
+        self, generation: int, call_id: Any, kind: str, args: Mapping[str, Any], token: _cancel.CancelToken
+    ) -> None:
         reply: dict[str, Any] = {"op": "result", "id": call_id, "ok": False}
         try:
             if self.on_call is None:
                 raise RuntimeError("sub-calls are not available")
-            reply["value"] = self.on_call(kind, args)
+            with _cancel.scope(token):
+                reply["value"] = self.on_call(kind, args)
             reply["ok"] = True
         except BudgetExhausted as exc:
             reply.update(error=str(exc), budget=True)
@@ -751,7 +788,9 @@ class Sandbox:
             reply["error"] = f"{type(exc).__name__}: {exc}" if not isinstance(exc, RecallmError) else str(exc)
         finally:
             with self._calls_lock:
-                self._calls.discard((generation, call_id))
+                before = len(self._calls)
+                self._calls.pop((generation, call_id), None)
+                self._waiting_changed(before)
         self._reply(reply, generation)
 
     def _dispatch(self, message: Mapping[str, Any]) -> str | None:
@@ -772,13 +811,16 @@ class Sandbox:
             elif len(self._calls) >= limit:  # (calls of a restarted REPL still hold their threads)
                 refuse = f"RuntimeError: more than {limit} sub-calls at once (sandbox.max_processes)"
             else:
-                self._calls.add(key)
+                token = _cancel.CancelToken()
+                before = len(self._calls)
+                self._calls[key] = token
+                self._waiting_changed(before)
         if refuse is not None:
             self._reply({"op": "result", "id": call_id, "ok": False, "error": refuse}, self.starts)
             return None
         if self._pool is None:
             self._pool = ThreadPoolExecutor(max_workers=limit, thread_name_prefix="rlm-subcall")
-        self._pool.submit(self._answer_call, self.starts, call_id, kind, args)
+        self._pool.submit(self._answer_call, self.starts, call_id, kind, args, token)
         return None
 
     def _over_limits(self, *, now: bool = False) -> tuple[str, str] | None:
@@ -807,15 +849,16 @@ class Sandbox:
                 return "OSError", f"OSError: the private directory holds more than home_mb={self.limits.home_mb} MiB"
         return None
 
-    def _await(self, op: str, request_id: str, deadline: float) -> tuple[str, Any]:
+    def _await(self, op: str, request_id: str, deadline: Callable[[], float]) -> tuple[str, Any]:
         """Read messages, serving sub-calls, until the reply ``op`` to ``request_id``:
-        ``("reply", message)``, ``("timeout", None)``, ``("died", None)``, or
-        ``("violation" | "limit", (error_type, why))`` - then the REPL has been killed."""
+        ``("reply", message)``, ``("timeout", None)`` (past ``deadline()``, asked again at every
+        tick), ``("died", None)``, or ``("violation" | "limit", (error_type, why))`` - then the REPL
+        has been killed."""
         while True:
             if self._broken is not None:
                 self._kill()
                 return "violation", ("SandboxError", self._broken)
-            left = deadline - time.monotonic()
+            left = deadline() - time.monotonic()
             if left <= 0:
                 return "timeout", None
             try:
@@ -873,8 +916,11 @@ class Sandbox:
 
     # --- the API -----------------------------------------------------------------------------
 
-    def execute(self, code: str, *, wall_s: float | None = None, cpu_s: float | None = None) -> CellResult:
-        """Run one cell (see class doc). ``wall_s`` / ``cpu_s`` cut the cell's limits further."""
+    def execute(
+        self, code: str, *, wall_s: float | None = None, cpu_s: float | None = None, max_s: float | None = None
+    ) -> CellResult:
+        """Run one cell (see class doc). ``wall_s`` / ``cpu_s`` cut the cell's limits further;
+        ``max_s`` bounds the cell with its sub-call waits (see module doc)."""
         self.start()
         wall = self.limits.wall_s if wall_s is None else max(0.05, min(self.limits.wall_s, wall_s))
         cpu = self.limits.cpu_s if cpu_s is None else max(0.05, min(self.limits.cpu_s, cpu_s))
@@ -882,12 +928,30 @@ class Sandbox:
         self.cells += 1
         start = time.monotonic()
         oom_before = self._cgroups.oom_kills() if self._cgroups is not None else 0
+        waited_before = self._waited_s()
+        grace = self.limits.kill_grace_s
+        hard = None if max_s is None else start + max(0.05, max_s)
+        cut: float | None = None  # once ``hard`` has passed: the cell's last moment
+
+        def deadline() -> float:
+            """The cell's own wall clock (its sub-call waits excluded), cut by ``max_s``."""
+            nonlocal cut
+            now = time.monotonic()
+            if hard is not None and cut is None and now >= hard:
+                self._cancel_calls("the task's wall-clock budget is spent")
+                cut = now + grace
+            own = start + wall + grace + (self._waited_s() - waited_before)
+            return own if cut is None else min(own, cut)
+
         try:
             self._send({"op": "exec", "id": cell_id, "code": code, "cpu_s": cpu, "wall_s": wall})
         except (OSError, _Stalled):
             how = self._died(oom_before)
             return self._failed(self._lost(f"the REPL process {how} before the cell ran"), start)
-        status, payload = self._await("done", cell_id, start + wall + self.limits.kill_grace_s)
+        try:
+            status, payload = self._await("done", cell_id, deadline)
+        finally:
+            self._cancel_calls("the cell that made this sub-call has ended")
         if (
             status == "reply" and self.isolation.kind == "none"
         ):  # what the kernel does not cap is checked after every cell
@@ -908,11 +972,12 @@ class Sandbox:
             )
         if status == "timeout":
             self._kill()
-            return self._failed(
-                self._lost(f"TimeoutError: the cell ignored its wall-clock limit of {wall:g}s and was killed"),
-                start,
-                timed_out=True,
+            what = (
+                f"the cell outlived the task's wall-clock budget ({max_s:g}s) and was killed"
+                if cut is not None
+                else f"the cell ignored its wall-clock limit of {wall:g}s and was killed"
             )
+            return self._failed(self._lost(f"TimeoutError: {what}"), start, timed_out=True)
         if status == "died":
             how = self._died(oom_before)
             kind = "MemoryError" if "memory_mb" in how else "SandboxError"
@@ -943,7 +1008,8 @@ class Sandbox:
             self._send({"op": "get", "id": request_id, "name": name})
         except (OSError, _Stalled):
             return False, self._lost(f"the REPL process {self._died(oom_before)}")
-        status, payload = self._await("value", request_id, time.monotonic() + timeout)
+        end = time.monotonic() + timeout
+        status, payload = self._await("value", request_id, lambda: end)
         if status == "reply":
             if payload["ok"]:
                 return True, str(payload["value"])[: self.limits.max_message_mb << 20]

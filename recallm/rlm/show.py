@@ -86,8 +86,9 @@ def _instance(events: Sequence[dict[str, Any]], rlm: str) -> str:
     for turn in (e for e in mine if e.get("event") == "turn"):
         number = int(turn.get("turn") or 0)
         reply = str(turn.get("reply") or "")
+        title = "the final call" if turn.get("final_call") else f"turn {number}"
         head = (
-            f"<h3>turn {number}</h3><p class='meta'>{_e(turn.get('prompt_tokens'))} prompt + "
+            f"<h3>{title}</h3><p class='meta'>{_e(turn.get('prompt_tokens'))} prompt + "
             f"{_e(turn.get('completion_tokens'))} completion tokens, {_e(turn.get('latency_s'))}s, "
             f"{_e(turn.get('finish_reason'))}</p>"
         )

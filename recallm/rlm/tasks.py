@@ -1,35 +1,58 @@
 """Long-context tasks for RLMs, generated offline and deterministically from a seed, with scorers.
 
-Three tasks, after the RLM paper's scaling study (lengths from 8K to 1M tokens and beyond):
+Four tasks, after the RLM paper's scaling study (lengths from 8K to 1M tokens and beyond) and its
+RL experiment:
 
 * ``s_niah`` - single needle in a haystack: one sentence ``The special magic number for
   <key> is <number>.`` among English-word sentences; the query asks for the number. Score 1 if
   the answer contains the number (as a whole number), else 0. Constant information per query.
 * ``oolong`` - aggregation (after OOLONG's trec_coarse split): many short records
   ``Date: ... || User: <id> || Instance: <question>``. Each question has a hidden label - the
-  kind of answer it asks for: abbreviation, entity, description, human, location, numeric - that
-  must be inferred from its wording (the labels are never written). Queries: how many instances
-  have label L (a number, partial credit ``0.75 ** |error|``); is label A more common, less
-  common or the same frequency as label B; which label is the most common (exact match).
-  Linear information per query.
-* ``oolong_pairs`` - pair enumeration (after OOLONG-Pairs): the same records; the query asks
-  for every pair of user ids satisfying a condition on the users' labels (both have an instance
-  labelled A; or both have instances labelled A and B). Scored by F1 over the set of unordered
-  pairs. Quadratic output; the generator caps the qualifying users (``max_pair_users``) so the
-  gold set stays manageable at 1M tokens.
+  kind of answer it asks for: abbreviation, entity, description, human, location, numeric. The
+  label must be *read*: every label's questions share the same sentence frames ("What is the
+  ... of ...?", "Can you tell me the ... of ...?") and the same kinds of subjects (people,
+  cities, countries, organisations, acronyms); only the meaning of the thing asked about (its
+  founder, its population, its capital, its full form ...) decides the label, so matching the
+  template tells nothing. Queries: how many instances have label L (a number, partial credit
+  ``0.75 ** |error|``); is label A more common, less common or the same frequency as label B;
+  which label is the most common. Linear information per query.
+* ``oolong_pairs`` - pair enumeration (after OOLONG-Pairs): the same records; the query asks for
+  every pair of user ids meeting a condition, one of eight kinds, as in the paper's query set:
+  both users have an instance labelled A; both have A and B; both have A or B; both have at
+  least k instances labelled A; both have exactly k; both have one labelled A dated after a
+  date; and two asymmetric ones - one user has A and the other has B; one has A dated before a
+  date and the other has B dated after it. Scored by F1 over the set of unordered pairs. The
+  generator arranges for about ``3 * sqrt(users)`` users to meet the condition (no fixed cap;
+  ``max_pair_users`` sets one), so the gold set grows with the length.
+* ``mrcr`` - multi-round co-reference (after OpenAI's MRCR, the task of the paper's RL run): the
+  context is a long conversation (a list of ``{"role", "content"}`` messages) in which a user asks
+  for many pieces of writing ("write a poem about tapirs", "a riddle about lighthouses" ...) and
+  the assistant writes them; ``needles`` of the requests are the same request (same form, same
+  topic) with different answers. The query asks to prepend a random string to the k-th of them.
+  Score (as MRCR's grader): 0 if the answer does not start with the string, else the
+  ``difflib.SequenceMatcher`` ratio of the rest to that answer. The paper trains on 2 needles at
+  32K-64K tokens and evaluates 8 needles at 512K-1M.
 
 Lengths are in tokens, counted with ``TokenCounter``: a tokenizer's exact count, or 4
-characters per token without one (the default). Contexts land within ``tolerance`` of the
-target. The gold answer is always computed from the context as finally generated.
+characters per token without one (the default) - on the text of the context (the JSON of a
+conversation). Contexts land within ``tolerance`` of the target. The gold answer is always
+computed from the context as finally generated.
+
+Scoring reads the *stated* answer, as the benchmarks' graders do: the text after the last
+``Answer:`` / ``answer is`` marker when there is one, else the whole answer; a count is the
+first number stated there, a label or a comparison the first option stated there.
 """
 
 from __future__ import annotations
 
+import datetime as _dt
+import difflib
+import json
 import math
 import random
 import re
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,22 +62,26 @@ from recallm.eval.types import parse_length
 __all__ = [
     "TASKS",
     "LABELS",
+    "PAIR_CONDITIONS",
     "TaskExample",
     "TaskScore",
     "TokenCounter",
     "make_task",
     "task_specs",
     "score_answer",
+    "stated_answer",
     "label_of",
     "parse_pairs",
     "pairs_f1",
     "numeric_partial_credit",
+    "pair_condition_met",
     "MIN_LENGTH",
     "MAX_LENGTH",
 ]
 
-TASKS = ("s_niah", "oolong", "oolong_pairs")
+TASKS = ("s_niah", "oolong", "oolong_pairs", "mrcr")
 LABELS = ("abbreviation", "entity", "description", "human", "location", "numeric")
+PAIR_CONDITIONS = ("has", "has_all", "has_any", "at_least", "exactly", "after", "one_each", "one_each_dated")
 MIN_LENGTH, MAX_LENGTH = 1024, 4 * 1024 * 1024
 _LABEL_HELP = (
     "Each instance is a question. Its label is the kind of answer the question asks for, one of: abbreviation "
@@ -63,63 +90,97 @@ _LABEL_HELP = (
     "a date, a count, an amount). The labels are not written in the data: infer them from the questions."
 )
 
-# question templates per label; {w} {w2}: words, {n}: a first name, {c}: a city, {k}: a country, {a}: an acronym
-_TEMPLATES: dict[str, tuple[str, ...]] = {
+# --- questions whose label needs reading -----------------------------------------------------------
+
+# every frame reads "... the <attribute> of <subject> ..." whatever the label
+_FRAMES = (
+    "What is the {attr} of {subj}?",
+    "Can you tell me the {attr} of {subj}?",
+    "I'd like to know the {attr} of {subj}.",
+    "Do you happen to know the {attr} of {subj}?",
+    "Please look up the {attr} of {subj}.",
+    "Any idea what the {attr} of {subj} is?",
+    "Quick question: the {attr} of {subj}?",
+    "Someone asked me about the {attr} of {subj}; do you know it?",
+)
+# label -> (the thing asked about, the kinds of subject it fits); subjects are shared by every label
+_ATTRIBUTES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
     "abbreviation": (
-        "What does {a} stand for?",
-        "What is the full form of the abbreviation {a}?",
-        "The acronym {a} is short for what?",
-        "What do the letters {a} mean in the name of the {w} committee?",
+        ("full form", ("acronym",)),
+        ("expansion", ("acronym",)),
+        ("long form", ("acronym",)),
+        ("spelled-out name", ("acronym", "org")),
+        ("meaning of the initials", ("acronym",)),
+        ("unabbreviated title", ("acronym", "org")),
     ),
     "entity": (
-        "What kind of animal is the mascot of {c}?",
-        "Which color is used on the flag of {k}?",
-        "What musical instrument did {n} play in the {w} band?",
-        "Which sport is most popular in {c}?",
-        "What food is {c} famous for?",
+        ("national animal", ("country",)),
+        ("signature dish", ("city", "country")),
+        ("official colour", ("org", "acronym", "country")),
+        ("favourite instrument", ("person",)),
+        ("best-known product", ("org", "acronym")),
+        ("mascot", ("org", "acronym", "city")),
+        ("main crop", ("country", "city")),
+        ("preferred sport", ("person",)),
+        ("currency", ("country",)),
     ),
     "description": (
-        "Why do people in {c} celebrate the {w} festival?",
-        "How does a {w} {w2} work?",
-        "What is the meaning of the word {w}?",
-        "What is the difference between a {w} and a {w2}?",
-        "How can one explain the popularity of {w} in {k}?",
+        ("origin of the name", ("city", "org", "acronym", "country")),
+        ("reason for the fame", ("person", "city", "org")),
+        ("purpose", ("org", "acronym", "thing")),
+        ("history", ("city", "org", "thing")),
+        ("meaning of the motto", ("org", "city", "country")),
+        ("significance", ("thing", "org")),
+        ("cause of the decline", ("city", "org", "acronym")),
     ),
     "human": (
-        "Who invented the {w} {w2}?",
-        "Who was the first mayor of {c}?",
-        "Who wrote the novel about {w} and {w2}?",
-        "Which person founded the {w} company in {k}?",
-        "Who is the current leader of the {w} party?",
+        ("founder", ("org", "acronym", "city")),
+        ("first mayor", ("city",)),
+        ("current leader", ("org", "country", "acronym")),
+        ("inventor", ("thing",)),
+        ("chief architect", ("thing", "org")),
+        ("best-known resident", ("city",)),
+        ("original owner", ("thing", "org")),
+        ("spokesperson", ("org", "acronym")),
     ),
     "location": (
-        "Where is {c} located?",
-        "In which country is the city of {c}?",
-        "On which continent is {k}?",
-        "Where did {n} grow up?",
-        "What river flows through {c}?",
+        ("capital", ("country",)),
+        ("headquarters", ("org", "acronym")),
+        ("birthplace", ("person",)),
+        ("exact location", ("org", "thing")),
+        ("hometown", ("person",)),
+        ("largest port", ("country",)),
+        ("nearest airport", ("city",)),
+        ("home stadium", ("org",)),
     ),
     "numeric": (
-        "How many {w}s live in {c}?",
-        "When was {c} founded?",
-        "What is the population of {k}?",
-        "How far is {c} from the sea in kilometers?",
-        "In what year did {n} move to {c}?",
+        ("population", ("city", "country")),
+        ("founding year", ("org", "city", "acronym")),
+        ("height", ("thing", "person")),
+        ("total area", ("country", "city")),
+        ("number of employees", ("org", "acronym")),
+        ("age", ("person",)),
+        ("annual budget", ("org", "acronym", "city")),
+        ("distance to the coast", ("city",)),
+        ("elevation", ("city",)),
     ),
 }
+_ORG_KINDS = ("company", "society", "museum", "festival", "party", "club", "institute", "foundation")
+_ATTR_LABEL = {attr: label for label, attrs in _ATTRIBUTES.items() for attr, _ in attrs}
+_ATTR_BY_LENGTH = sorted(_ATTR_LABEL, key=len, reverse=True)
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
+_MONTH_NAMES = (
+    "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
+    "December",
+)  # fmt: skip
 
 
 def label_of(question: str) -> str:
-    """The label of a generated question (which template family wrote it); a ``RecallmError``
-    for text no template wrote. Tests use it as a perfect classifier."""
-    for label, templates in _TEMPLATES.items():
-        for template in templates:
-            pattern = re.escape(template)
-            for slot in ("\\{w\\}", "\\{w2\\}", "\\{n\\}", "\\{c\\}", "\\{k\\}", "\\{a\\}"):
-                pattern = pattern.replace(slot, r".+?")
-            if re.fullmatch(pattern, question):
-                return label
+    """The label of a generated question (what its attribute asks for); a ``RecallmError`` for
+    text no generator wrote. Tests use it as a perfect classifier."""
+    for attr in _ATTR_BY_LENGTH:
+        if f"the {attr} of " in question:
+            return _ATTR_LABEL[attr]
     raise RecallmError(f"not a generated question: {question!r}")
 
 
@@ -145,12 +206,13 @@ class TokenCounter:
 
 @dataclass
 class TaskExample:
-    """One generated task: the context (a str), the query, and what scoring needs."""
+    """One generated task: the context (a str, or a list of messages for ``mrcr``), the query,
+    and what scoring needs."""
 
     task: str
     length: int
     index: int
-    context: str
+    context: Any
     query: str
     reference: dict[str, Any] = field(default_factory=dict)
     tokens: int = 0
@@ -167,6 +229,11 @@ class TaskScore:
     metrics: dict[str, float] = field(default_factory=dict)
 
 
+def context_text(context: Any) -> str:
+    """The text a context's length is counted on (a conversation: its JSON)."""
+    return context if isinstance(context, str) else json.dumps(context, ensure_ascii=False)
+
+
 # --- generation --------------------------------------------------------------------------------
 
 
@@ -174,27 +241,51 @@ def _acronym(rng: random.Random) -> str:
     return "".join(rng.choice("ABCDEFGHIJKLMNOPRSTUVW") for _ in range(rng.randint(2, 4)))
 
 
-def _question(rng: random.Random, label: str) -> str:
+def _subject(rng: random.Random, kind: str) -> str:
     from data_gen.text import cities, countries, first_names, words
 
-    vocab = words()
-    template = rng.choice(_TEMPLATES[label])
-    return template.format(
-        w=rng.choice(vocab),
-        w2=rng.choice(vocab),
-        n=rng.choice(first_names()),
-        c=rng.choice(cities()),
-        k=rng.choice(countries()),
-        a=_acronym(rng),
-    )
+    if kind == "city":
+        return rng.choice(cities())
+    if kind == "country":
+        return rng.choice(countries())
+    if kind == "person":
+        return rng.choice(first_names())
+    if kind == "acronym":
+        return _acronym(rng)
+    if kind == "org":
+        return f"the {rng.choice(words()).capitalize()} {rng.choice(_ORG_KINDS)}"
+    return f"the {rng.choice(words())} {rng.choice(words())}"  # a thing
 
 
-def _date(rng: random.Random) -> str:
-    return f"{rng.choice(_MONTHS)} {rng.randint(1, 28):02d}, {rng.randint(2019, 2024)}"
+def _question(rng: random.Random, label: str) -> str:
+    attr, kinds = rng.choice(_ATTRIBUTES[label])
+    return rng.choice(_FRAMES).format(attr=attr, subj=_subject(rng, rng.choice(kinds)))
 
 
-def _record(rng: random.Random, user: int, label: str) -> str:
-    return f"Date: {_date(rng)} || User: {user} || Instance: {_question(rng, label)}"
+_FIRST_DAY, _LAST_DAY = _dt.date(2019, 1, 1), _dt.date(2024, 12, 28)
+
+
+def _random_day(rng: random.Random, lo: _dt.date = _FIRST_DAY, hi: _dt.date = _LAST_DAY) -> _dt.date:
+    return lo + _dt.timedelta(days=rng.randint(0, max(0, (hi - lo).days)))
+
+
+def _date_text(day: _dt.date) -> str:
+    return f"{_MONTHS[day.month - 1]} {day.day:02d}, {day.year}"
+
+
+def _long_date(day: _dt.date) -> str:
+    return f"{_MONTH_NAMES[day.month - 1]} {day.day}, {day.year}"
+
+
+def parse_record_date(text: str) -> _dt.date:
+    """The date of a record (``Mon DD, YYYY``)."""
+    month, day, year = text.replace(",", "").split()
+    return _dt.date(int(year), _MONTHS.index(month) + 1, int(day))
+
+
+def _record(rng: random.Random, user: int, label: str, day: _dt.date | None = None) -> str:
+    day = day or _random_day(rng)
+    return f"Date: {_date_text(day)} || User: {user} || Instance: {_question(rng, label)}"
 
 
 def _fit(lines: list[str], target: int, counter: TokenCounter, tolerance: float, keep: set[int]) -> list[str]:
@@ -238,25 +329,32 @@ def _niah(rng: random.Random, length: int, counter: TokenCounter, tolerance: flo
     return " ".join(lines), query, {"value": value, "key": key, "depth": round(at / max(1, len(sentences)), 4)}
 
 
+#: one record: (user, label, date)
+Record = tuple[int, str, _dt.date]
+
+
 def _records(
-    rng: random.Random, length: int, counter: TokenCounter, tolerance: float, users_for: Any
-) -> tuple[list[str], list[int], list[str]]:
-    """Records filling ``length`` tokens: (lines, user of each, label of each). ``users_for(n)``
-    returns the (user, label) of each of ``n`` records."""
+    rng: random.Random,
+    length: int,
+    counter: TokenCounter,
+    tolerance: float,
+    records_for: Callable[[int], list[Record]],
+) -> tuple[list[str], list[Record]]:
+    """Record lines filling ``length`` tokens, and the records they show. ``records_for(n)``
+    returns ``n`` records (about: a generator may round)."""
     sample = "\n".join(_record(rng, 10000 + i, LABELS[i % len(LABELS)]) for i in range(120))
     per_record = len(sample) / 120 + 1
     aim = length * (1 - tolerance / 2)
     n = max(8, int(aim * counter.chars_per_token(sample) / per_record))
     for _ in range(3):  # re-aim on the records actually drawn (their mix moves the mean length)
-        assigned = users_for(n)
-        lines = [_record(rng, user, label) for user, label in assigned]
+        records = records_for(n)
+        lines = [_record(rng, user, label, day) for user, label, day in records]
         tokens = counter.count("\n".join(lines))
         if length * (1 - tolerance) <= tokens <= length * (1 + tolerance):
             break
         n = max(8, round(n * aim / max(1, tokens)))
     kept = _fit(lines, length, counter, tolerance, keep=set())
-    assigned = assigned[: len(kept)]
-    return kept, [u for u, _ in assigned], [lab for _, lab in assigned]
+    return kept, records[: len(kept)]
 
 
 def _weights(rng: random.Random) -> list[float]:
@@ -266,18 +364,18 @@ def _weights(rng: random.Random) -> list[float]:
 
 
 def _user_ids(rng: random.Random, n: int) -> list[int]:
-    return rng.sample(range(10000, 100000), n)
+    return rng.sample(range(10000, 10000 + max(90000, 20 * n)), n)
 
 
 def _oolong(rng: random.Random, length: int, index: int, counter: TokenCounter, tolerance: float):
     weights = _weights(rng)
 
-    def users_for(n: int) -> list[tuple[int, str]]:
+    def records_for(n: int) -> list[Record]:
         users = _user_ids(rng, max(4, n // 6))
-        return [(rng.choice(users), rng.choices(LABELS, weights)[0]) for _ in range(n)]
+        return [(rng.choice(users), rng.choices(LABELS, weights)[0], _random_day(rng)) for _ in range(n)]
 
-    lines, _, labels = _records(rng, length, counter, tolerance, users_for)
-    counts = Counter(labels)
+    lines, records = _records(rng, length, counter, tolerance, records_for)
+    counts = Counter(label for _, label, _ in records)
     kind = ("count", "compare", "most_common")[index % 3]
     if kind == "count":
         label = rng.choice(LABELS)
@@ -308,45 +406,322 @@ def _oolong(rng: random.Random, length: int, index: int, counter: TokenCounter, 
     return "\n".join(lines), query, reference
 
 
-def _oolong_pairs(
-    rng: random.Random, length: int, index: int, counter: TokenCounter, tolerance: float, max_pair_users: int
-):
-    a, b = rng.sample(LABELS, 2)
-    both = index % 2 == 1  # condition: has a (and b)
-    need = [a, b] if both else [a]
-    others = [lab for lab in LABELS if lab not in need]
+# --- oolong_pairs ------------------------------------------------------------------------------
 
-    def users_for(n: int) -> list[tuple[int, str]]:
-        users = _user_ids(rng, max(6, n // 5))
-        q = max(3, min(max_pair_users, len(users) // 4))
-        qualifying = set(users[:q])
-        records: list[tuple[int, str]] = []
-        for user in users[:q]:  # make sure each qualifying user meets the condition
-            records.extend((user, label) for label in need)
-        while len(records) < n:
-            user = rng.choice(users)
-            if user in qualifying:
-                label = rng.choice(LABELS)
-            else:  # non-qualifying users never meet it: they lack `a` (and for `both`, also half lack b)
-                label = rng.choice(others + ([b] if both and user % 2 else []))
-            records.append((user, label))
+
+def pair_condition_met(condition: Mapping[str, Any], records: Sequence[Record]) -> tuple[bool, bool]:
+    """For one user's records: (meets side A, meets side B) of ``condition``. Symmetric conditions
+    have one side (both values equal); a pair qualifies when one user meets A and the other B."""
+    kind = condition["type"]
+    labels = condition["labels"]
+    a = labels[0]
+    count_a = sum(1 for _, label, _ in records if label == a)
+    if kind == "has":
+        ok = count_a >= 1
+    elif kind == "has_all":
+        ok = count_a >= 1 and any(label == labels[1] for _, label, _ in records)
+    elif kind == "has_any":
+        ok = any(label in labels for _, label, _ in records)
+    elif kind == "at_least":
+        ok = count_a >= int(condition["k"])
+    elif kind == "exactly":
+        ok = count_a == int(condition["k"])
+    elif kind == "after":
+        cut = _dt.date.fromisoformat(condition["date"])
+        ok = any(label == a and day > cut for _, label, day in records)
+    elif kind == "one_each":
+        return count_a >= 1, any(label == labels[1] for _, label, _ in records)
+    elif kind == "one_each_dated":
+        cut = _dt.date.fromisoformat(condition["date"])
+        return (
+            any(label == a and day < cut for _, label, day in records),
+            any(label == labels[1] and day > cut for _, label, day in records),
+        )
+    else:
+        raise RecallmError(f"unknown pair condition {kind!r}; known: {', '.join(PAIR_CONDITIONS)}")
+    return ok, ok
+
+
+def _condition_text(condition: Mapping[str, Any]) -> str:
+    kind, labels = condition["type"], condition["labels"]
+    a = f"the label '{labels[0]}'"
+    b = f"the label '{labels[1]}'" if len(labels) > 1 else ""
+    day = _long_date(_dt.date.fromisoformat(condition["date"])) if "date" in condition else ""
+    return {
+        "has": f"both users have at least one instance with {a}",
+        "has_all": f"both users have at least one instance with {a} and at least one instance with {b}",
+        "has_any": f"both users have at least one instance with {a} or {b}",
+        "at_least": f"both users have at least {condition.get('k')} instances with {a}",
+        "exactly": f"both users have exactly {condition.get('k')} instances with {a}",
+        "after": f"both users have at least one instance with {a} dated after {day}",
+        "one_each": f"one of the two users has at least one instance with {a} and the other has at least one "
+        f"instance with {b}",
+        "one_each_dated": f"one of the two users has an instance with {a} dated before {day} and the other has an "
+        f"instance with {b} dated after {day}",
+    }[kind]
+
+
+def _make_condition(rng: random.Random, index: int) -> dict[str, Any]:
+    kind = PAIR_CONDITIONS[index % len(PAIR_CONDITIONS)]
+    a, b = rng.sample(LABELS, 2)
+    condition: dict[str, Any] = {"type": kind, "labels": [a] if kind in ("has", "at_least", "exactly", "after") else [a, b]}
+    if kind in ("at_least", "exactly"):
+        condition["k"] = rng.choice((2, 3)) if kind == "at_least" else rng.choice((1, 2))
+    if kind in ("after", "one_each_dated"):
+        condition["date"] = _dt.date(rng.choice((2021, 2022)), rng.randint(1, 12), 1).isoformat()
+    return condition
+
+
+def _shape_user(rng: random.Random, condition: Mapping[str, Any], side: str, records: list[list]) -> None:
+    """Rewrite a user's records (lists of [label, day]) so it meets ``side`` of the condition:
+    ``a``, ``b``, ``both`` or ``none``."""
+    kind, labels = condition["type"], condition["labels"]
+    a = labels[0]
+    b = labels[1] if len(labels) > 1 else None
+    cut = _dt.date.fromisoformat(condition["date"]) if "date" in condition else None
+    others = [label for label in LABELS if label not in labels]
+
+    def put(label: str, day: _dt.date | None = None) -> None:
+        slot = rng.choice([r for r in records if r[0] not in labels] or records)
+        slot[0] = label
+        if day is not None:
+            slot[1] = day
+
+    def purge(label: str, keep_if: Callable[[_dt.date], bool] | None = None) -> None:
+        for r in records:
+            if r[0] == label and (keep_if is None or not keep_if(r[1])):
+                r[0] = rng.choice(others)
+
+    if side == "none":
+        if kind in ("has", "at_least", "exactly", "after"):
+            if kind == "has":
+                purge(a)
+            elif kind == "at_least":
+                extra = sum(r[0] == a for r in records) - (int(condition["k"]) - 1)
+                for r in [r for r in records if r[0] == a][: max(0, extra)]:
+                    r[0] = rng.choice(others)
+            elif kind == "exactly":
+                if sum(r[0] == a for r in records) == int(condition["k"]):
+                    if len(records) > int(condition["k"]) and rng.random() < 0.5:
+                        put(a)
+                    else:
+                        purge(a)
+            else:
+                for r in records:
+                    if r[0] == a and r[1] > cut:
+                        r[1] = _random_day(rng, hi=cut)
+        elif kind == "has_all":
+            purge(rng.choice((a, b)))
+        elif kind in ("has_any", "one_each"):
+            purge(a)
+            purge(b)
+        else:  # one_each_dated: A only after the date, B only before it
+            for r in records:
+                if r[0] == a and r[1] < cut:
+                    r[1] = _random_day(rng, lo=cut + _dt.timedelta(days=1))
+                elif r[0] == b and r[1] > cut:
+                    r[1] = _random_day(rng, hi=cut - _dt.timedelta(days=1))
+        return
+    if kind == "has":
+        put(a)
+    elif kind == "has_all":
+        put(a)
+        put(b)
+    elif kind == "has_any":
+        put(rng.choice((a, b)))
+    elif kind in ("at_least", "exactly"):
+        k = int(condition["k"])
+        purge(a)
+        for r in rng.sample(records, min(k, len(records))):
+            r[0] = a
+    elif kind == "after":
+        put(a, _random_day(rng, lo=cut + _dt.timedelta(days=1)))
+    elif kind == "one_each":
+        if side in ("a", "both"):
+            put(a)
+        if side in ("b", "both"):
+            put(b)
+        if side == "a":
+            purge(b)
+        elif side == "b":
+            purge(a)
+    else:  # one_each_dated
+        if side in ("a", "both"):
+            put(a, _random_day(rng, hi=cut - _dt.timedelta(days=1)))
+        if side in ("b", "both"):
+            put(b, _random_day(rng, lo=cut + _dt.timedelta(days=1)))
+
+
+def _oolong_pairs(
+    rng: random.Random,
+    length: int,
+    index: int,
+    counter: TokenCounter,
+    tolerance: float,
+    max_pair_users: int | None,
+):
+    condition = _make_condition(rng, index)
+    asymmetric = condition["type"] in ("one_each", "one_each_dated")
+    need = max(2, int(condition.get("k", 1)) + 1)  # records a user meeting the condition needs
+
+    def records_for(n: int) -> list[Record]:
+        n_users = max(8, n // 5)
+        users = _user_ids(rng, n_users)
+        q = max(3, min(n_users // 3, round(3 * math.sqrt(n_users))))
+        if max_pair_users is not None:
+            q = min(q, max_pair_users)
+        per_user: dict[int, list[list]] = {u: [] for u in users}
+        chosen = users[:q] if not asymmetric else users[: 2 * q]
+        for user in chosen:  # users meant to meet the condition get enough records for it
+            for _ in range(need):
+                per_user[user].append([rng.choice(LABELS), _random_day(rng)])
+        for user in users:
+            if not per_user[user]:
+                per_user[user].append([rng.choice(LABELS), _random_day(rng)])
+        placed = sum(len(v) for v in per_user.values())
+        for _ in range(max(0, n - placed)):
+            per_user[rng.choice(users)].append([rng.choice(LABELS), _random_day(rng)])
+        for i, user in enumerate(users):
+            if not asymmetric:
+                side = "both" if i < q else "none"
+            else:
+                side = ("a", "b", "both")[i % 3] if i < 2 * q else "none"
+            _shape_user(rng, condition, side, per_user[user])
+        records = [(user, label, day) for user, recs in per_user.items() for label, day in recs]
         rng.shuffle(records)
         return records
 
-    lines, users, labels = _records(rng, length, counter, tolerance, users_for)
-    has: dict[int, set[str]] = {}
-    for user, label in zip(users, labels, strict=True):
-        has.setdefault(user, set()).add(label)
-    meeting = sorted(u for u, labs in has.items() if all(lab in labs for lab in need))
-    pairs = [[x, y] for i, x in enumerate(meeting) for y in meeting[i + 1 :]]
-    condition = f"both users have at least one instance with the label '{a}'"
-    if both:
-        condition = f"both users have at least one instance with the label '{a}' and at least one with the label '{b}'"
+    lines, records = _records(rng, length, counter, tolerance, records_for)
+    by_user: dict[int, list[Record]] = {}
+    for record in records:
+        by_user.setdefault(record[0], []).append(record)
+    side_a = sorted(u for u, recs in by_user.items() if pair_condition_met(condition, recs)[0])
+    side_b = sorted(u for u, recs in by_user.items() if pair_condition_met(condition, recs)[1])
+    pairs = sorted({(min(x, y), max(x, y)) for x in side_a for y in side_b if x != y})
     query = (
-        f"List all pairs of user IDs such that {condition}. {_LABEL_HELP} Give each pair once, as (smaller ID, "
-        "larger ID), one pair per line."
+        f"List all pairs of user IDs such that {_condition_text(condition)}. {_LABEL_HELP} Dates are those of the "
+        "instances. Give each pair once, as (smaller ID, larger ID), one pair per line."
     )
-    return "\n".join(lines), query, {"kind": "pairs", "condition": need, "pairs": pairs, "users": meeting}
+    reference = {
+        "kind": "pairs",
+        "condition": condition,
+        "pairs": [list(p) for p in pairs],
+        "users": side_a if not asymmetric else {"a": side_a, "b": side_b},
+    }
+    return "\n".join(lines), query, reference
+
+
+# --- mrcr ----------------------------------------------------------------------------------------
+
+_FORMS = {  # form -> (lines or sentences, words per line) of its text
+    "poem": (6, 7),
+    "short story": (5, 16),
+    "riddle": (3, 9),
+    "limerick": (5, 7),
+    "haiku": (3, 4),
+    "song": (8, 6),
+    "letter": (4, 14),
+    "speech": (5, 15),
+    "blog post": (5, 16),
+    "social media post": (2, 12),
+    "joke": (2, 10),
+    "essay": (6, 17),
+}
+_TOPICS = (
+    "tapirs", "lighthouses", "rain", "bicycles", "volcanoes", "coffee", "trains", "owls", "glaciers", "libraries",
+    "octopuses", "lanterns", "deserts", "kites", "bridges", "honeybees", "thunderstorms", "violins", "harbors",
+    "comets", "gardens", "foxes", "clocks", "markets", "canyons", "penguins", "windmills", "snowfall", "teapots",
+    "orchards", "submarines", "cathedrals", "fireflies", "mountains", "typewriters", "rivers", "elephants",
+    "bakeries", "satellites", "autumn", "whales", "maps", "tigers", "islands", "umbrellas", "forests", "robots",
+    "sunsets", "chess", "dragons",
+)  # fmt: skip
+_ASKS = (
+    "Write a {form} about {topic}.",
+    "Could you write me a {form} about {topic}?",
+    "I'd love a {form} about {topic}.",
+    "Please write a {form} about {topic}.",
+    "Give me a {form} about {topic}.",
+    "Compose a {form} about {topic}, please.",
+)
+_ORDINALS = ("1st", "2nd", "3rd")
+
+
+def _ordinal(k: int) -> str:
+    return _ORDINALS[k - 1] if k <= 3 else f"{k}th"
+
+
+def _writing(rng: random.Random, form: str, topic: str) -> str:
+    from data_gen.text import words
+
+    vocab = words()
+    lines, per_line = _FORMS[form]
+    out = []
+    for i in range(lines):
+        n = max(2, per_line + rng.randint(-2, 2))
+        text = [rng.choice(vocab) for _ in range(n)]
+        if i == 0 or rng.random() < 0.3:
+            text.insert(rng.randrange(len(text) + 1), topic)
+        line = " ".join(text)
+        out.append(line[0].upper() + line[1:] + ("." if per_line > 8 else ""))
+    return ("\n" if per_line <= 8 else " ").join(out)
+
+
+def _mrcr(rng: random.Random, length: int, counter: TokenCounter, tolerance: float, needles: int):
+    from data_gen.text import alnum
+
+    form = rng.choice(list(_FORMS))
+    topic = rng.choice(_TOPICS)
+    k = rng.randint(1, needles)
+    prefix = alnum(rng, 10)
+
+    def exchange(f: str, t: str) -> list[dict[str, str]]:
+        return [
+            {"role": "user", "content": rng.choice(_ASKS).format(form=f, topic=t)},
+            {"role": "assistant", "content": _writing(rng, f, t)},
+        ]
+
+    def filler() -> list[dict[str, str]]:
+        while True:  # near misses on purpose: the same form about another topic, or the other way round
+            f = form if rng.random() < 0.2 else rng.choice(list(_FORMS))
+            t = topic if rng.random() < 0.2 else rng.choice(_TOPICS)
+            if (f, t) != (form, topic):
+                return exchange(f, t)
+
+    sample = [m for _ in range(40) for m in filler()]
+    per_exchange = max(1.0, counter.count(json.dumps(sample, ensure_ascii=False)) / 40)
+    aim = length * (1 - tolerance / 2)
+    n = max(needles + 2, int(aim / per_exchange))
+    exchanges = [filler() for _ in range(n - needles)]
+    is_needle = [False] * len(exchanges)
+    for spot in sorted(rng.sample(range(n), needles)):
+        exchanges.insert(spot, exchange(form, topic))
+        is_needle.insert(spot, True)
+    for _ in range(12):  # add or drop fillers (anywhere but the needles) until the length fits
+        tokens = counter.count(json.dumps([m for pair in exchanges for m in pair], ensure_ascii=False))
+        if length * (1 - tolerance) <= tokens <= length * (1 + tolerance):
+            break
+        delta = round((aim - tokens) / per_exchange) or (1 if tokens < aim else -1)
+        if delta > 0:
+            for _ in range(delta):
+                at = rng.randint(0, len(exchanges))
+                exchanges.insert(at, filler())
+                is_needle.insert(at, False)
+        else:
+            fillers = [i for i, needle in enumerate(is_needle) if not needle]
+            for i in sorted(rng.sample(fillers, min(-delta, len(fillers))), reverse=True):
+                del exchanges[i]
+                del is_needle[i]
+    messages = [m for pair in exchanges for m in pair]
+    spots = [i for i, needle in enumerate(is_needle) if needle]
+    answers = [exchanges[s][1]["content"] for s in spots]
+    query = (
+        f"Prepend {prefix} to the {_ordinal(k)} {form} about {topic} in the conversation (`context` is the list of its "
+        f"messages). Reply with {prefix} immediately followed by that {form}, exactly as it was written, and nothing "
+        "else."
+    )
+    reference = {"kind": "mrcr", "prefix": prefix, "answer": answers[k - 1], "k": k, "needles": needles,
+                 "form": form, "topic": topic}  # fmt: skip
+    return messages, query, reference
 
 
 def make_task(
@@ -357,24 +732,33 @@ def make_task(
     seed: int = 0,
     counter: TokenCounter | None = None,
     tolerance: float = 0.02,
-    max_pair_users: int = 40,
+    max_pair_users: int | None = None,
+    needles: int = 2,
 ) -> TaskExample:
-    """One example of ``task`` at ``length`` tokens, deterministic in (seed, task, length, index)."""
+    """One example of ``task`` at ``length`` tokens, deterministic in (seed, task, length, index)
+    (and ``needles`` for ``mrcr``)."""
     if task not in TASKS:
         raise RecallmError(f"unknown RLM task {task!r}; known: {', '.join(TASKS)}")
     if not MIN_LENGTH <= length <= MAX_LENGTH:
         raise RecallmError(f"bad length {length} for task {task}: expected {MIN_LENGTH} to {MAX_LENGTH} tokens")
     if not 0 < tolerance < 0.5:
         raise RecallmError(f"tolerance must be in (0, 0.5), got {tolerance}")
+    if isinstance(needles, bool) or not isinstance(needles, int) or needles < 1:
+        raise RecallmError(f"needles must be a positive integer, got {needles!r}")
+    if max_pair_users is not None and (isinstance(max_pair_users, bool) or max_pair_users < 2):
+        raise RecallmError(f"max_pair_users must be >= 2 or null, got {max_pair_users!r}")
     counter = counter or TokenCounter()
-    rng = random.Random(f"{seed}|{task}|{length}|{index}")
+    tag = f"{seed}|{task}|{length}|{index}" + (f"|{needles}" if task == "mrcr" else "")
+    rng = random.Random(tag)
     if task == "s_niah":
         context, query, reference = _niah(rng, length, counter, tolerance)
     elif task == "oolong":
         context, query, reference = _oolong(rng, length, index, counter, tolerance)
-    else:
+    elif task == "oolong_pairs":
         context, query, reference = _oolong_pairs(rng, length, index, counter, tolerance, max_pair_users)
-    return TaskExample(task, length, index, context, query, reference, tokens=counter.count(context))
+    else:
+        context, query, reference = _mrcr(rng, length, counter, tolerance, needles)
+    return TaskExample(task, length, index, context, query, reference, tokens=counter.count(context_text(context)))
 
 
 def task_specs(tasks: Sequence[str], lengths: Sequence[Any], per_cell: int) -> list[tuple[str, int, int]]:
@@ -399,6 +783,15 @@ def task_specs(tasks: Sequence[str], lengths: Sequence[Any], per_cell: int) -> l
 
 _NUMBER = re.compile(r"(?<![\w.])-?\d+(?:\.\d+)?(?![\w])")
 _PAIR = re.compile(r"\(\s*(\d+)\s*,\s*(\d+)\s*\)|\[\s*(\d+)\s*,\s*(\d+)\s*\]|^\s*(\d+)\s*,\s*(\d+)\s*$", re.MULTILINE)
+_MARKER = re.compile(r"(?:final\s+answer|answer)\s*(?:is\s*:?|:)", re.IGNORECASE)
+_COMPARISONS = ("more common", "less common", "same frequency")
+
+
+def stated_answer(text: str) -> str:
+    """The part of ``text`` that states the answer: after the last ``Answer:`` / ``answer is``
+    marker, or all of it."""
+    markers = list(_MARKER.finditer(text))
+    return text[markers[-1].end() :] if markers else text
 
 
 def numeric_partial_credit(predicted: float | None, gold: float) -> float:
@@ -408,9 +801,16 @@ def numeric_partial_credit(predicted: float | None, gold: float) -> float:
     return float(0.75 ** abs(predicted - gold))
 
 
-def _last_number(text: str) -> float | None:
-    found = _NUMBER.findall(text.replace(",", ""))
-    return float(found[-1]) if found else None
+def _first_number(text: str) -> float | None:
+    found = _NUMBER.search(text.replace(",", ""))
+    return float(found.group(0)) if found else None
+
+
+def _first_option(text: str, options: Sequence[str]) -> str | None:
+    """The option stated first in ``text`` (normalised, whole words)."""
+    norm = _normalize(text)
+    found = [(m.start(), o) for o in options for m in [re.search(rf"\b{re.escape(o)}\b", norm)] if m]
+    return min(found)[1] if found else None
 
 
 def parse_pairs(text: str) -> set[tuple[int, int]]:
@@ -439,6 +839,14 @@ def _normalize(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9 ]", " ", text.lower()).split())
 
 
+def mrcr_score(answer: str, prefix: str, gold: str) -> float:
+    """MRCR's grade: 0 without the prefix, else the similarity of the rest to the gold answer."""
+    text = answer.strip()
+    if not text.startswith(prefix):
+        return 0.0
+    return difflib.SequenceMatcher(None, text[len(prefix) :].strip(), gold.strip()).ratio()
+
+
 def score_answer(task: str, answer: str | None, reference: Mapping[str, Any]) -> TaskScore:
     """The score of ``answer`` (None: no answer) for an example of ``task`` (module doc)."""
     if task not in TASKS:
@@ -447,22 +855,22 @@ def score_answer(task: str, answer: str | None, reference: Mapping[str, Any]) ->
     if task == "s_niah":
         found = re.search(rf"(?<!\d){re.escape(str(reference['value']))}(?!\d)", text) is not None
         return TaskScore(float(found), found)
+    if task == "mrcr":
+        score = mrcr_score(text, str(reference["prefix"]), str(reference["answer"]))
+        return TaskScore(score, score == 1.0, {"similarity": score})
     kind = reference.get("kind")
     if task == "oolong":
+        stated = stated_answer(text)
         if kind == "count":
-            predicted = _last_number(text) if answer is not None else None
+            predicted = _first_number(stated) if answer is not None else None
             score = numeric_partial_credit(predicted, float(reference["value"]))
             metrics = {"abs_error": abs(predicted - reference["value"])} if predicted is not None else {}
             return TaskScore(score, score == 1.0, metrics)
-        norm = _normalize(text)
         if kind == "compare":
-            options = ("more common", "less common", "same frequency")
-            said = [o for o in options if o in norm]
-            ok = said == [reference["value"]]
+            ok = _first_option(stated, _COMPARISONS) == reference["value"]
             return TaskScore(float(ok), ok)
         if kind == "label":
-            said = [lab for lab in LABELS if re.search(rf"\b{lab}\b", norm)]
-            ok = said == [reference["value"]]
+            ok = _first_option(stated, LABELS) == reference["value"]
             return TaskScore(float(ok), ok)
         raise RecallmError(f"oolong reference has unknown kind {kind!r}")
     gold = {(min(x, y), max(x, y)) for x, y in reference["pairs"]}

@@ -10,11 +10,13 @@ Events (every one has ``event``, ``rlm`` - the instance id: ``0`` for the root, 
   history), ``prompt_tokens``, ``completion_tokens``, ``latency_s``, ``finish_reason``,
   ``cells`` (each: ``code``, ``stdout``, ``stdout_chars``, ``error``, ``timed_out``,
   ``elapsed``, ``final``, ``restarted``), ``final`` (how the turn ended the run, if it did),
-  ``observation`` (the user message the root reads next, None after the last turn);
+  ``observation`` (the user message the root reads next, None after the last turn); the one last
+  call at the iteration limit is a ``turn`` too, numbered ``max_iterations + 1``, with
+  ``final_call`` true and no cells;
 * ``subcall`` - ``turn``, ``kind``, ``index`` (in a batch), ``prompt_chars``, ``prompt``
   (a preview), ``response`` (a preview), ``prompt_tokens``, ``completion_tokens``,
   ``latency_s``, ``attempts``, ``error``; for ``rlm_query`` also ``child`` (its instance id)
-  and ``outcome``;
+  and ``outcome``, or ``fallback`` (why a plain sub-call answered it: no REPL could come free);
 * ``end`` - ``outcome`` (``final`` | ``plain_text`` | ``max_iterations`` | ``budget_exhausted``
   | ``error``), ``reason``, ``answer``, ``turns``, ``usage`` (tokens, sub-calls, wall time);
 * ``score`` - written by a task runner after the root's ``end``: ``score``, ``correct``,

@@ -13,8 +13,9 @@ and one to read the context from (``protocol.py`` and ``confine.py`` are bound n
 2. loads the prompt into the variable ``context`` (and the query, if any, into ``query``);
 3. runs cells in one namespace, one at a time, each under a CPU-time limit (the soft
    ``RLIMIT_CPU`` is moved to "used so far + the cell's allowance"; ``SIGXCPU`` raises in the
-   cell) and a wall-clock limit (``SIGALRM``); the host kills the whole process if a cell
-   ignores both (a loop inside C code);
+   cell) and a wall-clock limit (``SIGALRM``; the timer is paused while a sub-call of the cell
+   is in flight - waiting on the host is not the cell's time); the host kills the whole process
+   if a cell ignores both (a loop inside C code);
 4. captures what a cell prints - ``sys.stdout``/``sys.stderr`` and anything written to file
    descriptors 1 and 2 (a subprocess) - keeping at most ``max_output_chars`` characters and
    counting the rest;
@@ -111,6 +112,8 @@ class Worker:
         self._jobs: Queue = Queue()
         self._final: str | None = None
         self._reserve: bytearray | None = None
+        self._waiting = 0  # sub-calls in flight
+        self._paused_left = 0.0  # the cell's wall-clock seconds left when its timer was paused
         self._cell = 0
         self.namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
 
@@ -191,12 +194,19 @@ class Worker:
         slot = {"event": threading.Event(), "message": None}
         with self._pending_lock:
             self._pending[call_id] = slot
+            self._waiting += 1
+            if self._waiting == 1:  # pause the cell's wall clock while it waits on the host
+                self._paused_left = signal.setitimer(signal.ITIMER_REAL, 0)[0]
         try:
             self.send({"op": "call", "id": call_id, "kind": kind, "args": args})
             slot["event"].wait()
         finally:
             with self._pending_lock:
                 self._pending.pop(call_id, None)
+                self._waiting -= 1
+                if self._waiting == 0 and self._paused_left > 0:
+                    signal.setitimer(signal.ITIMER_REAL, self._paused_left)
+                    self._paused_left = 0.0
         message = slot["message"]
         if message.get("ok"):
             return message.get("value")
@@ -360,6 +370,8 @@ class Worker:
             resource.setrlimit(resource.RLIMIT_CPU, (soft, hard))
 
     def _disarm(self) -> None:
+        with self._pending_lock:
+            self._paused_left = 0.0  # a call still in flight (a thread of model code) must not re-arm it
         signal.setitimer(signal.ITIMER_REAL, 0)
         _, hard = resource.getrlimit(resource.RLIMIT_CPU)
         resource.setrlimit(resource.RLIMIT_CPU, (hard, hard))

@@ -4,7 +4,7 @@ worked before and returns what got through (None when it was blocked).
 1. escapes: the host's environment and memory through /proc, signals and ptrace to the host,
    root's files, the project, writes outside the sandbox, the network, root privileges;
 2. processes that outlive their REPL (children, setsid grandchildren, forking daemons) after a
-   clean close, a wall-clock kill or a crash;
+   clean close, a wall-clock kill, a crash or the host's death (SIGKILL, no close);
 3. whole-tree caps: forks and threads, memory of several processes, the private directory,
    /tmp, and files left in shared memory;
 4. a REPL that forges protocol messages: replies for other cells and requests, thousands of
@@ -317,7 +317,58 @@ def _tree_after(mode: str, how: str) -> str | None:
     return f"{len(left)} processes survived {how}" if left else None
 
 
+HOST = """
+import os, signal, sys, threading, time
+from recallm.rlm.sandbox import Sandbox, SandboxLimits
+limits = SandboxLimits(cpu_s=60, wall_s=60, memory_mb=512, kill_grace_s=1.0)
+sb = Sandbox("adversarial context", limits=limits, isolation={mode!r}, functions=["llm_query"],
+             on_call=lambda kind, args: time.sleep(600))
+result = sb.execute({spawn!r})
+print("SPAWNED" if result.error is None else result.error, sb._uid, flush=True)
+cell = "while True:\\n    try:\\n        llm_query('never answered')\\n    except BaseException:\\n        pass"
+threading.Thread(target=sb.execute, args=(cell,), daemon=True).start()  # waits on the host, then never ends
+time.sleep(1.0)
+os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def _uid_survivors(uid: int) -> list[int]:
+    found = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/status") as f:
+                    line = next(x for x in f if x.startswith("Uid:"))
+                if int(line.split()[1]) == uid:
+                    found.append(int(entry))
+            except (OSError, StopIteration):
+                pass
+    return found
+
+
+def _tree_after_host_killed(mode: str) -> str | None:
+    """The host is killed (SIGKILL: no ``close``) while a cell waits on a sub-call (its wall clock
+    paused), a cell that then ignores every error: the REPL's whole tree dies with the host."""
+    mark = marker()
+    spawn = SPAWN.format(mark=mark, python=os.path.realpath(sys.executable))
+    done = subprocess.run(
+        [sys.executable, "-c", HOST.format(mode=mode, spawn=spawn)], capture_output=True, text=True, timeout=120
+    )
+    assert done.stdout.startswith("SPAWNED"), f"the attack did not run: {done.stdout} {done.stderr[-2000:]}"
+    uid = done.stdout.split()[1]
+    left = wait_gone(mark)
+    deadline = time.monotonic() + 5.0
+    stray = _uid_survivors(int(uid)) if uid != "None" else []
+    while stray and time.monotonic() < deadline:
+        time.sleep(0.05)
+        stray = _uid_survivors(int(uid))
+    if left or stray:
+        subprocess.run(["kill", "-9", *map(str, left + stray)], capture_output=True)
+    return f"{len(left) + len(stray)} processes survived their host's death" if left or stray else None
+
+
 TREES = {f"tree_{how}": (lambda mode, how=how: _tree_after(mode, how)) for how in ("close", "crash", "timeout")}
+TREES["tree_host_killed"] = _tree_after_host_killed
 
 
 # --- 3. caps on the whole tree ----------------------------------------------------------------

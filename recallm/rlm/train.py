@@ -1,0 +1,262 @@
+"""``recallm-rlm train``: GRPO of the RLM root on verl 0.9.1, through its multi-turn agent loop.
+
+The config (``configs/rlm_train.yaml``) composes verl's own ``ppo_trainer`` config, the
+``recallm.rlm`` section (the RLM's settings, its sub-model, the task data) and a recipe from
+``configs/rlm_train/`` (``tiny_cpu``: two steps of the tiny model on a CPU; ``mrcr_qwen3_4b``:
+the paper's RL run). Any verl key can be overridden on the command line. The launcher:
+
+1. writes the data set, unless ``data.train_files`` is given: ``recallm.rlm.data.train`` /
+   ``.val`` task sets (``recallm.rlm.tasks``; the paper's: MRCR-style, 2 needles at 32K-64K
+   tokens to train, 8 needles at 512K-1M to evaluate) as parquet rows whose ``prompt`` is the
+   root's first messages (what verl's prompt-length filter measures), ``agent_name`` ``rlm``,
+   and ``extra_info.rlm`` the task (context and reference as JSON); it checks that every prompt
+   fits ``data.max_prompt_length``;
+2. registers our agent loop through verl's extension point: a file listing
+   ``recallm.rlm.agent_loop.RLMAgentLoop`` as ``rlm`` (``actor_rollout_ref.rollout.agent.
+   agent_loop_config_path``), the default agent loop;
+3. wires the rest as ``recallm-grpo`` does (``recallm.grpo.app``): a RecaLLM model gets the
+   masked model classes and the rollout's recall processor; ``recallm.cpu=true`` the CPU plugin
+   and its ``hf_cpu`` rollout; no reward manager (the agent loop sets each rollout's reward, the
+   task's score); ``recallm.rlm.runtime`` adds the metrics of the masking (``rlm/...``);
+4. checks the config (batch sizes, files, verl's ``validate_config``) and runs verl's trainer.
+   Checkpoints and resume are verl's (``trainer.save_freq``, ``trainer.resume_mode=auto``).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf, open_dict
+
+from recallm.errors import RecallmError
+from recallm.paths import CONFIG_DIR
+
+__all__ = ["compose_config", "prepare_data", "prepare", "main", "RUNTIME_MODULE"]
+
+log = logging.getLogger(__name__)
+RUNTIME_MODULE = "recallm.rlm.runtime"
+#: the file verl's ``agent_loop_config_path`` reads (``recallm.rlm.agent_loop``)
+AGENT_LOOPS = [{"name": "rlm", "_target_": "recallm.rlm.agent_loop.RLMAgentLoop"}]
+_DATA_KEYS = {"names", "lengths", "per_cell", "seed", "needles", "tolerance", "max_pair_users"}
+
+
+def compose_config(overrides: list[str]) -> DictConfig:
+    """``configs/rlm_train.yaml`` with the overrides; CPU recipes get the CPU plugin's overrides
+    first (the user's still win)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    def _compose(items: list[str]) -> DictConfig:
+        try:
+            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
+                return compose("rlm_train", overrides=items)
+        except (HydraException, OmegaConfBaseException) as exc:
+            raise RecallmError(f"bad RLM training config: {str(exc).splitlines()[0]}") from exc
+
+    cfg = _compose(list(overrides))
+    if cfg.recallm.cpu:
+        from recallm.grpo.cpu import cpu_overrides
+
+        cfg = _compose(list(cpu_overrides()) + list(overrides))
+    return cfg
+
+
+def _set(cfg: DictConfig, key: str, value: Any) -> None:
+    with open_dict(cfg):
+        OmegaConf.update(cfg, key, value, force_add=True)
+
+
+def _rlm_objects(section: dict[str, Any]):
+    """The RLM's settings from ``recallm.rlm`` (checked), as ``initial_messages`` reads them."""
+    from recallm.rlm.budget import BudgetLimits
+    from recallm.rlm.runner import RLMSettings
+    from recallm.rlm.sandbox import SandboxLimits
+    from recallm.rlm.subcalls import SubCallSettings
+
+    BudgetLimits.from_mapping(section.get("budget"), "recallm.rlm.budget")
+    return SimpleNamespace(
+        settings=RLMSettings.from_mapping(section.get("rlm"), "recallm.rlm.rlm"),
+        subcall_settings=SubCallSettings.from_mapping(section.get("subcalls"), "recallm.rlm.subcalls"),
+        sandbox_limits=SandboxLimits.from_mapping(section.get("sandbox"), "recallm.rlm.sandbox"),
+    )
+
+
+def _rows(spec: dict[str, Any], where: str, rlm, tokenizer, max_prompt: int) -> list[dict[str, Any]]:
+    from recallm.rlm.runner import initial_messages
+    from recallm.rlm.tasks import make_task, task_specs
+
+    unknown = sorted(set(spec) - _DATA_KEYS)
+    if unknown:
+        raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(_DATA_KEYS)}")
+    specs = task_specs(spec.get("names") or [], spec.get("lengths") or [], spec.get("per_cell", 1))
+    rows = []
+    for index, (task, length, i) in enumerate(specs):
+        example = make_task(
+            task,
+            length,
+            i,
+            seed=int(spec.get("seed") or 0),
+            tolerance=float(spec.get("tolerance", 0.02)),
+            needles=int(spec.get("needles") or 2),
+            max_pair_users=spec.get("max_pair_users"),
+        )
+        messages = initial_messages(rlm, example.context, example.query)
+        prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+        if n > max_prompt:
+            raise RecallmError(
+                f"{where}: the root's first prompt has {n} tokens, more than data.max_prompt_length={max_prompt} "
+                "(the context stays in the REPL; the prompt is the system prompt and the context's metadata)"
+            )
+        reference = json.dumps(example.reference)
+        rows.append(
+            {
+                "data_source": f"rlm/{task}",
+                "prompt": messages,
+                "agent_name": "rlm",
+                "reward_model": {"style": "rule", "ground_truth": reference},
+                "extra_info": {
+                    "index": index,
+                    "rlm": {
+                        "task": task,
+                        "task_id": example.task_id,
+                        "query": example.query,
+                        "context_json": json.dumps(example.context, ensure_ascii=False),
+                        "reference_json": reference,
+                    },
+                },
+            }
+        )
+    return rows
+
+
+def prepare_data(cfg: DictConfig, tokenizer=None) -> dict[str, str]:
+    """Write the train/val parquet files of ``recallm.rlm.data`` into ``recallm.rlm.out_dir``
+    (unless ``data.train_files`` is set) and point ``data.*_files`` at them; returns the paths."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    section = OmegaConf.to_container(cfg.recallm.rlm, resolve=True)
+    rlm = _rlm_objects(section)
+    if OmegaConf.select(cfg, "data.train_files", default=None):
+        return {}
+    if tokenizer is None:
+        from recallm.tokens import load_tokenizer
+
+        tokenizer = load_tokenizer(Path(str(cfg.actor_rollout_ref.model.path)))
+    out = Path(str(section["out_dir"])) / "data"
+    out.mkdir(parents=True, exist_ok=True)
+    data = section.get("data") or {}
+    paths = {}
+    for split in ("train", "val"):
+        spec = data.get(split)
+        if not spec:
+            continue
+        rows = _rows(dict(spec), f"recallm.rlm.data.{split}", rlm, tokenizer, int(cfg.data.max_prompt_length))
+        path = out / f"{split}.parquet"
+        tmp = path.with_suffix(".parquet.tmp")
+        pq.write_table(pa.Table.from_pylist(rows), tmp)
+        os.replace(tmp, path)
+        paths[split] = str(path.resolve())
+    if "train" not in paths:
+        raise RecallmError("recallm.rlm.data.train is empty and data.train_files is not set: no training data")
+    _set(cfg, "data.train_files", paths["train"])
+    _set(cfg, "data.val_files", paths.get("val", paths["train"]))
+    return paths
+
+
+def _is_recallm_model(path: Path) -> bool:
+    from transformers import AutoConfig
+
+    import recallm  # noqa: F401  (registers the recallm_<base> model types)
+
+    try:
+        return AutoConfig.from_pretrained(path).model_type.startswith("recallm_")
+    except (OSError, ValueError, KeyError) as exc:
+        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from exc
+
+
+def prepare(cfg: DictConfig) -> dict[str, str]:
+    """Fill in the wiring (module doc, steps 2-3); returns the environment the run needs."""
+    section = cfg.recallm.rlm
+    out_dir = Path(str(section.out_dir)).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    registry = out_dir / "agent_loops.yaml"
+    registry.write_text(OmegaConf.to_yaml(OmegaConf.create(AGENT_LOOPS)))
+    _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(registry))
+    _set(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop", "rlm")
+    if section.get("trajectory_dir"):
+        _set(cfg, "recallm.rlm.trajectory_dir", str(Path(str(section.trajectory_dir)).resolve()))
+    model_path = Path(str(cfg.actor_rollout_ref.model.path))
+    if not (model_path / "config.json").is_file():
+        raise RecallmError(f"actor_rollout_ref.model.path={model_path} is not a model directory (no config.json)")
+    _set(cfg, "recallm.reward_manager", False)  # the agent loop sets each rollout's reward
+    if _is_recallm_model(model_path):
+        from recallm.grpo.app import prepare as grpo_prepare
+
+        env = grpo_prepare(cfg)
+    else:
+        if cfg.recallm.recall:
+            raise RecallmError(
+                f"{model_path} is a plain model without recall tokens: set recallm.recall=false (or convert it with "
+                "recallm-create-model)"
+            )
+        from recallm.grpo.app import RUNTIME_MODULE as GRPO_RUNTIME
+
+        env = {}
+        if cfg.recallm.cpu:
+            from recallm.grpo.cpu import cpu_env
+
+            env.update(cpu_env())
+        modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
+        if GRPO_RUNTIME not in modules:
+            modules.append(GRPO_RUNTIME)
+        env.update(VERL_USE_EXTERNAL_MODULES=",".join(modules), RECALLM_GRPO_CPU="1" if cfg.recallm.cpu else "0")
+    modules = [m for m in env["VERL_USE_EXTERNAL_MODULES"].split(",") if m]
+    if RUNTIME_MODULE not in modules:
+        modules.append(RUNTIME_MODULE)
+    env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
+    for key, value in env.items():  # Ray workers on other nodes get them through the runtime env
+        _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
+    return env
+
+
+def describe(cfg: DictConfig) -> str:
+    t, r = cfg.trainer, cfg.recallm.rlm
+    arr = cfg.actor_rollout_ref
+    return "\n".join(
+        [
+            f"model:        {arr.model.path}",
+            f"rollout:      {arr.rollout.name} (n={arr.rollout.n}), agent loop rlm: {r.rlm.max_iterations} turns of "
+            f"<= {r.rlm.root_max_new_tokens} tokens, response <= {cfg.data.max_response_length} tokens, "
+            f"sub-model {r.sub.name}, depth {r.rlm.max_depth}",
+            f"data:         {cfg.data.train_files} (val {cfg.data.val_files})",
+            f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode})",
+            f"steps:        {t.get('total_training_steps') or 'one pass over the data'}",
+        ]
+    )
+
+
+def main(argv: list[str]) -> int:
+    """``recallm-rlm train [--print-config] key=value ...`` (module doc)."""
+    from recallm.grpo.app import launch, validate
+
+    args = list(argv)
+    print_only = "--print-config" in args
+    args = [a for a in args if a != "--print-config"]
+    cfg = compose_config(args)
+    prepare_data(cfg)
+    env = prepare(cfg)
+    validate(cfg)
+    if print_only:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    print(describe(cfg), flush=True)
+    launch(cfg, env)
+    return 0
