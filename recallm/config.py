@@ -216,7 +216,9 @@ def _type_error(key: str, default: Any, value: Any) -> str | None:
     if isinstance(default, bool):
         kind: type | None = bool
     elif isinstance(default, int):
-        kind = int
+        # a default of 0 is how YAML files write a number that is off (verl: `entropy_coeff: 0`
+        # for a float field); only a non-zero integer default asks for an integer
+        kind = int if default != 0 else float
     elif isinstance(default, float):
         kind = float
     elif OmegaConf.is_dict(default) or isinstance(default, Mapping):

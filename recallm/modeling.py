@@ -317,8 +317,12 @@ def create_recallm_model(
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.gguf-") as tmp:
             gguf_to_hf(base, tmp, dtype=dtype)
             return create_recallm_model(tmp, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
+    if not base.exists():
+        raise RecallmError(f"--base {base} does not exist (a Hugging Face model directory or a *.gguf file)")
+    if base.is_file():
+        raise RecallmError(f"--base {base} is a file, not a directory (nor a *.gguf file)")
     if not (base / "config.json").is_file():
-        raise RecallmError(f"{base} is neither a Hugging Face model directory (no config.json) nor a *.gguf file")
+        raise RecallmError(f"--base {base} is not a Hugging Face model directory (no config.json)")
     try:
         base_config = AutoConfig.from_pretrained(base)
     except (ValueError, KeyError, OSError) as exc:

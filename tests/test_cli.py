@@ -79,7 +79,7 @@ def broken_dirs(tmp_path, tiny_dir):
 @pytest.mark.parametrize(
     "case, args, pattern",
     [
-        ("missing", ["--base", "{missing}", "--out", "{tmp}/o"], r"nope is not a Hugging Face model directory"),
+        ("missing", ["--base", "{missing}", "--out", "{tmp}/o"], r"--base \S*nope does not exist"),
         ("gpt2", ["--base", "{gpt2}", "--out", "{tmp}/o"], r"unsupported architecture model_type='gpt2'"),
         ("range", ["--check", "{range}"], r"recall_end_token_id=\d+ is out of range for a vocabulary of \d+ rows"),
         ("notok", ["--check", "{notok}"], r"tokenizer has no <\|start_recall\|>, <\|end_recall\|>"),

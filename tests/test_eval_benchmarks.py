@@ -451,7 +451,7 @@ def test_synthetic_task_scores_with_the_training_reward(renderer):
 
 
 def test_synthetic_task_settings_are_checked():
-    with pytest.raises(RecallmError, match="task is required"):
+    with pytest.raises(RecallmError, match=r"task \(or tasks\) is required"):
         make("synthetic", lengths=[360], per_cell=1)
     with pytest.raises(RecallmError, match="unknown task|no task|not a registered"):
         make("synthetic", task="nope", lengths=[360], per_cell=1)

@@ -373,7 +373,7 @@ def grpo_command(model: Path, data: Path, ckpt: Path, rollouts: Path, *extra: st
     ]
 
 
-def run_grpo(cmd: list[str], cwd: Path, timeout: float = 240) -> subprocess.CompletedProcess:
+def run_grpo(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
     env = {**os.environ, **cpu_env(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
     env.pop("RAY_ADDRESS", None)  # a local Ray cluster of its own, shut down when the driver exits
     proc = subprocess.Popen(

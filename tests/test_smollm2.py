@@ -133,6 +133,7 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
                 "sft.eval.max_new_tokens=4",
                 "sft.eval.steps=1000",
                 "sft.save_steps=1000",
+                "sft.logging_steps=1",
             ],
         )
     final = run_sft(OmegaConf.to_container(cfg, resolve=True))
@@ -140,11 +141,19 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
     losses = [h["loss"] for h in history if "loss" in h]
     assert losses and all(math.isfinite(x) for x in losses)
     tok = load_tokenizer(final)
-    backend = HFBackend(final, tok, batch_size=2, force_recall_every=6, force_recall_length=8)
+    backend = HFBackend(final, tok, batch_size=2, force_recall_every=1, force_recall_length=8)
     record = json.loads((smollm2_data / "sft" / "val.jsonl").read_text().splitlines()[0])
-    requests = [GenRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24)] * 2
+    # two steps teach nothing: the model may end its turn at once, so each request starts inside
+    # the trace (up to its first span) and a span is forced open after one token, then decoded
+    # under the constraint
+    opening = record["completion"].index("<|start_recall|>")
+    requests = [
+        GenRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:opening]),
+        GenRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:8]),
+    ]
     gens = backend.generate(requests, GenerationSettings(max_new_tokens=24))
-    assert all(g.spans.count > 0 and g.spans.verbatim == g.spans.count for g in gens), gens
+    assert gens[0].spans.count > 0, gens[0]
+    assert all(g.spans.verbatim == g.spans.count for g in gens), gens
 
 
 def test_one_grpo_step_through_verl(smollm2_data, smollm2_dir, tmp_path):
@@ -159,6 +168,7 @@ def test_one_grpo_step_through_verl(smollm2_data, smollm2_dir, tmp_path):
         "data.train_batch_size=2",
         "data.max_response_length=24",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+        "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.rollout.n=2",
         "trainer.total_training_steps=1",
