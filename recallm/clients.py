@@ -14,6 +14,12 @@ built. ``ChatClient`` calls it:
 * ``ping()`` - a one-line ``RecallmError`` naming the URL when nothing answers there.
 
 Thread-safe: requests from many threads share one connection pool bounded by ``concurrency``.
+``chat`` and ``complete_text`` take a ``cancel`` token (``recallm.rlm.cancel.CancelToken``): such
+a request runs on httpx's async client, on one event-loop thread of the client, so that when the
+token is set the request in flight is aborted - its task is cancelled and httpx closes the
+connection, which an OpenAI-compatible server (vLLM) takes as an abort of the generation - and
+``Cancelled`` is raised (``sent`` tells whether the request had left). A token set before the
+request left, or during a retry's backoff, stops it there.
 Transport errors, 429 and 5xx are retried with exponential backoff (``Retry-After`` honoured);
 401/403/404 are ``RecallmError``s (a wrong key, URL or model fails every request); other
 failures are ``ChatError``s. The API key is read from the environment and never logged.
@@ -167,6 +173,8 @@ class ChatClient:
             limits=httpx.Limits(max_connections=config.concurrency, max_keepalive_connections=config.concurrency),
         )
         self._slots = threading.BoundedSemaphore(config.concurrency)
+        self._bridge: _AsyncBridge | None = None  # the cancellable requests' async client (made on first use)
+        self._bridge_lock = threading.Lock()
 
     @property
     def url(self) -> str:
@@ -177,6 +185,10 @@ class ChatClient:
 
     def close(self) -> None:
         self._http.close()
+        with self._bridge_lock:
+            bridge, self._bridge = self._bridge, None
+        if bridge is not None:
+            bridge.close()
 
     def __enter__(self) -> ChatClient:
         return self
@@ -216,7 +228,28 @@ class ChatClient:
         payload.update({k: v for k, v in options.items() if v is not None})
         return payload
 
-    def _post(self, path: str, payload: Mapping[str, Any]):
+    def _send(self, path: str, payload: Mapping[str, Any], cancel):
+        """One POST: on the sync client, or (with a ``cancel`` token) on the async one, aborted
+        when the token is set (module doc)."""
+        if cancel is None:
+            with self._slots:
+                return self._http.post(path, json=payload)
+        from recallm.rlm.cancel import Cancelled
+
+        while not self._slots.acquire(timeout=0.05):  # a full pool: wait, but not past a cancellation
+            if cancel.cancelled:
+                raise Cancelled(cancel.reason or "cancelled")
+        try:
+            cancel.check()
+            with self._bridge_lock:
+                if self._bridge is None:
+                    self._bridge = _AsyncBridge(self._http, self.role)
+                bridge = self._bridge
+            return bridge.post(path, payload, cancel)
+        finally:
+            self._slots.release()
+
+    def _post(self, path: str, payload: Mapping[str, Any], cancel=None):
         """POST with retries; the response of the first attempt that is neither a transport
         error, a 429 nor a 5xx."""
         import httpx
@@ -226,8 +259,7 @@ class ChatClient:
         for attempt in range(cfg.retries + 1):
             delay = min(60.0, cfg.backoff * 2**attempt * random.uniform(0.75, 1.0))
             try:
-                with self._slots:
-                    resp = self._http.post(path, json=payload)
+                resp = self._send(path, payload, cancel)
             except httpx.TransportError as exc:
                 last = f"{type(exc).__name__}: {self._redact(str(exc)) or 'no detail'}"
             else:
@@ -252,18 +284,26 @@ class ChatClient:
                 log.debug(
                     "%s request failed (%s); retry %d/%d in %.2fs", self.role, last, attempt + 1, cfg.retries, delay
                 )
-                self._sleep(delay)
+                if cancel is None:
+                    self._sleep(delay)
+                elif cancel.wait(delay):
+                    from recallm.rlm.cancel import Cancelled
+
+                    raise Cancelled(cancel.reason or "cancelled")
         raise ChatError(f"gave up after {cfg.retries + 1} attempt(s): {last}")
 
-    def chat(self, messages: list[dict[str, str]], *, with_reasoning: bool = False, **options: Any) -> Completion:
+    def chat(
+        self, messages: list[dict[str, str]], *, with_reasoning: bool = False, cancel=None, **options: Any
+    ) -> Completion:
         """One chat completion, whatever its length (empty and cut-off outputs included). With
         ``with_reasoning``, reasoning the server returned apart (``reasoning_content``, vLLM's
         reasoning parser) is put back in front of the content, closed by ``</think>``.
         ``options`` (``max_tokens``, ``temperature``, ``top_p``, ``seed``, ...) override the
-        endpoint's settings for this request; None values are left out."""
+        endpoint's settings for this request; None values are left out. ``cancel``: a token that
+        aborts the request (module doc)."""
         payload = self._payload(options)
         payload["messages"] = messages
-        resp = self._post("chat/completions", payload)
+        resp = self._post("chat/completions", payload, cancel)
         try:
             data = resp.json()
             choice = data["choices"][0]
@@ -278,12 +318,12 @@ class ChatClient:
             content = f"{reasoning.strip()}\n</think>\n\n{content.strip()}"
         return Completion(content, choice.get("finish_reason"), *_usage_tokens(data))
 
-    def complete_text(self, prompt: str, **options: Any) -> Completion:
-        """One text completion of a raw prompt (``POST {base_url}/completions``); ``options`` as
-        for ``chat``."""
+    def complete_text(self, prompt: str, *, cancel=None, **options: Any) -> Completion:
+        """One text completion of a raw prompt (``POST {base_url}/completions``); ``options`` and
+        ``cancel`` as for ``chat``."""
         payload = self._payload(options)
         payload["prompt"] = prompt
-        resp = self._post("completions", payload)
+        resp = self._post("completions", payload, cancel)
         try:
             data = resp.json()
             choice = data["choices"][0]
@@ -305,6 +345,56 @@ class ChatClient:
     def _body(self, resp) -> str:
         text = " ".join(resp.text.split())
         return self._redact(text[:200]) or "empty body"
+
+
+class _AsyncBridge:
+    """httpx's async client on an event loop of its own thread: a request submitted from any
+    thread can be aborted from any other (its task is cancelled; httpx closes its connection)."""
+
+    def __init__(self, sync_client, role: str) -> None:
+        import asyncio
+
+        import httpx
+
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name=f"http-{role}", daemon=True)
+        self._thread.start()
+
+        async def make() -> httpx.AsyncClient:  # made on the loop that uses it
+            return httpx.AsyncClient(
+                base_url=sync_client.base_url, headers=sync_client.headers, timeout=sync_client.timeout
+            )
+
+        self._client = asyncio.run_coroutine_threadsafe(make(), self._loop).result()
+
+    def post(self, path: str, payload: Mapping[str, Any], cancel):
+        import asyncio
+        import concurrent.futures
+
+        from recallm.rlm.cancel import Cancelled
+
+        future = asyncio.run_coroutine_threadsafe(self._client.post(path, json=payload), self._loop)
+        remove = cancel.add_callback(future.cancel)  # cancels the task on the loop: the connection closes
+        try:
+            return future.result()
+        except concurrent.futures.CancelledError:
+            exc = Cancelled(cancel.reason or "cancelled")
+            exc.sent = True  # the request had left: the server may have spent tokens on it
+            raise exc from None
+        finally:
+            remove()
+
+    def close(self) -> None:
+        import asyncio
+
+        try:
+            asyncio.run_coroutine_threadsafe(self._client.aclose(), self._loop).result(timeout=10)
+        except Exception as exc:  # closing is best effort; the loop stops either way
+            log.debug("closing the async HTTP client: %s", exc)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self._loop.close()
 
 
 def _usage_tokens(data: Mapping[str, Any]) -> tuple[int | None, int | None]:

@@ -26,20 +26,27 @@ def _wait_for(predicate, what: str, limit_s: float = 120.0) -> None:
 @pytest.fixture
 def hf_model(tiny_dir):
     model = make_model(
-        {"name": "hf", "model_path": str(tiny_dir), "recall_constrained": False, "batch_size": 8,
-         "max_new_tokens": 6, "device": "cpu", "dtype": "float32"},  # fmt: skip
+        {
+            "name": "hf",
+            "model_path": str(tiny_dir),
+            "recall_constrained": False,
+            "batch_size": 8,
+            "max_new_tokens": 6,
+            "device": "cpu",
+            "dtype": "float32",
+        },  # fmt: skip
         "sub",
     )
     batches: list[int] = []
     gate, first = threading.Event(), threading.Event()
     generate = model.backend.generate
 
-    def gated(requests, settings):
+    def gated(requests, settings, **kwargs):
         batches.append(len(requests))
         if len(batches) == 1:
             first.set()
             gate.wait()
-        return generate(requests, settings)
+        return generate(requests, settings, **kwargs)
 
     model.backend.generate = gated
     yield model, batches, gate, first
@@ -143,8 +150,14 @@ def test_an_openai_server_gets_only_what_the_user_configured_and_reports_usage()
         capped = bare.complete([{"role": "user", "content": "2+2?"}], max_new_tokens=50)
         assert seen[-1]["max_tokens"] == 50 and "temperature" not in seen[-1] and capped.prompt_tokens == 123
         configured = make_model(
-            {"name": "openai", "served_model": "o", "base_url": url, "api_key_env": None, "temperature": 0.6,
-             "max_tokens_key": "max_completion_tokens"},  # fmt: skip
+            {
+                "name": "openai",
+                "served_model": "o",
+                "base_url": url,
+                "api_key_env": None,
+                "temperature": 0.6,
+                "max_tokens_key": "max_completion_tokens",
+            },  # fmt: skip
             "sub",
         )
         configured.complete([{"role": "user", "content": "hi"}], max_new_tokens=64)
@@ -160,12 +173,177 @@ def test_without_server_usage_tokens_are_counted_locally():
     server, _ = _server(None)
     try:
         model = make_model(
-            {"name": "openai", "served_model": "o", "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
-             "api_key_env": None},  # fmt: skip
+            {
+                "name": "openai",
+                "served_model": "o",
+                "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                "api_key_env": None,
+            },  # fmt: skip
             "root",
         )
         reply = model.complete([{"role": "user", "content": "x" * 40}], max_new_tokens=None)
         assert reply.prompt_tokens >= 10 and reply.completion_tokens >= 1
         model.close()
     finally:
+        server.shutdown()
+
+
+# --- a call already running really stops (issue 17, item 3) ---------------------------------------
+
+
+@pytest.fixture
+def endless_hf(tiny_dir):
+    """The tiny model with no end-of-sequence token (every row runs to its limit unless stopped),
+    its forward calls counted; ``on_forward(n)`` runs after the n-th."""
+    model = make_model(
+        {
+            "name": "hf",
+            "model_path": str(tiny_dir),
+            "recall_constrained": False,
+            "batch_size": 8,
+            "max_new_tokens": 64,
+            "device": "cpu",
+            "dtype": "float32",
+        },  # fmt: skip
+        "sub",
+    )
+    backend = model.backend
+    backend.eos_ids = []
+    state = {"forwards": 0, "on_forward": lambda n: None}
+    forward = backend.model.forward
+
+    def counted(*args, **kwargs):
+        out = forward(*args, **kwargs)
+        state["forwards"] += 1
+        state["on_forward"](state["forwards"])
+        return out
+
+    backend.model.forward = counted
+    yield model, state
+    model.close()
+
+
+def test_a_cancelled_hf_request_stops_generating_and_is_charged_what_it_spent(endless_hf):
+    """Before: a running request ran all its 64 tokens after its caller gave up."""
+    from recallm.rlm.budget import Budget, BudgetLimits
+    from recallm.rlm.subcalls import CallPool
+
+    model, state = endless_hf
+    messages = [{"role": "user", "content": "count to a hundred"}]
+    full = model.complete(messages, max_new_tokens=64)
+    assert full.completion_tokens == 64 and state["forwards"] == 64  # the baseline: no early end
+    state["forwards"] = 0
+    token = CancelToken()
+    state["on_forward"] = lambda n: token.cancel("the cell ended") if n == 5 else None
+    budget = Budget(BudgetLimits())
+    pool = CallPool(2, budget)
+    with pytest.raises(Cancelled):
+        pool.call(model, messages, max_new_tokens=64, cancel=token)
+    assert pool.drain(60) == 0
+    assert state["forwards"] == 5  # the row ended with the token being generated when it was cancelled
+    # honest accounting: the prompt and the 5 tokens it generated are charged, not 64, not 0
+    assert budget.tokens == full.prompt_tokens + 5
+
+
+def test_only_the_cancelled_row_of_an_hf_batch_stops(endless_hf):
+    from recallm.eval.types import GenerationSettings, GenRequest
+
+    model, state = endless_hf
+    backend, settings = model.backend, GenerationSettings(max_new_tokens=24)
+    flag = threading.Event()
+    state["on_forward"] = lambda n: flag.set() if n == 3 else None
+    requests = [GenRequest(model.render([{"role": "user", "content": k}]), None, 24) for k in ("kept", "dropped")]
+    kept, dropped = backend.generate(requests, settings, cancelled=[lambda: False, flag.is_set])
+    assert (kept.n_tokens, kept.finish_reason) == (24, "length") and state["forwards"] == 24
+    assert (dropped.text, dropped.n_tokens, dropped.finish_reason) == ("", 3, "cancelled")
+    # a batch whose every request is cancelled stops at the next token
+    state["forwards"] = 0
+    everything = threading.Event()
+    state["on_forward"] = lambda n: everything.set() if n == 2 else None
+    out = backend.generate(requests, settings, cancelled=[everything.is_set, everything.is_set])
+    assert state["forwards"] == 2 and [g.n_tokens for g in out] == [2, 2]
+    # and a batch cancelled before it starts never runs
+    state["forwards"] = 0
+    out = backend.generate(requests, settings, cancelled=[lambda: True, lambda: True])
+    assert state["forwards"] == 0 and {g.finish_reason for g in out} == {"cancelled"}
+
+
+def _holding_server():
+    """A server that reads a request and then holds it (no answer) until the client closes the
+    connection or ``release`` is set; ``got`` is set when a request arrived, ``closed`` when the
+    client hung up on a held request."""
+    import select
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    got, closed, release = threading.Event(), threading.Event(), threading.Event()
+    answered: list[int] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):
+            self.send_response(200)
+            self.end_headers()
+            self.wfile.write(b'{"data": []}')
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            got.set()
+            while not release.is_set():  # "generating": watch the connection meanwhile
+                readable, _, _ = select.select([self.connection], [], [], 0.05)
+                if readable and not self.connection.recv(1, 2):  # MSG_PEEK: EOF, the client hung up
+                    closed.set()
+                    return
+            data = json.dumps({"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            answered.append(1)
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, got, closed, release, answered
+
+
+def test_a_cancelled_server_request_is_aborted_in_flight_and_charged_its_prompt():
+    """Before: only a request that had not left stopped; one in flight held its connection (and
+    the server kept generating) until the server answered."""
+    from recallm.rlm.budget import Budget, BudgetLimits
+    from recallm.rlm.subcalls import CallPool
+
+    server, got, closed, release, answered = _holding_server()
+    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    try:
+        model = make_model(
+            {"name": "openai", "served_model": "o", "base_url": url, "api_key_env": None, "timeout": 60}, "sub"
+        )
+        budget = Budget(BudgetLimits())
+        pool = CallPool(2, budget)
+        token = CancelToken()
+        messages = [{"role": "user", "content": "y" * 400}]
+        errors: list[BaseException] = []
+
+        def ask() -> None:
+            try:
+                pool.call(model, messages, max_new_tokens=None, cancel=token)
+            except BaseException as exc:
+                errors.append(exc)
+
+        caller = threading.Thread(target=ask)
+        caller.start()
+        assert got.wait(30), "the request never reached the server"
+        token.cancel("the cell ended")
+        caller.join(30)
+        assert closed.wait(30), "the client kept the request open after its cancellation"
+        assert pool.drain(30) == 0 and not answered
+        assert len(errors) == 1 and isinstance(errors[0], Cancelled)
+        assert budget.tokens == 100  # its prompt (400 characters, counted locally); the server reported nothing
+        # the client still works afterwards
+        release.set()
+        assert model.complete(messages, max_new_tokens=None).text == "late"
+        model.close()
+    finally:
+        release.set()
         server.shutdown()

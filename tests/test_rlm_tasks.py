@@ -183,22 +183,43 @@ def test_a_million_tokens_and_a_gold_set_that_grows_with_the_length():
     assert len(capped.reference["users"]) <= 10
 
 
-def test_labels_need_reading_not_template_matching():
-    """Every sentence frame carries every label; only what is asked about decides the label."""
-    from collections import defaultdict
+def test_labels_need_reading_not_keyword_matching():
+    """Before: matching "the {attribute} of" against the 47 attribute phrases found every label
+    (100%). Now each question names two or three attributes of different labels and only its
+    meaning says which one is asked about."""
+    from recallm.rlm import tasks
 
-    def frame(question):  # the question with what it asks about and its subject blanked out
-        return re.sub(r"the .+? of .+?(?=[?.;]| is\?)", "the X of Y", question)
+    questions = [
+        (line.split("Instance: ")[1], None)
+        for i in range(3)
+        for line in make_task("oolong", 16384, i).context.split("\n")
+    ]
+    questions = [(q, label_of(q)) for q, _ in questions]  # the generator's own gold (its full grammar)
+    assert len(questions) > 300 and {label for _, label in questions} == set(LABELS)
+    # every record parses, and the task's gold counts are those of the records it shows
+    ex = make_task("oolong", 16384, 0)
+    shown = Counter(label_of(line.split("Instance: ")[1]) for line in ex.context.split("\n"))
+    assert dict(shown) == {k: v for k, v in ex.reference["counts_by_label"].items() if v}
+    phrase = re.compile("|".join(re.escape(a) for a in sorted(tasks._ATTR_LABEL, key=len, reverse=True)))
 
-    train = [q for i in range(3) for q in [line.split("Instance: ")[1] for line in make_task("oolong", 16384, i).context.split("\n")]]
-    by_frame: dict[str, Counter] = defaultdict(Counter)
-    for q in train:
-        by_frame[frame(q)][label_of(q)] += 1
-    assert len(by_frame) >= 6 and all(len(c) == len(LABELS) for c in by_frame.values())
-    guess = {f: c.most_common(1)[0][0] for f, c in by_frame.items()}
-    test = [line.split("Instance: ")[1] for line in make_task("oolong", 16384, 9).context.split("\n")]
-    accuracy = sum(guess.get(frame(q)) == label_of(q) for q in test) / len(test)
-    assert accuracy < 0.4  # the frame alone is near chance (the most common label's share)
+    def mentioned(question):
+        return [tasks._ATTR_LABEL[m] for m in phrase.findall(question)]
+
+    rules = {
+        "first phrase": lambda m: m[0],
+        "last phrase": lambda m: m[-1],
+        "most named label": lambda m: Counter(m).most_common(1)[0][0],
+        "least named label": lambda m: min(Counter(m).items(), key=lambda kv: kv[1])[0],
+    }
+    scores = {}
+    for name, rule in rules.items():
+        scores[name] = sum(rule(mentioned(q)) == label for q, label in questions) / len(questions)
+    assert all(len(set(mentioned(q))) >= 2 for q, _ in questions)  # never one candidate label
+    # Chance: 1/6 over the six labels, 1/3 to 1/2 when guessing among the 2-3 labels a question names.
+    # A keyword rule that beats 0.42 would exploit where or how often the asked phrase appears; the
+    # frames put it first, last, in the middle, once or twice, so each rule stays near guessing
+    # among the named ones (measured: 0.27-0.38 on 3,000 questions).
+    assert max(scores.values()) < 0.42, scores
 
 
 def test_mrcr_hides_needles_among_near_misses_and_is_graded_by_prefix_and_similarity():

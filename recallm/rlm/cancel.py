@@ -9,8 +9,16 @@ call watches its token:
 * waits - ``token.wait(seconds)`` returns early when the token is set; ``add_callback`` wakes a
   condition or an event (it runs at once if the token is already set);
 * models - ``ChatModel.complete(..., cancel=token)``: a scripted model stops its sleep, an
-  in-process engine drops a request that has not started, a server client does not send one
-  that has not left; a request already running ends normally (and is charged).
+  in-process engine drops a request that has not started and stops generating one that has (HF:
+  its batch row ends at the next token; a batch whose every request is cancelled stops), a
+  server client does not send a request that has not left and aborts one in flight (its
+  connection is closed, which vLLM and other servers take as an abort).
+
+A cancelled call that already spent tokens raises ``Cancelled`` carrying them
+(``prompt_tokens``, ``completion_tokens``), and the pool charges them: an HF row charges its
+prompt and the tokens it generated before it stopped; an aborted server request charges its
+prompt (counted locally) and no completion tokens - the server does not report how many it
+generated before it saw the connection close, so that part is a lower bound.
 
 The sandbox answers each sub-call of model code on its own thread with a fresh token, cancelled
 when the cell ends; ``scope(token)`` makes it ``current()`` for the handler on that thread, so the
@@ -29,9 +37,11 @@ __all__ = ["Cancelled", "CancelToken", "current", "scope"]
 class Cancelled(Exception):
     """The call was cancelled (``reason`` says by whom)."""
 
-    def __init__(self, reason: str) -> None:
+    def __init__(self, reason: str, *, prompt_tokens: int = 0, completion_tokens: int = 0) -> None:
         super().__init__(reason)
         self.reason = reason
+        self.prompt_tokens = prompt_tokens  # tokens the cancelled call had already spent (charged)
+        self.completion_tokens = completion_tokens
 
 
 class CancelToken:

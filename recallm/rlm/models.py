@@ -4,8 +4,10 @@
 (text, prompt and completion tokens, finish reason). ``max_new_tokens=None`` means no per-call
 limit: a server gets none (its own default), a local engine uses its section's
 ``max_new_tokens``. ``cancel`` (a ``recallm.rlm.cancel.CancelToken``) tells the model its caller
-gave up: a request that has not started is dropped (``Cancelled``); one already running ends
-normally. Implementations:
+gave up: a request that has not started is dropped (``Cancelled``); one already running is
+stopped (HF: its batch row ends at the next token; a server: the HTTP request is aborted) and
+raises ``Cancelled`` carrying the tokens it spent (see ``recallm.rlm.cancel``); vLLM's offline
+engine runs a started batch to its end (charged). Implementations:
 
 * ``BackendModel`` - an in-process engine of ``recallm.eval.backends`` (``hf``: transformers
   ``generate``, optionally a RecaLLM model with constrained recall; ``vllm``). Messages are
@@ -220,20 +222,29 @@ class _ApproxTokenizer:
 
 
 class _Pending:
-    __slots__ = ("request", "done", "result", "error", "state")
+    __slots__ = ("request", "cancel", "done", "result", "error", "state")
 
-    def __init__(self, request) -> None:
+    def __init__(self, request, cancel: CancelToken | None) -> None:
         self.request = request
+        self.cancel = cancel
         self.done = threading.Event()
         self.result = None
         self.error: BaseException | None = None
         self.state = "queued"  # queued | running | dropped
 
 
+def _stop_check(cancel: CancelToken | None) -> Callable[[], bool]:
+    if cancel is None:
+        return lambda: False
+    return lambda: cancel.cancelled
+
+
 class _Batcher:
     """One engine user at a time; what queued up meanwhile goes to the engine as one call."""
 
-    def __init__(self, generate: Callable[[list], list], max_batch: int, name: str, wait_s: float = 0.005) -> None:
+    def __init__(
+        self, generate: Callable[[list, list], list], max_batch: int, name: str, wait_s: float = 0.005
+    ) -> None:
         self._generate = generate
         self._max_batch = max_batch
         self._wait_s = wait_s
@@ -248,7 +259,7 @@ class _Batcher:
             return len(self._queue)
 
     def submit(self, request, cancel: CancelToken | None):
-        pending = _Pending(request)
+        pending = _Pending(request, cancel)
         with self._cond:
             if self._closed:
                 raise RecallmError(f"model {self._name} is closed")
@@ -270,7 +281,7 @@ class _Batcher:
 
         remove = cancel.add_callback(drop) if cancel is not None else None
         try:
-            pending.done.wait()  # a running request is waited for: its tokens are spent and charged
+            pending.done.wait()  # a running request is waited for: the engine stops it, and what it spent is charged
         finally:
             if remove is not None:
                 remove()
@@ -295,15 +306,21 @@ class _Batcher:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 for pending in batch:
                     pending.state = "running"
+            stops = [_stop_check(p.cancel) for p in batch]
             try:
-                results = self._generate([p.request for p in batch])
+                results = self._generate([p.request for p in batch], stops)
             except BaseException as exc:  # every request of the batch fails with it; the engine stays up
                 for pending in batch:
                     pending.error = exc
                     pending.done.set()
                 continue
             for pending, result in zip(batch, results, strict=True):
-                pending.result = result
+                if getattr(result, "finish_reason", None) == "cancelled":  # stopped part-way: it spent n_tokens
+                    error = Cancelled(pending.cancel.reason or "cancelled", completion_tokens=result.n_tokens)
+                    error.sent = True
+                    pending.error = error
+                else:
+                    pending.result = result
                 pending.done.set()
 
     def close(self) -> None:
@@ -325,7 +342,17 @@ class BackendModel(ChatModel):
         self.tokenizer = tokenizer if tokenizer is not None and hasattr(tokenizer, "apply_chat_template") else None
         self.settings = settings
         self.name = label or backend.name
-        self._batcher = _Batcher(lambda requests: backend.generate(requests, settings), max_batch, self.name)
+        if getattr(backend, "stops_cancelled", False):  # HF: a running request stops at its next token
+
+            def generate(requests: list, stops: list) -> list:
+                return backend.generate(requests, settings, cancelled=stops)
+
+        else:  # vLLM's offline engine: a started batch runs to its end
+
+            def generate(requests: list, stops: list) -> list:
+                return backend.generate(requests, settings)
+
+        self._batcher = _Batcher(generate, max_batch, self.name)
 
     def queued(self) -> int:
         """Requests waiting for the engine (not yet in a ``generate`` call)."""
@@ -349,7 +376,12 @@ class BackendModel(ChatModel):
         prompt_text = self.render(messages)
         limit = self.settings.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
         request = GenRequest(prompt_text, tuple(dict(m) for m in messages), limit, int(seed))
-        generation = self._batcher.submit(request, cancel)
+        try:
+            generation = self._batcher.submit(request, cancel)
+        except Cancelled as exc:
+            if getattr(exc, "sent", False):  # stopped part-way: its prompt was read too
+                exc.prompt_tokens = self.count_tokens(prompt_text)
+            raise
         text = generation.text
         if self.tokenizer is not None and prompt_text.endswith(THINK_START + "\n"):
             text = f"{THINK_START}\n{text}"  # the template opened the think block: the reply carries it
@@ -410,7 +442,7 @@ class OpenAIChatModel(ChatModel):
             )
         return "".join(f"{m['role']}: {m['content']}\n" for m in messages) + "assistant: "
 
-    def _call(self, fn, *, max_new_tokens: int | None, cancel) -> Any:
+    def _call(self, fn, *, max_new_tokens: int | None, cancel, prompt_text: Callable[[], str]) -> Any:
         from recallm.clients import ChatError
 
         if cancel is not None:
@@ -422,24 +454,33 @@ class OpenAIChatModel(ChatModel):
             options[self.max_tokens_key] = int(max_new_tokens)
         try:
             return fn(options)
+        except Cancelled as exc:
+            if getattr(exc, "sent", False):  # aborted in flight: the server read the prompt (module doc)
+                exc.prompt_tokens = self.count_tokens(prompt_text())
+            raise
         except ChatError as exc:
             raise RecallmError(f"{self.name} endpoint {self.client.config.base_url}: {exc}") from None
 
     def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
         messages = [dict(m) for m in messages]
+
+        def text() -> str:
+            return "".join(str(m.get("content", "")) for m in messages)
+
         if self.api == "chat":
             completion = self._call(
-                lambda o: self.client.chat(messages, with_reasoning=True, **o), max_new_tokens=max_new_tokens,
-                cancel=cancel,
+                lambda o: self.client.chat(messages, with_reasoning=True, cancel=cancel, **o),
+                max_new_tokens=max_new_tokens, cancel=cancel, prompt_text=text,
             )  # fmt: skip
         else:
             prompt = self._render(messages)
             completion = self._call(
-                lambda o: self.client.complete_text(prompt, **o), max_new_tokens=max_new_tokens, cancel=cancel
-            )
+                lambda o: self.client.complete_text(prompt, cancel=cancel, **o), max_new_tokens=max_new_tokens,
+                cancel=cancel, prompt_text=lambda: prompt,
+            )  # fmt: skip
         prompt_tokens = completion.prompt_tokens
         if prompt_tokens is None:
-            prompt_tokens = self.count_tokens("".join(str(m.get("content", "")) for m in messages))
+            prompt_tokens = self.count_tokens(text())
         completion_tokens = completion.completion_tokens
         if completion_tokens is None:
             completion_tokens = self.count_tokens(completion.text)
@@ -448,8 +489,9 @@ class OpenAIChatModel(ChatModel):
 
     def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
         completion = self._call(
-            lambda o: self.client.complete_text(prompt_text + prefix, **o), max_new_tokens=max_new_tokens, cancel=None
-        )
+            lambda o: self.client.complete_text(prompt_text + prefix, **o), max_new_tokens=max_new_tokens,
+            cancel=None, prompt_text=lambda: prompt_text + prefix,
+        )  # fmt: skip
         completion_tokens = completion.completion_tokens
         if completion_tokens is None:
             completion_tokens = self.count_tokens(completion.text)

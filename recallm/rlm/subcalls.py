@@ -10,7 +10,8 @@ root turns of recursive children and every sub-call, at every depth:
   returned, even when its caller stopped waiting (a timeout, a cancelled cell): an abandoned
   call that keeps running keeps counting against the bound;
 * every call is charged to the task's ``Budget`` when it returns, whether or not anyone still
-  waits for it, so every token spent is counted;
+  waits for it, so every token spent is counted (a call the model stopped part-way after a
+  cancellation is charged what it spent: ``recallm.rlm.cancel``);
 * a caller waits (for a slot, then for the answer) at most its ``timeout`` and no longer than its
   ``CancelToken`` is unset; when it gives up, the call's own token is cancelled, so the model can
   drop or stop it (``recallm.rlm.models``).
@@ -138,6 +139,8 @@ class CallPool:
                 self.budget.charge(reply.prompt_tokens, reply.completion_tokens)
                 box["reply"] = reply
             except BaseException as exc:  # handed to the caller, if it still waits
+                if isinstance(exc, Cancelled):  # stopped part-way: what it spent is charged all the same
+                    self.budget.charge(exc.prompt_tokens, exc.completion_tokens)
                 box["error"] = exc
             finally:
                 own.detach()

@@ -9,11 +9,13 @@ RL experiment:
 * ``oolong`` - aggregation (after OOLONG's trec_coarse split): many short records
   ``Date: ... || User: <id> || Instance: <question>``. Each question has a hidden label - the
   kind of answer it asks for: abbreviation, entity, description, human, location, numeric. The
-  label must be *read*: every label's questions share the same sentence frames ("What is the
-  ... of ...?", "Can you tell me the ... of ...?") and the same kinds of subjects (people,
-  cities, countries, organisations, acronyms); only the meaning of the thing asked about (its
-  founder, its population, its capital, its full form ...) decides the label, so matching the
-  template tells nothing. Queries: how many instances have label L (a number, partial credit
+  label must be *read*: every question names the thing it asks about (its founder, its
+  population, its capital, its full form ...) together with one or two things of other labels
+  about the same subject that it does not ask about ("not the ...", "I already have the ...",
+  "only the second is missing", "the remaining one"), in frames shared by every label that put
+  the asked thing first, last or in the middle, once or twice. Spotting the attribute phrases
+  therefore tells little (a keyword rule scores 0.27-0.38, tests/test_rlm_tasks.py); the
+  generator's own grammar (``label_of``) reads every question exactly. Queries: how many instances have label L (a number, partial credit
   ``0.75 ** |error|``); is label A more common, less common or the same frequency as label B;
   which label is the most common. Linear information per query.
 * ``oolong_pairs`` - pair enumeration (after OOLONG-Pairs): the same records; the query asks for
@@ -51,6 +53,7 @@ import json
 import math
 import random
 import re
+import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -92,16 +95,25 @@ _LABEL_HELP = (
 
 # --- questions whose label needs reading -----------------------------------------------------------
 
-# every frame reads "... the <attribute> of <subject> ..." whatever the label
+# Every question names the thing it asks about *and* one or two other things about the same subject
+# that it does not ask about (each of another label): "not the ...", "I already have the ...", "the
+# remaining one". Which named thing is asked is said by the meaning of the sentence - its negation,
+# "the first" / "the second", what is left over - not by the position or count of the names, so a
+# classifier that spots the attribute phrases below (even the whole list) cannot tell the label.
+# {a}: the thing asked about; {d1}, {d2}: things not asked about; {subj}: the subject.
 _FRAMES = (
-    "What is the {attr} of {subj}?",
-    "Can you tell me the {attr} of {subj}?",
-    "I'd like to know the {attr} of {subj}.",
-    "Do you happen to know the {attr} of {subj}?",
-    "Please look up the {attr} of {subj}.",
-    "Any idea what the {attr} of {subj} is?",
-    "Quick question: the {attr} of {subj}?",
-    "Someone asked me about the {attr} of {subj}; do you know it?",
+    "I already know the {d1} of {subj}. What is the {a} of {subj}?",
+    "What is the {a} of {subj}? Not the {d1} - that one I have.",
+    "Forget the {d1} of {subj} and the {d2}; what I need is the {a}.",
+    "The {a} of {subj} is what I'm after, not its {d1} or its {d2}.",
+    "Between the {d1} of {subj} and its {a}, only the second is missing from my notes; what is it?",
+    "Between the {a} of {subj} and its {d1}, only the first is missing from my notes; what is it?",
+    "Of the {d1}, the {a} and the {d2} of {subj}, I have written down the {d1} and the {d2}. Tell me the remaining one.",
+    "Not the {d1} of {subj}, but the {a} - and not the {d2} either.",
+    "I have the {d1} of {subj}, but not the {a}, and the {d2} I have too; could you find the missing one?",
+    "Someone told me the {d1} of {subj}, could not give me the {a}, and added the {d2}; do you know the one "
+    "they could not give?",
+    "Not the {d1} of {subj}: the {a}. Yes, the {a}, not the {d2}.",
 )
 # label -> (the thing asked about, the kinds of subject it fits); subjects are shared by every label
 _ATTRIBUTES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
@@ -168,6 +180,28 @@ _ATTRIBUTES: dict[str, tuple[tuple[str, tuple[str, ...]], ...]] = {
 _ORG_KINDS = ("company", "society", "museum", "festival", "party", "club", "institute", "foundation")
 _ATTR_LABEL = {attr: label for label, attrs in _ATTRIBUTES.items() for attr, _ in attrs}
 _ATTR_BY_LENGTH = sorted(_ATTR_LABEL, key=len, reverse=True)
+_ATTR_KINDS = {attr: kinds for attrs in _ATTRIBUTES.values() for attr, kinds in attrs}
+_ANY_ATTR = "|".join(re.escape(a) for a in _ATTR_BY_LENGTH)
+
+
+def _frame_pattern(frame: str) -> re.Pattern[str]:
+    """The full-sentence grammar of one frame, the asked attribute captured (``label_of``)."""
+    out, seen = [], set()
+    for literal, field_name, _, _ in string.Formatter().parse(frame):
+        out.append(re.escape(literal))
+        if field_name is None:
+            continue
+        if field_name in seen:
+            out.append(f"(?P={field_name})")
+        elif field_name == "subj":
+            out.append("(?P<subj>.+?)")
+        else:
+            out.append(f"(?P<{field_name}>{_ANY_ATTR})")
+        seen.add(field_name)
+    return re.compile("".join(out) + r"\Z")
+
+
+_FRAME_PATTERNS = tuple(_frame_pattern(f) for f in _FRAMES)
 _MONTHS = ("Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec")
 _MONTH_NAMES = (
     "January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November",
@@ -176,11 +210,13 @@ _MONTH_NAMES = (
 
 
 def label_of(question: str) -> str:
-    """The label of a generated question (what its attribute asks for); a ``RecallmError`` for
-    text no generator wrote. Tests use it as a perfect classifier."""
-    for attr in _ATTR_BY_LENGTH:
-        if f"the {attr} of " in question:
-            return _ATTR_LABEL[attr]
+    """The label of a generated question (what the attribute it asks about asks for), read with
+    the generator's own grammar (every frame, parsed whole); a ``RecallmError`` for text no
+    generator wrote. Tests use it as a perfect classifier."""
+    for pattern in _FRAME_PATTERNS:
+        match = pattern.match(question)
+        if match:
+            return _ATTR_LABEL[match.group("a")]
     raise RecallmError(f"not a generated question: {question!r}")
 
 
@@ -259,7 +295,16 @@ def _subject(rng: random.Random, kind: str) -> str:
 
 def _question(rng: random.Random, label: str) -> str:
     attr, kinds = rng.choice(_ATTRIBUTES[label])
-    return rng.choice(_FRAMES).format(attr=attr, subj=_subject(rng, rng.choice(kinds)))
+    kind = rng.choice(kinds)
+    others = [a for a, k in _ATTR_KINDS.items() if kind in k and _ATTR_LABEL[a] != label]  # fit the subject
+    frame = rng.choice(_FRAMES)
+    labels = list({_ATTR_LABEL[a] for a in others})
+    if "{d2}" in frame and len(labels) < 2:
+        frame = _FRAMES[0]
+    d1_label, d2_label = rng.sample(labels, 2) if len(labels) >= 2 else (labels[0], labels[0])
+    d1 = rng.choice([a for a in others if _ATTR_LABEL[a] == d1_label])
+    d2 = rng.choice([a for a in others if _ATTR_LABEL[a] == d2_label])
+    return frame.format(a=attr, d1=d1, d2=d2, subj=_subject(rng, kind))
 
 
 _FIRST_DAY, _LAST_DAY = _dt.date(2019, 1, 1), _dt.date(2024, 12, 28)
@@ -464,7 +509,10 @@ def _condition_text(condition: Mapping[str, Any]) -> str:
 def _make_condition(rng: random.Random, index: int) -> dict[str, Any]:
     kind = PAIR_CONDITIONS[index % len(PAIR_CONDITIONS)]
     a, b = rng.sample(LABELS, 2)
-    condition: dict[str, Any] = {"type": kind, "labels": [a] if kind in ("has", "at_least", "exactly", "after") else [a, b]}
+    condition: dict[str, Any] = {
+        "type": kind,
+        "labels": [a] if kind in ("has", "at_least", "exactly", "after") else [a, b],
+    }
     if kind in ("at_least", "exactly"):
         condition["k"] = rng.choice((2, 3)) if kind == "at_least" else rng.choice((1, 2))
     if kind in ("after", "one_each_dated"):

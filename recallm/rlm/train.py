@@ -36,7 +36,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from recallm.errors import RecallmError
 from recallm.paths import CONFIG_DIR
 
-__all__ = ["compose_config", "prepare_data", "prepare", "main", "RUNTIME_MODULE"]
+__all__ = ["compose_config", "prepare_data", "prepare", "main", "RUNTIME_MODULE", "trajectory_tokens"]
 
 log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.rlm.runtime"
@@ -222,9 +222,52 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
     if RUNTIME_MODULE not in modules:
         modules.append(RUNTIME_MODULE)
     env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
+    needed = trajectory_tokens(section.rlm)
+    if needed > int(cfg.data.max_response_length):
+        log.warning(
+            "a longest trajectory (%d root turns of <= %s tokens and their observations) needs about %d response "
+            "tokens, more than data.max_response_length=%d: such rollouts are cut short",
+            int(section.rlm.max_iterations) + 1, section.rlm.root_max_new_tokens, needed,
+            int(cfg.data.max_response_length),
+        )  # fmt: skip
     for key, value in env.items():  # Ray workers on other nodes get them through the runtime env
         _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
     return env
+
+
+#: characters per token assumed for REPL output when bounding a trajectory (code output - numbers, ids,
+#: JSON - tokenizes denser than prose, at about 3 characters per token for Qwen-style BPE tokenizers)
+OBSERVATION_CHARS_PER_TOKEN = 3.0
+#: tokens of one observation besides the blocks' output: the chat template's turn markers, the
+#: ``[block i output]`` headers, the per-turn reminder that repeats the query and a nudge
+OBSERVATION_OVERHEAD_TOKENS = 256
+
+
+def trajectory_tokens(
+    rlm: Any,
+    *,
+    chars_per_token: float = OBSERVATION_CHARS_PER_TOKEN,
+    overhead_tokens: int = OBSERVATION_OVERHEAD_TOKENS,
+) -> int:
+    """The response tokens of a longest root trajectory of one output block per turn:
+    ``max_iterations`` turns plus the one last call for the answer, each of at most
+    ``root_max_new_tokens``, and ``max_iterations`` observations of at most
+    ``max_observation_chars`` characters (at ``chars_per_token``) plus ``overhead_tokens``.
+    ``rlm`` is the ``recallm.rlm.rlm`` section. A recipe whose ``data.max_response_length`` is below
+    this ends its longest trajectories early (the agent loop stops a rollout whose response length
+    is spent); a turn with several blocks can still pass it."""
+    import math
+
+    from recallm.rlm.runner import RLMSettings
+
+    settings = RLMSettings.from_mapping(
+        OmegaConf.to_container(rlm, resolve=True) if isinstance(rlm, DictConfig) else rlm, "recallm.rlm.rlm"
+    )
+    if settings.root_max_new_tokens is None:
+        raise RecallmError("recallm.rlm.rlm.root_max_new_tokens must be set to bound a training trajectory")
+    turns = settings.max_iterations + 1
+    observation = math.ceil(settings.max_observation_chars / chars_per_token) + overhead_tokens
+    return turns * settings.root_max_new_tokens + settings.max_iterations * observation
 
 
 def describe(cfg: DictConfig) -> str:
