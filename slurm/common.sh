@@ -1,11 +1,18 @@
-# Shared by slurm/sft.sbatch, grpo.sbatch and grpo_multinode.sbatch (sourced from the checkout:
-# sbatch runs a copy of the script from its spool directory, so it finds this file through
+# Shared by slurm/sft.sbatch, grpo.sbatch, grpo_multinode.sbatch and eval.sbatch (sourced from the
+# checkout: sbatch runs a copy of the script from its spool directory, so it finds this file through
 # RECALLM_REPO / the submit directory).
+#
+# Logs: every script has `#SBATCH --output=slurm/logs/%x-%j.out`. SLURM opens that file, relative to
+# the submit directory, before the script starts, so the directory must already exist: slurm/logs/
+# is in the checkout (tracked through its .gitignore, which ignores the logs). Submit from the
+# checkout's root, or pass your own `sbatch --output=...` (an existing directory).
 #
 # Environment a job reads (all optional):
 #   RECALLM_REPO      the checkout (default: the directory sbatch was called from)
 #   RECALLM_VENV      its virtual environment (default: $RECALLM_REPO/.venv)
 #   RECALLM_DRY_RUN=1 print what would run, run nothing
+#   RECALLM_PORT_BASE the first of the 200 ports this job's Ray uses (default: from the job id, see
+#                     recallm_port_base)
 #   RECALLM_NET_IFACE the network interface between nodes (e.g. ib0, eth1): the Ray head address
 #                     is taken from it, and NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME default to it
 #   RECALLM_HEAD_IP   the head node's address, if you know better than both
@@ -21,7 +28,6 @@ recallm_setup() {
   REPO=${RECALLM_REPO:-${SLURM_SUBMIT_DIR:-$(pwd)}}
   VENV=${RECALLM_VENV:-$REPO/.venv}
   cd "$REPO"
-  mkdir -p logs
   export WANDB_MODE=${WANDB_MODE:-offline}
   export WANDB_DIR=${WANDB_DIR:-$REPO/outputs/wandb}
   if [[ -n "${RECALLM_NET_IFACE:-}" ]]; then
@@ -63,10 +69,45 @@ recallm_export_deadline() {
   fi
 }
 
-# A block of 200 ports owned by this job (two jobs sharing a node do not collide):
-# 20000 + (job id mod 200) * 200 .. +199.
+# A block of 200 ports owned by this job, so that two jobs sharing a node do not collide. The
+# blocks tile 10000-65535 outside the node's ephemeral range (/proc/sys/net/ipv4/ip_local_port_range,
+# where the kernel picks the source ports of outgoing connections; 32768-60999 by default): with
+# the default range 113 blocks below it (10000-32599) and 22 above (61000-65399), 135 in all. The
+# job takes block (job id mod the number of blocks). Residual collision: two jobs on one node whose
+# ids differ by a multiple of that number (135 by default) get the same block - set
+# RECALLM_PORT_BASE for one of them. Below 10000 live well-known services (and Ray's own defaults,
+# 6379 and 8265), hence the floor.
+RECALLM_PORT_FLOOR=10000
+RECALLM_PORT_BLOCK=200
+recallm_port_blocks() {  # the first port of every block, one per line
+  local range lo hi p
+  range=${RECALLM_EPHEMERAL_RANGE:-$(cat /proc/sys/net/ipv4/ip_local_port_range 2>/dev/null || echo "32768 60999")}
+  read -r lo hi <<< "$range"
+  [[ "$lo" =~ ^[0-9]+$ && "$hi" =~ ^[0-9]+$ ]] || { lo=32768; hi=60999; }
+  for ((p = RECALLM_PORT_FLOOR; p + RECALLM_PORT_BLOCK - 1 <= 65535; p += RECALLM_PORT_BLOCK)); do
+    if ((p + RECALLM_PORT_BLOCK - 1 < lo || p > hi)); then
+      echo "$p"
+    elif ((p <= hi)); then  # the next block starts right after the ephemeral range
+      p=$((hi + 1 - RECALLM_PORT_BLOCK))
+    fi
+  done
+}
 recallm_port_base() {
-  echo $((20000 + (${SLURM_JOB_ID:-0} % 200) * 200))
+  if [[ -n "${RECALLM_PORT_BASE:-}" ]]; then
+    if [[ ! "$RECALLM_PORT_BASE" =~ ^[0-9]+$ ]] || ((RECALLM_PORT_BASE < 1024 || RECALLM_PORT_BASE > 65535 - RECALLM_PORT_BLOCK + 1)); then
+      echo "[recallm] error: RECALLM_PORT_BASE=$RECALLM_PORT_BASE is not a port in 1024-$((65535 - RECALLM_PORT_BLOCK + 1))" >&2
+      return 1
+    fi
+    echo "$RECALLM_PORT_BASE"
+    return
+  fi
+  local blocks
+  mapfile -t blocks < <(recallm_port_blocks)
+  if ((${#blocks[@]} == 0)); then
+    echo "[recallm] error: no block of $RECALLM_PORT_BLOCK ports in $RECALLM_PORT_FLOOR-65535 outside the ephemeral range; set RECALLM_PORT_BASE" >&2
+    return 1
+  fi
+  echo "${blocks[$(( ${SLURM_JOB_ID:-0} % ${#blocks[@]} ))]}"
 }
 
 # The first address of a node that is not a loopback one (`hostname -I`, or the IPv4 address of
@@ -103,12 +144,55 @@ recallm_ray_port_args() {
   printf '%s\n' "${args[@]}"
 }
 
+# Start Ray on the job's nodes ("$@": head first) with this job's port block and per-job temp
+# directory, and wait until Ray sees every node's GPUs (no fixed sleeps): the head through srun on
+# the first node, at its non-loopback address; the script polls until the head is up, starts one
+# worker per other node, polls again. Exports RAY_ADDRESS (verl's ray.init joins that cluster).
+# Needs BASE, NCPUS, NGPUS, VENV.
+recallm_start_ray() {
+  local nodes=("$@") head=$1 node ip
+  local tmp=/tmp/ray-recallm-${SLURM_JOB_ID:-$$}
+  ip=${RECALLM_HEAD_IP:-$(recallm_node_ip "$head")} || return 1
+  export RAY_ADDRESS="$ip:$BASE"
+  echo "[recallm] Ray head $head ($RAY_ADDRESS), ${#nodes[@]} node(s) x $NGPUS GPU(s), ports $BASE-$((BASE + RECALLM_PORT_BLOCK - 1))"
+  local head_ports worker_ports
+  mapfile -t head_ports < <(recallm_ray_port_args "$BASE" head)
+  srun --nodes=1 --ntasks=1 --nodelist="$head" "$VENV/bin/ray" start --head --node-ip-address="$ip" \
+    "${head_ports[@]}" --num-cpus="$NCPUS" --num-gpus="$NGPUS" --temp-dir="$tmp" --block &
+  RECALLM_CHILDREN+=("$!")
+  "$VENV/bin/python" -m recallm.grpo.cluster --address "$RAY_ADDRESS" --nodes 1 --gpus "$NGPUS" \
+    --timeout "${RECALLM_RAY_TIMEOUT:-600}" || return 1
+  if ((${#nodes[@]} > 1)); then
+    mapfile -t worker_ports < <(recallm_ray_port_args "$BASE" worker)
+    for node in "${nodes[@]:1}"; do
+      srun --nodes=1 --ntasks=1 --nodelist="$node" "$VENV/bin/ray" start --address="$RAY_ADDRESS" \
+        "${worker_ports[@]}" --num-cpus="$NCPUS" --num-gpus="$NGPUS" --temp-dir="$tmp" --block &
+      RECALLM_CHILDREN+=("$!")
+    done
+    "$VENV/bin/python" -m recallm.grpo.cluster --address "$RAY_ADDRESS" --nodes "${#nodes[@]}" \
+      --gpus "$((${#nodes[@]} * NGPUS))" --timeout "${RECALLM_RAY_TIMEOUT:-600}" || return 1
+  fi
+}
+
 # Background processes this job started (killed on exit), and the requeue on SLURM's warning.
+# The cleanup sends SIGTERM, waits up to RECALLM_CLEANUP_WAIT seconds (default 30) for them to
+# end, then SIGKILLs what is left: the job does not end while its children still run.
 RECALLM_CHILDREN=()
 recallm_cleanup() {
-  local pid
+  local pid left i
   for pid in "${RECALLM_CHILDREN[@]}"; do
     kill "$pid" 2>/dev/null || true
+  done
+  for ((i = 0; i < ${RECALLM_CLEANUP_WAIT:-30} * 10; i++)); do
+    left=0
+    for pid in "${RECALLM_CHILDREN[@]}"; do
+      kill -0 "$pid" 2>/dev/null && left=1
+    done
+    ((left)) || return 0
+    sleep 0.1
+  done
+  for pid in "${RECALLM_CHILDREN[@]}"; do
+    kill -9 "$pid" 2>/dev/null || true
   done
 }
 recallm_on_warning() {

@@ -2,11 +2,15 @@
 
 :class:`FakeCluster` lays out, under a temporary directory:
 
-* ``repo/``: a copy of the checkout's ``slurm/`` (the scripts ``cd`` there and create ``logs/``);
+* ``repo/``: a copy of the checkout's ``slurm/`` as a fresh clone has it (``slurm/logs/`` holds only
+  its ``.gitignore``; the scripts ``cd`` to ``repo/``);
 * ``bin/`` (first on ``PATH``): ``srun`` (runs its command "on" ``--nodelist``'s node, i.e. with
   ``FAKE_NODE`` set), ``scontrol`` (``show hostnames``, ``show job -o``, ``requeue``),
-  ``hostname`` (``-I``: the node's addresses, a loopback one first) and ``ip``;
-* ``venv/bin/``: ``ray``, ``python``, ``recallm-grpo``, ``torchrun`` and the other entry points.
+  ``hostname`` (``-I``: the node's addresses, a loopback one first), ``ip`` and ``curl`` (succeeds
+  when ``FAKE_JUDGE_UP=1``);
+* ``venv/bin/``: ``ray``, ``python`` (``-m recallm.grpo.cluster``: returns once ``--nodes`` Ray
+  nodes have started), ``vllm`` (a judge server: up until killed, or exits at once
+  with ``FAKE_JUDGE_EXIT=1``), ``recallm-grpo``, ``recallm-eval``, ``torchrun``.
 
 Every stub appends one JSON line to ``calls.jsonl``: its name, the node it ran on, its arguments,
 its pid and the environment variables in :data:`WATCHED_ENV`. ``ray start --block`` stays up
@@ -38,6 +42,7 @@ WATCHED_ENV = (
     "NCCL_SOCKET_IFNAME",
     "GLOO_SOCKET_IFNAME",
     "SLURM_JOB_ID",
+    "CUDA_VISIBLE_DEVICES",
 )
 
 _STUB = textwrap.dedent(
@@ -75,9 +80,26 @@ _STUB = textwrap.dedent(
     elif name == "ray":
         if "--block" in args:
             time.sleep(120)  # a Ray node: up until the job stops it
-    elif name == "python":
-        sys.exit(int(os.environ.get("FAKE_CLUSTER_RC", "0")))
-    elif name in ("recallm-grpo", "torchrun"):
+    elif name == "curl":
+        sys.exit(0 if os.environ.get("FAKE_JUDGE_UP") == "1" else 7)
+    elif name == "vllm":
+        if os.environ.get("FAKE_JUDGE_EXIT") != "1":
+            time.sleep(120)  # a server: up until the job stops it
+        sys.exit(1)
+    elif name == "python":  # recallm.grpo.cluster: up once --nodes Ray nodes have started (as Ray sees them)
+        rc = int(os.environ.get("FAKE_CLUSTER_RC", "0"))
+        if rc == 0 and "--nodes" in args:
+            want, deadline = int(args[args.index("--nodes") + 1]), time.monotonic() + 30
+            while time.monotonic() < deadline:
+                with open(os.environ["FAKE_LOG"]) as f:
+                    calls = [json.loads(line) for line in f if line.strip()]
+                if sum(c["name"] == "ray" and "--block" in c["args"] for c in calls) >= want:
+                    break
+                time.sleep(0.05)
+            else:
+                rc = 3
+        sys.exit(rc)
+    elif name in ("recallm-grpo", "recallm-eval", "torchrun"):
         wait = float(os.environ.get("FAKE_DRIVER_SLEEP", "0"))
         if wait:
             with open(os.environ["FAKE_LOG"] + ".started", "w") as f:
@@ -87,8 +109,8 @@ _STUB = textwrap.dedent(
     """
 ).replace("{WATCHED}", repr(WATCHED_ENV))
 
-_SYSTEM_STUBS = ("srun", "scontrol", "hostname", "ip")
-_VENV_STUBS = ("ray", "python", "recallm-grpo", "recallm-eval", "torchrun")
+_SYSTEM_STUBS = ("srun", "scontrol", "hostname", "ip", "curl")
+_VENV_STUBS = ("ray", "python", "vllm", "recallm-grpo", "recallm-eval", "torchrun")
 
 
 @dataclass
@@ -109,7 +131,12 @@ class FakeCluster:
     def __init__(self, tmp: Path, nodes: list[str], ips: dict[str, str] | None = None) -> None:
         self.tmp = Path(tmp)
         self.repo = self.tmp / "repo"
-        shutil.copytree(ROOT / "slurm", self.repo / "slurm")
+        # what a fresh checkout has: none of the logs a real job left in slurm/logs/
+        shutil.copytree(
+            ROOT / "slurm",
+            self.repo / "slurm",
+            ignore=lambda d, names: [n for n in names if Path(d).name == "logs" and n != ".gitignore"],
+        )
         self.bin = self.tmp / "bin"
         self.venv = self.tmp / "venv"
         (self.venv / "bin").mkdir(parents=True)
@@ -126,7 +153,11 @@ class FakeCluster:
         self.ips = ips or {}
 
     def env(self, **extra: str) -> dict[str, str]:
-        keep = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "RECALLM_", "WANDB_", "NCCL_"))}
+        keep = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("SLURM_", "RECALLM_", "WANDB_", "NCCL_")) and k != "CUDA_VISIBLE_DEVICES"
+        }
         env = {
             **keep,
             "PATH": f"{self.bin}:{os.environ.get('PATH', '/usr/bin:/bin')}",
@@ -137,6 +168,7 @@ class FakeCluster:
             "FAKE_IPS": json.dumps(self.ips),
             "SLURM_JOB_NODELIST": f"fake[{len(self.nodes)}]",
             "SLURM_NNODES": str(len(self.nodes)),
+            "RECALLM_EPHEMERAL_RANGE": "32768 60999",  # Linux's default, whatever this machine's is
         }
         env.pop("FAKE_NODE", None)
         env.update(extra)

@@ -102,3 +102,47 @@ def test_what_makes_a_gpu_run_not_ready():
 def test_inspect_without_processor_check_is_light():
     env = inspect_environment(check_processor=False)
     assert env.processor is None and env.versions["recallm"] is not None
+
+
+def test_nvcc_is_reported_when_flash_attn_is_missing(tmp_path, monkeypatch):
+    # flash-attn 2.8.3 for torch 2.11 + CUDA 13 may compile from source: the doctor says what nvcc it would use
+    from recallm import doctor
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    nvcc = bin_dir / "nvcc"
+    nvcc.write_text(
+        "#!/bin/sh\necho 'nvcc: NVIDIA (R) Cuda compiler driver'\n"
+        "echo 'Cuda compilation tools, release 12.8, V12.8.93'\n"
+    )
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:/usr/bin:/bin")
+    monkeypatch.delenv("CUDA_HOME", raising=False)
+    monkeypatch.delenv("CUDA_PATH", raising=False)
+    assert doctor._nvcc() == (str(nvcc), "12.8")
+    env = inspect_environment(check_processor=False)
+    if env.versions["flash-attn"] is None:  # the CPU environment: the doctor looked for nvcc
+        assert (env.nvcc, env.nvcc_path) == ("12.8", str(nvcc))
+    env = replace(env, versions={**env.versions, "flash-attn": None}, nvcc="12.8", nvcc_path=str(nvcc))
+    (line,) = [p for p in gpu_problems(env) if p.startswith("flash-attn")]
+    need = "a source build needs the CUDA 13.0 toolkit"
+    assert line == f"flash-attn is not installed (pinned: 2.8.3); nvcc 12.8 at {nvcc}; {need}"
+    assert f"nvcc         nvcc 12.8 at {nvcc}; a source build" in report(env)
+    ok = replace(env, nvcc="13.0")
+    assert f"nvcc         nvcc 13.0 at {nvcc}\n" in report(ok)
+    none = replace(env, nvcc=None, nvcc_path=None)
+    assert "no nvcc found (PATH, CUDA_HOME): a source build needs the CUDA 13.0 toolkit" in report(none)
+    # a CUDA_HOME outside PATH is found too
+    monkeypatch.setenv("PATH", "/nonexistent")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert doctor._nvcc() == (str(nvcc), "12.8")
+    # with flash-attn installed the doctor does not look
+    installed = replace(env, versions={**env.versions, "flash-attn": "2.8.3"})
+    assert "nvcc" not in report(installed)
+
+
+def test_install_docs_name_the_source_build():
+    script = (ROOT / "scripts" / "install_gpu.sh").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for text in (script, readme):
+        assert "nvcc" in text and "MAX_JOBS" in text and "CUDA 13" in text

@@ -124,7 +124,9 @@ def test_eval_step_checkpoint_is_saved_and_kept(composed):
     validate(cfg)
     from recallm.grpo.app import describe
 
-    assert "global_step_60" in describe(cfg)
+    described = describe(cfg)
+    assert "global_step_60" in described
+    assert f"recallm-export --checkpoint {cfg.trainer.default_local_dir} --step 60 --out DIR" in described
     for extra, message in [
         (["trainer.save_freq=25"], "recallm.eval_step=60 is not saved with trainer.save_freq=25"),
         (["trainer.max_actor_ckpt_to_keep=3"], "would delete the step-60 checkpoint"),
@@ -137,6 +139,28 @@ def test_eval_step_checkpoint_is_saved_and_kept(composed):
     cfg = _variant(composed("llama3.1_8b"), "trainer.max_actor_ckpt_to_keep=10")
     prepare(cfg)
     validate(cfg)  # 9 checkpoints come after step 60: 10 keeps it
+
+
+def test_export_picks_the_evaluated_step(tmp_path, capsys):
+    # the Llama recipe evaluates step 60 of 150: recallm-export takes it by name, not the newest
+    from recallm.cli.export import main
+    from recallm.grpo.export import find_actor_dir
+
+    run = tmp_path / "grpo-llama"
+    for step in (30, 60, 90, 150):
+        (run / f"global_step_{step}" / "actor" / "huggingface").mkdir(parents=True)
+    (run / "latest_checkpointed_iteration.txt").write_text("150")
+    assert find_actor_dir(run) == run / "global_step_150" / "actor"
+    assert find_actor_dir(run, 60) == find_actor_dir(run / "global_step_60") == run / "global_step_60" / "actor"
+    with pytest.raises(RecallmError, match=r"no checkpoint of step 61 under .*; saved steps: 30, 60, 90, 150"):
+        find_actor_dir(run, 61)
+    with pytest.raises(SystemExit) as exc:  # the CLI: one line, exit 2, nothing written
+        main(["--checkpoint", str(run), "--step", "61", "--out", str(tmp_path / "hf")])
+    assert exc.value.code == 2 and not (tmp_path / "hf").exists()
+    assert "saved steps: 30, 60, 90, 150" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["--checkpoint", str(run), "--step", "0", "--out", str(tmp_path / "hf")])
+    assert "--step must be a positive step number" in capsys.readouterr().err
 
 
 def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):

@@ -17,7 +17,15 @@ SLURM = Path(__file__).resolve().parents[1] / "slurm"
 SCRIPTS = sorted(p.name for p in SLURM.glob("*.sbatch"))
 MINE = ["sft.sbatch", "grpo.sbatch", "grpo_multinode.sbatch"]
 JOB = "123457"
-BASE = 20000 + (int(JOB) % 200) * 200
+
+
+def _blocks(lo: int = 32768, hi: int = 60999) -> list[int]:
+    """The first ports of the 200-port blocks in 10000-65535 that avoid the ephemeral range lo-hi."""
+    return [*range(10000, lo - 199, 200), *range(max(hi + 1, 10000), 65536 - 199, 200)]
+
+
+BLOCKS = _blocks()
+BASE = BLOCKS[int(JOB) % len(BLOCKS)]
 
 
 def _option(args, name):
@@ -43,7 +51,7 @@ def test_signal_lead_matches_the_deadline(script):
 
 
 def test_grpo_single_node(tmp_path):
-    cluster = FakeCluster(tmp_path, ["gpu-1"])
+    cluster = FakeCluster(tmp_path, ["gpu-1"], ips={"gpu-1": "192.0.2.5"})
     run = cluster.run(
         "grpo.sbatch",
         "grpo=qwen2.5_7b",
@@ -59,17 +67,45 @@ def test_grpo_single_node(tmp_path):
         "trainer.nnodes=1",
         "trainer.n_gpus_per_node=4",
         "trainer.resume_mode=auto",
-        "ray_kwargs.ray_init.num_cpus=48",  # Ray gets the CPUs SLURM gave the job, not the node's
-        f"++ray_kwargs.ray_init.dashboard_port={BASE + 1}",
         "grpo=qwen2.5_7b",
         "trainer.default_local_dir=/runs/x",
     ]
+    # a one-node Ray cluster with every port in the job's block; the driver joins it
+    (head,) = run.named("ray")
+    assert head["node"] == "gpu-1" and head["args"][:2] == ["start", "--head"] and "--block" in head["args"]
+    assert _option(head["args"], "port") == str(BASE) and _option(head["args"], "node-ip-address") == "192.0.2.5"
+    ports = [int(a.split("=")[1]) for a in head["args"] if re.match(r"--[a-z-]*port=", a)]
+    assert len(ports) == 11 and all(BASE <= p < BASE + 200 for p in ports), ports
+    # Ray gets the CPUs SLURM gave the job, not the node's
+    assert _option(head["args"], "num-cpus") == "48" and _option(head["args"], "num-gpus") == "4"
+    assert _option(head["args"], "temp-dir") == f"/tmp/ray-recallm-{JOB}"
+    poll = ["-m", "recallm.grpo.cluster", "--address", f"192.0.2.5:{BASE}", "--nodes", "1", "--gpus", "4"]
+    assert [c["args"] for c in run.named("python")] == [[*poll, "--timeout", "600"]]
+    assert driver["env"]["RAY_ADDRESS"] == f"192.0.2.5:{BASE}"
     # verl saves before SLURM's warning (the job's end minus the signal's lead)
     assert driver["env"]["MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP"] == str(2000000000 - 600)
     assert driver["env"]["WANDB_MODE"] == "offline"
     assert driver["env"]["WANDB_DIR"] == str(cluster.repo / "outputs" / "wandb")
-    assert (cluster.repo / "logs").is_dir()
+    assert not (cluster.repo / "logs").exists()  # the log directory is slurm/logs/, in the checkout
     assert not run.named("scontrol") or all(c["args"][0] == "show" for c in run.named("scontrol"))
+    assert not alive(head["pid"]), "the job stops its Ray node when it ends"
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_log_directory_exists_in_a_fresh_checkout(script):
+    # SLURM opens --output before the script runs: its directory must come with the checkout
+    (output,) = re.findall(r"^#SBATCH --output=(\S+)$", (SLURM / script).read_text(), re.M)
+    directory = SLURM.parent / Path(output).parent
+    assert Path(output).parent == Path("slurm/logs") and directory.is_dir()
+    root = SLURM.parent
+    if not (root / ".git").exists():
+        pytest.skip("not a git checkout: cannot check what a clone contains")
+    tracked = subprocess.run(["git", "ls-files", str(directory)], cwd=root, capture_output=True, text=True)
+    assert tracked.stdout.split() == ["slurm/logs/.gitignore"], tracked.stdout
+    # the logs themselves are ignored, the directory's .gitignore is not
+    ignored = subprocess.run(["git", "check-ignore", "-q", "slurm/logs/recallm-grpo-7.out"], cwd=root)
+    assert ignored.returncode == 0
+    assert subprocess.run(["git", "check-ignore", "-q", "slurm/logs/.gitignore"], cwd=root).returncode == 1
 
 
 def test_end_time_from_scontrol_and_user_settings_win(tmp_path):
@@ -142,22 +178,52 @@ def test_grpo_two_nodes(tmp_path):
         assert not alive(call["pid"]), call
 
 
-def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path):
-    used = []
-    for job in ("500", "501"):
+def _ports(run):
+    used = {int(a.split("=")[1]) for c in run.named("ray") for a in c["args"] if re.match(r"--[a-z-]*port=", a)}
+    args = run.named("ray")[0]["args"]
+    return used | set(range(int(_option(args, "min-worker-port")), int(_option(args, "max-worker-port")) + 1))
+
+
+@pytest.mark.parametrize("script", ["grpo.sbatch", "grpo_multinode.sbatch"])
+def test_two_jobs_on_one_node_get_disjoint_ports(tmp_path, script):
+    used = {}
+    for job in ("500", "501", "700", str(500 + len(BLOCKS))):
         cluster = FakeCluster(tmp_path / job, ["gpu-a", "gpu-b"], ips={"gpu-a": "192.0.2.10"})
-        run = cluster.run("grpo_multinode.sbatch", SLURM_JOB_ID=job)
+        run = cluster.run(script, SLURM_JOB_ID=job)
         assert run.returncode == 0, run.stderr
-        used.append(
-            {int(a.split("=")[1]) for c in run.named("ray") for a in c["args"] if re.match(r"--[a-z-]*port=", a)}
+        used[job] = _ports(run)
+        assert all(10000 <= p <= 32767 or 61000 <= p <= 65535 for p in used[job]), "outside the ephemeral range"
+    assert not used["500"] & used["501"] and not used["500"] & used["700"]  # 500 and 700 shared a block before
+    # the documented residual rule: ids that differ by a multiple of the number of blocks share one
+    assert used["500"] == used[str(500 + len(BLOCKS))]
+    run = FakeCluster(tmp_path / "pinned", ["gpu-a"]).run(script, SLURM_JOB_ID="500", RECALLM_PORT_BASE="40000")
+    assert run.returncode == 0, run.stderr
+    assert _option(run.named("ray")[0]["args"], "port") == "40000"
+    assert not _ports(run) & used["500"]
+
+
+def test_port_blocks_follow_the_ephemeral_range():
+    def blocks(**env):
+        out = subprocess.run(
+            ["bash", "-c", f"source {SLURM / 'common.sh'}; recallm_port_blocks; recallm_port_base"],
+            env={"PATH": os.environ["PATH"], **env},
+            capture_output=True,
+            text=True,
         )
-        used[-1] |= set(
-            range(
-                int(_option(run.named("ray")[0]["args"], "min-worker-port")),
-                int(_option(run.named("ray")[0]["args"], "max-worker-port")) + 1,
-            )
-        )
-    assert not used[0] & used[1]
+        return out.returncode, [int(x) for x in out.stdout.split()], out.stderr
+
+    rc, out, _ = blocks(RECALLM_EPHEMERAL_RANGE="32768\t60999", SLURM_JOB_ID=JOB)
+    assert rc == 0 and out[:-1] == BLOCKS and len(BLOCKS) == 135 and out[-1] == BASE
+    rc, out, _ = blocks(RECALLM_EPHEMERAL_RANGE="49152 65535", SLURM_JOB_ID="7")  # IANA's range
+    assert out[:-1] == _blocks(49152, 65535) and len(out[:-1]) == 195 and max(out[:-1]) + 199 < 49152
+    rc, out, err = blocks(RECALLM_EPHEMERAL_RANGE="1024 65535")  # no room: one clear line
+    assert rc == 1 and "no block of 200 ports" in err and "RECALLM_PORT_BASE" in err
+    rc, out, err = blocks(RECALLM_PORT_BASE="80")
+    assert rc == 1 and err.strip() == "[recallm] error: RECALLM_PORT_BASE=80 is not a port in 1024-65336"
+    if os.path.exists("/proc/sys/net/ipv4/ip_local_port_range"):  # this machine's own range
+        lo, hi = map(int, open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        rc, out, _ = blocks()
+        assert out[:-1] == _blocks(lo, hi)
 
 
 def test_interface_and_cluster_that_never_comes_up(tmp_path):
@@ -219,7 +285,7 @@ def test_sft_single_node(tmp_path):
         "stage=full",
         "out_dir=/runs/x",
     ]
-    assert driver["env"]["WANDB_MODE"] == "offline" and (cluster.repo / "logs").is_dir()
+    assert driver["env"]["WANDB_MODE"] == "offline" and not (cluster.repo / "logs").exists()
 
 
 def test_dry_run_prints_the_commands(tmp_path):
@@ -313,3 +379,52 @@ def test_eval_launch_commands():
     assert {"eval.judge.base_url=http://127.0.0.1:8001/v1", "eval.judge.model=judge"} <= set(run.split())
     bad = launch(RECALLM_JUDGE_MODEL="/x", RECALLM_JUDGE_GPUS="0,1,2,3")
     assert bad.returncode == 2 and "leaves no GPU for the evaluated model" in bad.stderr
+
+
+def test_eval_with_a_judge_server(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-a"])
+    judge_env = {"SLURM_JOB_ID": JOB, "SLURM_GPUS_ON_NODE": "4", "RECALLM_JUDGE_MODEL": "/models/judge"}
+    run = cluster.run("eval.sbatch", "model_path=/m", "out_dir=/o", FAKE_JUDGE_UP="1", **judge_env)
+    assert run.returncode == 0, run.stderr
+    (judge,) = run.named("vllm")
+    assert judge["args"][:2] == ["serve", "/models/judge"] and judge["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
+    (ev,) = run.named("recallm-eval")
+    assert ev["env"]["CUDA_VISIBLE_DEVICES"] == "0,1" and "eval.judge.model=judge" in ev["args"]
+    assert ev["env"]["WANDB_MODE"] == "offline"  # slurm/common.sh's setup, as the other scripts
+    assert not alive(judge["pid"]), "the job stops its judge server when it ends"
+
+
+@pytest.mark.parametrize("case", ["never_answers", "exits"])
+def test_eval_fails_when_the_judge_does_not_come_up(tmp_path, case):
+    cluster = FakeCluster(tmp_path, ["gpu-a"])
+    extra = {"FAKE_JUDGE_EXIT": "1"} if case == "exits" else {}
+    run = cluster.run(
+        "eval.sbatch",
+        "model_path=/m",
+        SLURM_JOB_ID=JOB,
+        SLURM_GPUS_ON_NODE="4",
+        RECALLM_JUDGE_MODEL="/models/judge",
+        RECALLM_JUDGE_WAIT="1",
+        RECALLM_JUDGE_POLL="0.2",
+        **extra,
+    )
+    assert run.returncode == 1
+    assert not run.named("recallm-eval"), "no evaluation without the judge it was told to use"
+    errors = [line for line in run.stderr.splitlines() if "error" in line]
+    expected = "exited before answering" if case == "exits" else "did not answer at http://127.0.0.1:8001/v1 within 1 s"
+    assert len(errors) == 1 and expected in errors[0], run.stderr
+    assert run.named("curl"), "the script polled the server"
+    for call in run.named("vllm"):
+        assert not alive(call["pid"])
+
+
+def test_eval_requeues_on_warning_signal(tmp_path):
+    cluster = FakeCluster(tmp_path, ["gpu-a"])
+    run = cluster.run_and_signal(
+        "eval.sbatch", "model_path=/m", SLURM_JOB_ID=JOB, SLURM_RESTART_COUNT="2", RECALLM_DRIVER="recallm-eval"
+    )
+    assert run.returncode == 0, run.stderr
+    assert "restart 2" in run.stdout and "requeueing job 123457" in run.stdout
+    assert [c["args"] for c in run.named("scontrol") if c["args"][0] == "requeue"] == [["requeue", JOB]]
+    (ev,) = run.named("recallm-eval")
+    assert not alive(ev["pid"])

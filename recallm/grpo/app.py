@@ -403,7 +403,8 @@ def describe(cfg: DictConfig) -> str:
         f"(project {t.project_name}, run {t.experiment_name})",
         f"steps:        {t.get('total_training_steps') or 'one pass over the data'}"
         + (
-            f" (the checkpoint to evaluate: global_step_{cfg.recallm.eval_step})"
+            f" (the checkpoint to evaluate: global_step_{cfg.recallm.eval_step}; export it with"
+            f" recallm-export --checkpoint {t.default_local_dir} --step {cfg.recallm.eval_step} --out DIR)"
             if cfg.recallm.get("eval_step")
             else ""
         ),

@@ -18,10 +18,24 @@ from recallm.errors import RecallmError
 __all__ = ["find_actor_dir", "export_checkpoint"]
 
 
-def find_actor_dir(path: str | Path) -> Path:
-    """The ``actor`` directory of a run directory (its latest step), a ``global_step_N`` directory,
-    or an ``actor`` directory itself."""
+def _saved_steps(path: Path) -> list[int]:
+    steps = [p.parent.parent.name.split("_")[-1] for p in path.glob("global_step_*/actor/huggingface")]
+    return sorted(int(s) for s in steps if s.isdigit())
+
+
+def find_actor_dir(path: str | Path, step: int | None = None) -> Path:
+    """The ``actor`` directory of a run directory (its latest step, or ``step``), a
+    ``global_step_N`` directory, or an ``actor`` directory itself."""
     path = Path(path)
+    if step is not None:
+        actor = path / f"global_step_{step}" / "actor"
+        if (actor / "huggingface").is_dir():
+            return actor
+        saved = _saved_steps(path)
+        raise RecallmError(
+            f"no checkpoint of step {step} under {path} (expected {actor}/huggingface); "
+            + (f"saved steps: {', '.join(map(str, saved))}" if saved else "no saved steps there")
+        )
     if (path / "huggingface").is_dir():
         return path
     if (path / "actor" / "huggingface").is_dir():
@@ -33,18 +47,20 @@ def find_actor_dir(path: str | Path) -> Path:
         if (actor / "huggingface").is_dir():
             return actor
         raise RecallmError(f"{latest} names step {step}, but {actor} is not a complete actor checkpoint")
-    steps = sorted(path.glob("global_step_*/actor/huggingface"), key=lambda p: int(p.parent.parent.name.split("_")[-1]))
+    steps = _saved_steps(path)
     if steps:
-        return steps[-1].parent
+        return path / f"global_step_{steps[-1]}" / "actor"
     raise RecallmError(f"no verl actor checkpoint under {path} (expected global_step_N/actor/huggingface)")
 
 
-def export_checkpoint(path: str | Path, out: str | Path) -> Path:
+def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None) -> Path:
+    """Merge the actor checkpoint :func:`find_actor_dir` picks (``step``: that one of a run
+    directory) into the Hugging Face directory ``out``."""
     import recallm  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
     from recallm.modeling import check_recallm_model
     from recallm.tokens import load_tokenizer
 
-    actor = find_actor_dir(path)
+    actor = find_actor_dir(path, step)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise RecallmError(f"output directory {out} is not empty")
