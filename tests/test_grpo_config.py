@@ -236,6 +236,10 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
             ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
             "must split into micro batches",
         ),
+        (
+            ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"],
+            r"must split into micro batches of actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=7",
+        ),
         (["data.val_files=/nope.parquet"], "data file /nope.parquet does not exist"),
     ],
 )

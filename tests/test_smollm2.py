@@ -169,6 +169,8 @@ def test_one_grpo_step_through_verl(smollm2_data, smollm2_dir, tmp_path):
         "data.max_response_length=24",
         "actor_rollout_ref.actor.ppo_mini_batch_size=2",
         "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=4",
+        "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu=4",
         "actor_rollout_ref.actor.optim.lr=1e-6",
         "actor_rollout_ref.rollout.n=2",
         "trainer.total_training_steps=1",

@@ -362,6 +362,15 @@ def validate(cfg: DictConfig) -> None:
             f"{gpus} device(s)",
         )
     _need((train_batch * n) % gpus == 0, f"{train_batch * n} responses per step do not divide over {gpus} device(s)")
+    per_device = train_batch * n // max(gpus, 1)
+    for role in ("rollout", "ref"):  # verl's compute_log_prob asserts it, inside a Ray worker
+        lp_micro = arr[role].get("log_prob_micro_batch_size_per_gpu")
+        if lp_micro and not arr[role].get("log_prob_use_dynamic_bsz", False):
+            _need(
+                per_device % int(lp_micro) == 0,
+                f"{per_device} responses per device must split into micro batches of "
+                f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={lp_micro}",
+            )
     _check_lengths(cfg)
     _check_eval_step(cfg)
     files = []
