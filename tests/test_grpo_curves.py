@@ -167,3 +167,15 @@ def test_recallm_model_types_get_their_base_token_builder():
     runtime.install_token_builder_families()
     family = wiring.infer_continuous_token_model_family(hf_model_type="recallm_qwen2")
     assert family == wiring.infer_continuous_token_model_family(hf_model_type="qwen2") != "default"
+
+
+def test_the_pipelines_curves_override_composes():
+    # recallm-pipeline's report job passes `curves={name:path,...}`: the eval config must take a
+    # mapping there (an empty mapping in struct mode refuses new keys)
+    from hydra import compose, initialize_config_dir
+
+    from recallm.paths import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose("eval", overrides=["mode=report", "curves={recall:/runs/a/metrics.jsonl,norecall:/runs/b.jsonl}"])
+    assert dict(cfg.curves) == {"recall": "/runs/a/metrics.jsonl", "norecall": "/runs/b.jsonl"}
