@@ -62,7 +62,9 @@ def _tool(name: str) -> list[str]:
 
 @dataclass
 class Job:
-    """One command. ``fresh``: it cannot resume, so ``outputs`` are removed before it reruns."""
+    """One command and the paths it writes. ``fresh``: it cannot resume, so ``outputs`` are removed
+    before it reruns; the others resume from their outputs, which ``redo`` moves aside first
+    (``<path>.before-redo-<time>``: nothing already written is lost)."""
 
     name: str
     argv: list[str]
@@ -131,10 +133,18 @@ class Pipeline:
         for name in [*redo, *(only or [])]:
             if name not in known:
                 raise RecallmError(f"unknown stage {name!r}; the stages are {', '.join(s.name for s in self.stages)}")
+        stamp = time.strftime("%Y%m%d-%H%M%S")
         for stage in self.stages:
             if stage.name in redo:
                 for job in stage.jobs:
                     state["jobs"].pop(job.name, None)
+                    if not job.fresh:  # resuming commands would pick up their old outputs: move them aside
+                        for path in job.outputs:
+                            if path.exists():
+                                aside = path.with_name(f"{path.name}.before-redo-{stamp}")
+                                path.rename(aside)
+                                echo(f"redo {stage.name}: moved {path} to {aside}")
+                state.get("stage_seconds", {}).pop(stage.name, None)
         _save_state(self.run_dir, state)
         for number, stage in enumerate(self.stages, 1):
             if only is not None and stage.name not in only:
@@ -314,7 +324,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         f"workers={exp.get('data_workers', 1)}",
         *_overrides(exp.get("data_overrides"), "experiment.data_overrides"),
     ]
-    stages.append(Stage("data", [Job("data", data_argv)]))
+    stages.append(Stage("data", [Job("data", data_argv, [data_dir])]))
     parallel = int(exp.get("parallel", 2))
     sft_common = [
         f"sft={exp['sft']}",
@@ -331,7 +341,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 continue
             extra = _overrides((variant or {}).get("sft"), f"experiment.variants.{name}.sft")
             argv = [*_tool("recallm-sft"), *sft_common, f"stage={stage}", f"out_dir={run_dir / 'sft' / name}", *extra]
-            jobs.append(Job(f"sft_{stage}/{name}", argv))
+            jobs.append(Job(f"sft_{stage}/{name}", argv, [run_dir / "sft" / name / stage]))
         stages.append(Stage(f"sft_{stage}", jobs, parallel))
     final = {name: run_dir / "sft" / shared.get(name, name) / "full" / "final" for name in variants}
     sft_final = dict(final)
@@ -353,7 +363,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 *_overrides(grpo.get("overrides"), "experiment.grpo.overrides"),
                 *_overrides((variant or {}).get("grpo"), f"experiment.variants.{name}.grpo"),
             ]
-            jobs.append(Job(f"grpo/{name}", argv))
+            jobs.append(Job(f"grpo/{name}", argv, [ckpt]))
             metrics_logs[name] = ckpt / METRICS_FILE
             out = run_dir / "models" / name
             exports.append(
@@ -402,7 +412,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             *_overrides(ev.get("overrides"), "experiment.eval.overrides"),
             *_overrides((spec or {}).get("overrides"), f"experiment.eval.runs.{run_name}.overrides"),
         ]
-        eval_jobs.append(Job(f"eval/{run_name}", argv))
+        eval_jobs.append(Job(f"eval/{run_name}", argv, [run_dir / "eval" / run_name]))
     stages.append(Stage("eval", eval_jobs, parallel))
     report_argv = [
         *_tool("recallm-eval"),

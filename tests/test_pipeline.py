@@ -85,6 +85,30 @@ def test_jobs_share_the_threads_and_fresh_jobs_start_clean(tmp_path):
     assert not out.exists()  # a fresh job's outputs are removed before it runs
 
 
+def test_redo_moves_a_resuming_jobs_outputs_aside(tmp_path):
+    # a resuming job (an SFT run) would find its finished outputs and do nothing: redo moves them aside
+    out = tmp_path / "ckpt"
+    code = f"""
+        import pathlib
+        out = pathlib.Path({str(out)!r})
+        if not (out / 'final').exists():
+            out.mkdir(exist_ok=True); (out / 'final').write_text('trained')
+            open({str(tmp_path / 'train.runs')!r}, 'a').write('x\\n')
+    """
+    stages = [Stage("train", [Job("train", py(code), outputs=[out])])]
+    messages: list[str] = []
+    Pipeline(tmp_path / "run", stages).run(echo=messages.append)
+    saved = json.loads((tmp_path / "run" / "pipeline.json").read_text())
+    saved["stage_seconds"]["train"] = 1e6  # the old run's time must not count towards the redone stage
+    (tmp_path / "run" / "pipeline.json").write_text(json.dumps(saved))
+    state = Pipeline(tmp_path / "run", stages).run(redo=["train"], echo=messages.append)
+    assert runs(tmp_path, "train") == 2  # trained again, not resumed from the old final
+    aside = [p for p in tmp_path.iterdir() if p.name.startswith("ckpt.before-redo-")]
+    assert len(aside) == 1 and (aside[0] / "final").read_text() == "trained"  # nothing written is lost
+    assert any(m.startswith("redo train: moved") for m in messages)
+    assert set(state["stage_seconds"]) == {"train"} and state["stage_seconds"]["train"] < 1e6
+
+
 def test_corrupt_state_is_one_line(tmp_path):
     (tmp_path / "pipeline.json").write_text("{oops")
     with pytest.raises(RecallmError, match=r"pipeline.json is corrupt .*delete it"):
