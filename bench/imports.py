@@ -5,8 +5,9 @@ Run: ``.venv/bin/python bench/imports.py [--runs 5]`` (fresh interpreters, one a
 ``import recallm`` used to import ``recallm.modeling`` (torch, transformers and the model classes)
 so that the masked model types were registered; ``rewards`` and ``data_gen`` import ``recallm``, so
 they paid for it too, as did every command-line subprocess. Now the registration happens where a
-model is loaded (``import recallm.modeling``; ARCHITECTURE.md). Each row is the median wall time
-of a fresh ``python -c "import ..."`` over ``--runs`` runs, the rows interleaved so that load on a
+model is loaded (``import recallm.modeling``; ARCHITECTURE.md). Each row is the median CPU time
+(user + system) of a fresh ``python -c "import ..."`` over ``--runs`` runs (on a loaded machine the
+wall time is mostly waiting for a core), the rows interleaved so that load on a
 shared machine spreads over all of them. The same-run baseline is ``import recallm.modeling``:
 what ``import recallm`` cost before (the same modules), measured now. ``python -c pass`` is the
 interpreter's own start-up, included in every row.
@@ -18,6 +19,7 @@ rewards_vs_modeling=<ratio>``.
 from __future__ import annotations
 
 import argparse
+import resource
 import statistics
 import subprocess
 import sys
@@ -37,9 +39,19 @@ ROWS = {
 
 
 def _time(code: str) -> float:
+    """CPU seconds (user + system) of a fresh interpreter running ``code``: on a shared machine the
+    wall time is mostly waiting for a core, the CPU time is what the import costs."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     start = time.perf_counter()
     subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-    return time.perf_counter() - start
+    wall = time.perf_counter() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    _WALL.append(wall)
+    return cpu
+
+
+_WALL: list[float] = []
 
 
 def main() -> None:
@@ -54,6 +66,7 @@ def main() -> None:
             times[name].append(_time(code))
     median = {name: statistics.median(values) for name, values in times.items()}
     base = median["import recallm.modeling (baseline)"]
+    print(f"CPU seconds per fresh interpreter ({args.runs} runs; wall time of all runs {sum(_WALL):.0f} s)")
     print(f"{'':38} {'median s':>9} {'min s':>7} {'max s':>7} {'vs modeling':>12}")
     for name, values in times.items():
         print(f"{name:38} {median[name]:9.3f} {min(values):7.3f} {max(values):7.3f} {median[name] / base:12.3f}")
