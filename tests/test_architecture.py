@@ -49,6 +49,7 @@ def test_light_packages_import_neither_torch_nor_transformers():
     assert _loaded_after(LIGHT) == []
 
 
+@pytest.mark.slow  # (~6 s of CPU: the subprocess imports torch and transformers)
 def test_the_model_classes_register_where_a_model_is_loaded():
     """``recallm.modeling`` is what registers (verl's external_lib names it); it does load torch."""
     code = (
