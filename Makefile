@@ -35,10 +35,13 @@ test: $(STAMP)
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
 
+# ruff, then the layer rule of ARCHITECTURE.md (import-linter; the contract is in pyproject.toml)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check recallm data_gen rewards tests bench
+	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)
+	$(PY) bench/imports.py
 	$(PY) bench/recall_mask.py
 	$(PY) bench/rewards.py
 	$(PY) bench/data_gen.py

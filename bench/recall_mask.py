@@ -146,7 +146,7 @@ def bench_generate(n_prompt: int, n_new: int, repeats: int) -> dict[str, float]:
     from transformers import AutoModelForCausalLM
     from transformers import logging as hf_logging
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.recall import ForceRecallSpans, RecallLogitsProcessor, find_spans
     from recallm.tiny import create_tiny
     from recallm.tokens import RecallTokenIds, load_tokenizer

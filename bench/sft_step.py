@@ -93,7 +93,7 @@ def main() -> None:
     from transformers import AutoModelForCausalLM
     from transformers import logging as hf_logging
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.tiny import create_tiny
 
     hf_logging.set_verbosity_error()

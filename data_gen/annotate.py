@@ -56,8 +56,8 @@ from typing import Any
 
 from data_gen.base import Row
 from recallm.clients import ChatClient, ChatError, EndpointConfig
-from recallm.clients import as_number as _number
-from recallm.clients import check_range as _check_range
+from recallm.config import as_number as _number
+from recallm.config import check_range as _check_range
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -557,7 +557,7 @@ def teacher_outcome(
 def read_teacher_traces(path: str | Path, n_rows: int) -> list[tuple[int, str]]:
     """(row index, trace) of every line of a teacher trace file; indices checked against ``n_rows``.
     Lines with a null trace (a failed teacher call in a ``traces.jsonl`` of an earlier run) are skipped."""
-    from data_gen.io import read_jsonl
+    from recallm.io import read_jsonl
 
     traces = []
     for number, record in enumerate(read_jsonl(path), 1):
@@ -710,8 +710,8 @@ def run_annotation(
     return the report."""
     from tqdm import tqdm
 
-    from data_gen.io import atomic_path, write_jsonl
     from data_gen.traces import sft_example
+    from recallm.io import atomic_path, write_jsonl
     from rewards.config import load_reward_config
 
     if (traces is None) == (teacher is None):

@@ -8,11 +8,13 @@ gold evidence both as strings and as character intervals of that text, the answe
 augmentation choices made.
 
 Tasks register themselves with ``@register``; ``make_task(name, **params)`` builds one with its
-parameters validated up front (a bad value is a ``RecallmError`` before any work starts).
+parameters validated up front (a bad value is a ``RecallmError`` before any work starts;
+``check_choice``, ``int_range`` and ``check_int`` are the checks the tasks share).
 """
 
 from __future__ import annotations
 
+import importlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Iterator
@@ -32,6 +34,9 @@ __all__ = [
     "make_task",
     "task_names",
     "TASKS",
+    "check_choice",
+    "int_range",
+    "check_int",
 ]
 
 CATEGORIES = (
@@ -47,6 +52,40 @@ CATEGORIES = (
     "entity_citation",
 )
 QUESTION_POSITIONS = ("end", "beginning", "both")
+
+
+# ---------------------------------------------------------- parameter checks (shared by every task)
+def check_choice(name: str, values, allowed) -> tuple:
+    """A task parameter that is a non-empty subset of ``allowed`` (a single value is a one-element subset)."""
+    values = (values,) if isinstance(values, (str, int)) else tuple(values)
+    bad = [v for v in values if v not in allowed]
+    if not values or bad:
+        raise RecallmError(f"{name} must be a non-empty subset of {list(allowed)}, got {list(values)}")
+    return values
+
+
+def int_range(name: str, value) -> tuple[int, int]:
+    """A task parameter that is an integer or a ``[min, max]`` range with ``0 <= min <= max``, as
+    ``(min, max)`` (an integer ``n`` is ``(n, n)``)."""
+    try:
+        lo, hi = (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
+    except (TypeError, ValueError, IndexError):
+        lo, hi = -1, -1
+    if not 0 <= lo <= hi:
+        raise RecallmError(f"{name} must be an integer or a [min, max] range with 0 <= min <= max, got {value}")
+    return lo, hi
+
+
+def check_int(name: str, value, lo: int, hi: int) -> int:
+    """A task parameter that is an integer in ``[lo, hi]``."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError):
+        number = lo - 1
+    if isinstance(value, bool) or not lo <= number <= hi:
+        raise RecallmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
+    return number
+
 
 
 @dataclass(slots=True)
@@ -164,6 +203,9 @@ class Task(ABC):
 
 
 TASKS: dict[str, type[Task]] = {}
+#: the packages whose modules register tasks (``@register``), imported by name when a task is looked
+#: up: the registry sits below the tasks it holds (ARCHITECTURE.md), so it names them, not imports them
+TASK_PACKAGES = ("data_gen.tasks", "data_gen.datasets")
 
 
 def register(cls: type[Task]) -> type[Task]:
@@ -176,8 +218,8 @@ def register(cls: type[Task]) -> type[Task]:
 
 
 def task_names() -> list[str]:
-    import data_gen.tasks  # noqa: F401  (registers every task)
-
+    for package in TASK_PACKAGES:  # (registers every task)
+        importlib.import_module(package)
     return sorted(TASKS)
 
 

@@ -32,9 +32,9 @@ from typing import Any
 
 from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
-from data_gen.io import read_records, row_record, write_jsonl, write_parquet
+from data_gen.io import read_records, row_record, write_parquet
 from recallm.errors import RecallmError
-from recallm.io import lock_dir, write_json_atomic, write_text_atomic
+from recallm.io import lock_dir, write_json_atomic, write_jsonl, write_text_atomic
 
 __all__ = ["Job", "Plan", "plan_from_config", "run_plan", "summarize"]
 

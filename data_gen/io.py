@@ -1,5 +1,5 @@
-"""Reading and writing rows: verl-ready parquet, SFT JSONL; every write is atomic (``recallm.io``:
-temporary file, fsync, rename).
+"""Reading and writing rows: verl-ready parquet, SFT JSONL (``write_jsonl``/``read_jsonl`` are
+``recallm.io``'s); every write is atomic (``recallm.io``: temporary file, fsync, rename).
 
 A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
 
@@ -14,15 +14,14 @@ A verl record (``RLHFDataset`` reads ``prompt`` as chat messages):
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from data_gen.base import Row
 from recallm.errors import RecallmError
-from recallm.io import atomic_path, read_jsonl
+from recallm.io import atomic_path, read_jsonl, write_jsonl  # (the JSONL pair is recallm.io's; re-exported)
 
-__all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl", "atomic_path"]
+__all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl"]
 
 
 def row_record(row: Row, index: int, split: str, *, store_prompt_text: bool = False) -> dict[str, Any]:
@@ -114,10 +113,3 @@ def read_rows(path: str | Path, tokenizer=None) -> list[Row]:
             )
         )
     return rows
-
-
-def write_jsonl(records: Iterable[dict[str, Any]], path: str | Path) -> Path:
-    with atomic_path(path) as tmp, open(tmp, "w") as f:
-        for record in records:
-            f.write(json.dumps(record) + "\n")
-    return Path(path)

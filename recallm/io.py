@@ -7,7 +7,7 @@ locks, what kind of path a setting names, and checksummed file manifests.
   new, never a mix or an empty file. ``atomic_path`` (write to a temporary name, then ``replace``),
   ``write_text_atomic`` / ``write_json_atomic`` and ``atomic_dir`` (a whole directory, e.g. a
   model's ``final``) are built on it.
-* **JSONL.** ``iter_jsonl`` / ``read_jsonl``: a missing file, a directory, a parquet or other
+* **JSONL.** ``write_jsonl`` (atomic); ``iter_jsonl`` / ``read_jsonl``: a missing file, a directory, a parquet or other
   binary file, a line that is not UTF-8 or not JSON are each a one-line ``RecallmError`` naming
   the file (and line).
 * **Locks.** ``lock_dir(dir, what)``: one writer per output directory (``flock`` on
@@ -38,7 +38,7 @@ import socket
 import threading
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -54,6 +54,7 @@ __all__ = [
     "write_json_atomic",
     "iter_jsonl",
     "read_jsonl",
+    "write_jsonl",
     "lock_dir",
     "check_unlocked",
     "check_out_dir",
@@ -183,6 +184,14 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
 
 def read_jsonl(path: str | Path, what: str = "JSONL file") -> list[Any]:
     return [value for _, value in iter_jsonl(path, what)]
+
+
+def write_jsonl(records: Iterable[Any], path: str | Path) -> Path:
+    """One JSON value a line, atomically (``atomic_path``)."""
+    with atomic_path(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        for record in records:
+            f.write(json.dumps(record) + "\n")
+    return Path(path)
 
 
 # ------------------------------------------------------------------------------- kinds of path

@@ -50,6 +50,7 @@ __all__ = [
     "vllm_hf_overrides",
     "create_recallm_model",
     "check_recallm_model",
+    "read_model_config",
 ]
 
 log = logging.getLogger(__name__)
@@ -301,10 +302,10 @@ def create_recallm_model(
     written next to ``out`` and renamed into place, so a failed conversion leaves ``out`` as it
     was. Converting a RecaLLM directory again changes nothing but what is asked.
     """
-    import shutil
     import tempfile
 
     from recallm.gguf import gguf_to_hf, is_gguf
+    from recallm.io import atomic_dir
     from recallm.tokens import add_recall_tokens, load_tokenizer
 
     base, out = Path(base), Path(out)
@@ -321,12 +322,7 @@ def create_recallm_model(
         raise RecallmError(f"--base {base} does not exist (a Hugging Face model directory or a *.gguf file)")
     if base.is_file():
         raise RecallmError(f"--base {base} is a file, not a directory (nor a *.gguf file)")
-    if not (base / "config.json").is_file():
-        raise RecallmError(f"--base {base} is not a Hugging Face model directory (no config.json)")
-    try:
-        base_config = AutoConfig.from_pretrained(base)
-    except (ValueError, KeyError, OSError) as exc:
-        raise RecallmError(f"cannot read the model config in {base}: {str(exc).splitlines()[0]}") from exc
+    base_config = read_model_config(base, "--base")
     _, model_cls, _ = recall_classes_for(base_config.model_type)
     overrides: dict[str, object] = {}
     if yarn_factor is not None:
@@ -345,21 +341,26 @@ def create_recallm_model(
     tokenizer = load_tokenizer(base)
     model = model_cls.from_pretrained(base, config=config, dtype=dtype)
     add_recall_tokens(model, tokenizer, max_recall_tokens=max_recall_tokens)
-    staging = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.tmp-"))
-    try:
+    with atomic_dir(out) as staging:
         model.save_pretrained(staging)
         tokenizer.save_pretrained(staging)
-        old = out.with_name(f".{out.name}.old-{staging.name.rsplit('-', 1)[-1]}") if out.exists() else None
-        if old is not None:
-            out.rename(old)
-        staging.rename(out)
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    finally:
-        if staging.exists():
-            shutil.rmtree(staging, ignore_errors=True)
     log.info("wrote RecaLLM model %s (%s) to %s", config.model_type, model_cls.__name__, out)
     return out
+
+
+def read_model_config(path: str | Path, name: str | None = None):
+    """The config of a Hugging Face model directory (RecaLLM or a plain base; no weights are loaded),
+    or a one-line ``RecallmError``: no ``config.json`` there, or a config transformers cannot read.
+    ``name`` (the setting, e.g. ``--base``) starts the first message. The one reading of a model
+    directory's config for every command that takes a model (callers add their own checks)."""
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        where = f"{name} {path}" if name else str(path)
+        raise RecallmError(f"{where} is not a Hugging Face model directory (no config.json)")
+    try:
+        return AutoConfig.from_pretrained(path)
+    except (ValueError, KeyError, OSError) as exc:
+        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from None
 
 
 def check_recallm_model(path: str | Path) -> dict[str, object]:
@@ -373,12 +374,7 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
     from recallm.tokens import THINK_START, load_tokenizer
 
     path = Path(path)
-    if not (path / "config.json").is_file():
-        raise RecallmError(f"{path} is not a Hugging Face model directory (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (ValueError, KeyError, OSError) as exc:
-        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from exc
+    config = read_model_config(path)
     recall_classes_for(config.model_type)
     if not config.model_type.startswith("recallm_"):
         raise RecallmError(

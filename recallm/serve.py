@@ -109,7 +109,7 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     check_recallm_model(settings.model)  # one line for a directory that is no RecaLLM model
     from transformers import AutoConfig
 
-    import recallm  # noqa: F401  (registers the recallm_<base> configs)
+    import recallm.modeling  # noqa: F401  (registers the recallm_<base> configs)
 
     config = AutoConfig.from_pretrained(str(settings.model))
     extra = list(extra)

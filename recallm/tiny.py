@@ -20,8 +20,6 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
-import torch
-
 __all__ = [
     "TinySpec",
     "TOY_KEYS",
@@ -31,6 +29,7 @@ __all__ = [
     "build_tiny_model",
     "create_tiny",
     "create_tiny_from_config",
+    "resolve_model",
 ]
 
 PAD, EOS, IM_START, UNK = "<|endoftext|>", "<|im_end|>", "<|im_start|>", "<unk>"
@@ -157,6 +156,7 @@ def build_tiny_tokenizer():
 
 def build_tiny_model(tokenizer, *, tied: bool = True, seed: int = 0, spec: TinySpec | None = None):
     """A randomly initialised Qwen2 causal LM sized for ``tokenizer`` (deterministic in ``seed``)."""
+    import torch  # (here: data_gen reads the toy vocabulary of this module without torch)
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     spec = spec or TinySpec()
@@ -232,3 +232,14 @@ def create_tiny_from_config(model_cfg, out_dir: str | Path) -> Path:
         spec=spec,
         max_recall_tokens=model_cfg.get("max_recall_tokens"),
     )
+
+
+def resolve_model(spec: str, models_dir: Path) -> Path:
+    """A model directory: ``tiny`` is the embedded tiny default (seed 0, tied), built under ``models_dir``
+    where ``recallm-sft`` builds it too; anything else is a path."""
+    if spec == "tiny":
+        path = models_dir / "tiny-seed0-tied"
+        if not (path / "config.json").is_file():
+            create_tiny(path, tied=True, seed=0)
+        return path
+    return Path(spec)

@@ -29,8 +29,6 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-import torch
-
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -262,9 +260,16 @@ def _tied(model) -> bool:
     return out is None or out.weight.data_ptr() == model.get_input_embeddings().weight.data_ptr()
 
 
-@torch.no_grad()
 def add_recall_tokens(model, tokenizer, *, max_recall_tokens: int | None = None) -> RecallTokenIds:
     """Add the four RecaLLM tokens to ``model`` and ``tokenizer`` in place (see module doc)."""
+    import torch  # (here, not at module level: data_gen imports the token names without torch)
+
+    with torch.no_grad():
+        return _add_recall_tokens(model, tokenizer, max_recall_tokens)
+
+
+def _add_recall_tokens(model, tokenizer, max_recall_tokens: int | None) -> RecallTokenIds:
+    import torch
     from tokenizers import AddedToken
 
     embeddings = model.get_input_embeddings()

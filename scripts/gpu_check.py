@@ -118,7 +118,7 @@ def _generate(model, prompts, *, constrained: bool, new_tokens: int, every: int,
 def check_logprobs(model_dir: Path, device: torch.device, dtypes: list[str], quick: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.recall import find_spans
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
@@ -170,7 +170,7 @@ def check_logprobs(model_dir: Path, device: torch.device, dtypes: list[str], qui
 def generate_ratio(model_dir: Path, device: torch.device, dtype: torch.dtype, quick: bool) -> dict:
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)
@@ -216,7 +216,7 @@ def _sft_traces(model_dir: Path, path: Path, n: int = 16) -> Path:
     """A few SFT records whose completions hold verbatim spans of their prompts."""
     from transformers import AutoConfig
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
     tokenizer = load_tokenizer(model_dir)

@@ -43,7 +43,7 @@ def tiny(tiny_dir):
     """(model, tokenizer, ids) of the tied tiny RecaLLM model."""
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()

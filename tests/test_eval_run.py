@@ -222,7 +222,7 @@ def test_resume_after_stop_and_crash_redoes_nothing(tiny_dir, tmp_path):
     from data_gen.fit import PromptRenderer
     from recallm.eval.backends import HFBackend
     from recallm.eval.benchmarks import make_benchmarks
-    from recallm.eval.runner import load_records, run_eval
+    from recallm.eval.runner import read_results, run_eval
     from recallm.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_dir)
@@ -251,7 +251,7 @@ def test_resume_after_stop_and_crash_redoes_nothing(tiny_dir, tmp_path):
     crashing = CountingBackend(hf, fail_after=1)
     with pytest.raises(RuntimeError, match="killed"):
         go(out, crashing)  # one more batch, then the process dies
-    assert len(load_records(out / "results.jsonl")) == 4
+    assert len(read_results(out / "results.jsonl")) == 4
     with (out / "results.jsonl").open("a") as f:
         f.write('{"benchmark": "helmet_json_kv", "example_id": "helm')  # killed mid-write
     last = CountingBackend(hf)
@@ -277,7 +277,7 @@ def test_resume_after_stop_and_crash_redoes_nothing(tiny_dir, tmp_path):
     assert len(redo.prompts) == 6
     (out / "results.jsonl").write_text('{"example_id": "x"}\nnot json\n')
     with pytest.raises(RecallmError, match=r"results.jsonl:2: not valid JSON"):
-        load_records(out / "results.jsonl")
+        read_results(out / "results.jsonl")
 
 
 @pytest.mark.slow

@@ -84,10 +84,10 @@ def test_injection_prefix_is_the_entry_text_up_to_the_value():
     assert injection_prefix("lines", "4827") == "4827: "
     assert injection_prefix("csv", "4827") == "4827,"
     assert injection_prefix("json", "4827") == '"4827": "'
-    from data_gen.tasks.kv import _Dictionary
+    from data_gen.tasks.kv import KVDictionary
 
     for fmt in ("lines", "csv", "json"):  # the prefix really is how the dictionary writes the entry
-        assert _Dictionary.line(fmt, "4827", "h7x2mf9d3k").lstrip().startswith(injection_prefix(fmt, "4827"))
+        assert KVDictionary.line(fmt, "4827", "h7x2mf9d3k").lstrip().startswith(injection_prefix(fmt, "4827"))
 
 
 def test_close_open_span_and_value_follows():

@@ -88,7 +88,7 @@ def test_gpu_recipes_compose_and_validate(recipe, composed):
     assert arr.rollout.engine_kwargs.vllm.hf_overrides is None
     assert json.loads(env[HF_OVERRIDES_ENV]) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[HF_OVERRIDES_ENV] == env[HF_OVERRIDES_ENV]
-    assert arr.model.external_lib == "recallm" and not arr.model.use_fused_kernels
+    assert arr.model.external_lib == "recallm.modeling" and not arr.model.use_fused_kernels
     assert cfg.reward.reward_manager.name == "RecallRewardManager"
     assert cfg.reward.reward_kwargs.recallm.overlong.max_response_length == 4096
     assert cfg.data.max_response_length == 4096 + 1024

@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM
 
-import recallm  # noqa: F401  (registers the classes)
+import recallm.modeling  # noqa: F401  (registers the classes)
 from recallm.errors import RecallmError
 from recallm.modeling import (
     RECALL_CLASSES,

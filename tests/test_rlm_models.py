@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from recallm.rlm.cancel import Cancelled, CancelToken
+from recallm.cancel import Cancelled, CancelToken
 from recallm.rlm.models import make_model
 
 

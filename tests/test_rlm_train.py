@@ -190,7 +190,7 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
     assert OmegaConf.to_container(OmegaConf.load(registry)) == AGENT_LOOPS
     modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
     assert modules[0] == "recallm.grpo.cpu.plugin" and "recallm.rlm.runtime" in modules
-    assert cfg.actor_rollout_ref.model.external_lib == "recallm"  # a RecaLLM model: masked log-probs
+    assert cfg.actor_rollout_ref.model.external_lib == "recallm.modeling"  # a RecaLLM model: masked log-probs
     assert cfg.recallm.reward_manager is False
 
     import copy

@@ -126,7 +126,7 @@ def test_freeze_keeps_everything_but_the_token_rows(tied, tiny_dir, tiny_untied_
 def test_embed_then_full_stage(tmp_path, sft_data, tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.sft.freeze import changed_outside_rows, frozen_snapshot
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
@@ -297,7 +297,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
     pytest.importorskip("deepspeed")
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.sft.freeze import changed_outside_rows, frozen_snapshot
     from recallm.tokens import RecallTokenIds
 

@@ -36,7 +36,7 @@ def toy_sft(tmp_path_factory, tiny_dir):
 def model_and_tokenizer(tiny_dir):
     from transformers import AutoModelForCausalLM
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
     from recallm.tokens import load_tokenizer
 
     torch.manual_seed(0)

@@ -40,11 +40,10 @@ import random
 from dataclasses import dataclass, field
 from urllib.parse import unquote
 
-from data_gen.base import Draft, Piece, Row, register
+from data_gen.base import Draft, Piece, Row, int_range, register
 from data_gen.datasets.common import (
     AnswerFilter,
     DocumentTask,
-    check_range,
     doc_piece,
     draw_ids,
     first,
@@ -174,7 +173,7 @@ class Qampari(DocumentTask):
 
     def __init__(self, gold_entities=(5, 20), **kwargs) -> None:
         super().__init__(**kwargs)
-        self.gold_entities = check_range("gold_entities", gold_entities)
+        self.gold_entities = int_range("gold_entities", gold_entities)
         if self.gold_entities[0] < 1:
             raise RecallmError(f"gold_entities must be at least 1, got {gold_entities}")
         # the gold passages alone must fit: about 160 tokens each (a 100-word passage with its title)
@@ -246,22 +245,25 @@ class Qampari(DocumentTask):
         mentions_any = AnswerFilter([a for e in q.entities for a in e.aliases])
         neg_rng = random.Random(rng.random())
 
-        def distractors():
-            for i in self.negative_indices(
-                corpus, source, q.text, neg_rng, gold, lambda i: mentions_any(corpus.texts[i]), judged=q.judged
-            ):
-                doc_id = next(ids, None)
-                if doc_id is None:
-                    return
-                yield doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])
-
+        distractors = self.distractor_docs(
+            corpus,
+            source,
+            q.text,
+            neg_rng,
+            ids,
+            fmt,
+            titled,
+            exclude=gold,
+            reject=lambda i: mentions_any(corpus.texts[i]),
+            judged=q.judged,
+        )
         instruction, which = self.pick_instruction(rng)
         question = q.text if q.text.endswith("?") else q.text + "?"
         return Draft(
             instruction=instruction,
             question=f"Question: {question}",
             placed=placed,
-            distractors=distractors(),
+            distractors=distractors,
             answers=provisional.pop("answers"),
             augmentations={
                 "doc_format": fmt,

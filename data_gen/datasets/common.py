@@ -14,10 +14,10 @@ from __future__ import annotations
 
 import random
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from data_gen.base import QUESTION_POSITIONS, Piece, Task
+from data_gen.base import QUESTION_POSITIONS, Piece, Task, check_choice, check_int
 from data_gen.datasets.io import check_path
 from data_gen.datasets.negatives import NEGATIVE_SOURCES, Corpus, check_dense_model, negative_stream
 from recallm.errors import RecallmError
@@ -34,46 +34,13 @@ __all__ = [
     "AnswerFilter",
     "word_windows",
     "DocumentTask",
-    "check_choice",
-    "check_range",
-    "check_int",
+    "number_only",
     "first",
 ]
 
 DOC_FORMATS = ("document", "bracket")
 CHOICE_FORMATS = ("dot", "paren")
 TITLE_MODES = ("title", "no_title")  # passages shown with or without their titles (paper §4.2)
-
-
-def check_choice(name: str, values, allowed) -> tuple:
-    """A non-empty subset of ``allowed`` (a single value is a one-element subset)."""
-    values = (values,) if isinstance(values, (str, int)) else tuple(values)
-    bad = [v for v in values if v not in allowed]
-    if not values or bad:
-        raise RecallmError(f"{name} must be a non-empty subset of {list(allowed)}, got {list(values)}")
-    return values
-
-
-def check_range(name: str, value) -> tuple[int, int]:
-    """An integer or a ``[min, max]`` range with ``0 <= min <= max``."""
-    try:
-        lo, hi = (value, value) if isinstance(value, int) else (int(value[0]), int(value[1]))
-    except (TypeError, ValueError, IndexError):
-        lo, hi = -1, -1
-    if not 0 <= lo <= hi:
-        raise RecallmError(f"{name} must be an integer or a [min, max] range with 0 <= min <= max, got {value}")
-    return lo, hi
-
-
-def check_int(name: str, value, lo: int, hi: int) -> int:
-    """An integer in ``[lo, hi]``."""
-    try:
-        number = int(value)
-    except (TypeError, ValueError):
-        number = lo - 1
-    if isinstance(value, bool) or not lo <= number <= hi:
-        raise RecallmError(f"{name} must be an integer in [{lo}, {hi}], got {value!r}")
-    return number
 
 
 def format_doc(fmt: str, doc_id: int | str | None, title: str, text: str) -> str:
@@ -241,3 +208,38 @@ class DocumentTask(Task):
     def pick_titles(self, rng: random.Random) -> bool:
         """Whether this example shows its passages' titles."""
         return rng.choice(self.titles) == "title"
+
+    def distractor_docs(
+        self,
+        corpus: Corpus,
+        source: str,
+        query: str,
+        rng: random.Random,
+        ids: Iterator[int],
+        fmt: str,
+        titled: bool,
+        *,
+        exclude=(),
+        reject=None,
+        judged=(),
+        pieces: Callable[[int], list[Piece] | None] | None = None,
+    ) -> Iterator[Piece]:
+        """A draft's distractors, lazily: the ``source`` negatives of ``query`` (``negative_indices``),
+        each as a document (``doc_piece``, title shown when ``titled``) under the next provisional id,
+        until the ids run out (``max_docs``). ``pieces(i)`` replaces the one-document rendering of
+        corpus entry ``i`` (several documents, or None when the ids ran out)."""
+        for i in self.negative_indices(corpus, source, query, rng, exclude, reject, judged):
+            if pieces is not None:
+                made = pieces(i)
+            else:
+                doc_id = next(ids, None)
+                made = None if doc_id is None else [doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])]
+            if made is None:
+                return
+            yield from made
+
+
+def number_only(pieces: list[Piece]) -> dict:
+    """A draft's ``finalize`` when nothing depends on the document ids: just number them."""
+    number_documents(pieces)
+    return {}

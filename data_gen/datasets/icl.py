@@ -22,8 +22,8 @@ from __future__ import annotations
 import random
 from collections import defaultdict
 
-from data_gen.base import QUESTION_POSITIONS, Draft, Piece, Task, register
-from data_gen.datasets.common import check_choice, check_range, first
+from data_gen.base import QUESTION_POSITIONS, Draft, Piece, Task, check_choice, int_range, register
+from data_gen.datasets.common import first
 from data_gen.datasets.io import check_path, load_records
 from data_gen.datasets.negatives import random_order
 from recallm.errors import RecallmError
@@ -67,7 +67,7 @@ class _ICL(Task):
         self.split = str(split)
         self.label_formats = check_choice("label_formats", label_formats, LABEL_FORMATS)
         self.demo_formats = check_choice("demo_formats", demo_formats, DEMO_FORMATS)
-        self.gold_demos = check_range("gold_demos", gold_demos)
+        self.gold_demos = int_range("gold_demos", gold_demos)
         if self.gold_demos[0] < 1:
             raise RecallmError(f"gold_demos must be at least 1, got {gold_demos}")
         self.question_positions = check_choice("question_positions", question_positions, QUESTION_POSITIONS)

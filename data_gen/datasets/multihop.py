@@ -30,16 +30,14 @@ import json
 import random
 from dataclasses import dataclass, field
 
-from data_gen.base import Draft, Piece, register
+from data_gen.base import Draft, Piece, check_choice, check_int, register
 from data_gen.datasets.common import (
     AnswerFilter,
     DocumentTask,
-    check_choice,
-    check_int,
     doc_piece,
     draw_ids,
     first,
-    number_documents,
+    number_only,
     word_windows,
 )
 from data_gen.datasets.io import check_path, load_records
@@ -262,23 +260,26 @@ class _MultiHop(DocumentTask):
         mentions_answer = AnswerFilter(ex.answers)
         neg_rng = random.Random(rng.random())
 
-        def distractors():
-            for i in self.negative_indices(
-                pool, source, ex.question, neg_rng, exclude, lambda i: mentions_answer(pool.texts[i])
-            ):
-                # a Wikipedia window is one document as it is; a paragraph of the data set is cut like the gold
-                para, kind = Paragraph(pool.titles[i], pool.texts[i]), ("paragraph" if from_wiki else ptype)
-                pieces = self._pieces(para, kind, fmt, ids, gold=False, titled=titled)
-                if pieces is None:
-                    return
-                yield from pieces
-
+        # a Wikipedia window is one document as it is; a paragraph of the data set is cut like the gold
+        kind = "paragraph" if from_wiki else ptype
+        distractors = self.distractor_docs(
+            pool,
+            source,
+            ex.question,
+            neg_rng,
+            ids,
+            fmt,
+            titled,
+            exclude=exclude,
+            reject=lambda i: mentions_answer(pool.texts[i]),
+            pieces=lambda i: self._pieces(Paragraph(pool.titles[i], pool.texts[i]), kind, fmt, ids, gold=False, titled=titled),
+        )
         instruction, which = self.pick_instruction(rng)
         return Draft(
             instruction=instruction,
             question=f"Question: {ex.question}",
             placed=placed,
-            distractors=distractors(),
+            distractors=distractors,
             answers=list(ex.answers),
             augmentations={
                 "doc_format": fmt,
@@ -292,13 +293,8 @@ class _MultiHop(DocumentTask):
             separator="\n\n",
             question_position=self.pick_question_position(rng, self.question_positions),
             trace_info={"answer": ex.answers[0], "titles": [p.title for p in ex.gold]},
-            finalize=_number,
+            finalize=number_only,
         )
-
-
-def _number(pieces: list[Piece]) -> dict:
-    number_documents(pieces)
-    return {}
 
 
 @register

@@ -24,8 +24,8 @@ import random
 import re
 from dataclasses import dataclass
 
-from data_gen.base import QUESTION_POSITIONS, Draft, Piece, Task, register
-from data_gen.datasets.common import CHOICE_FORMATS, check_choice, check_int, first, format_choices
+from data_gen.base import QUESTION_POSITIONS, Draft, Piece, Task, check_choice, check_int, register
+from data_gen.datasets.common import CHOICE_FORMATS, first, format_choices
 from data_gen.datasets.io import check_path, load_records
 from recallm.errors import RecallmError
 

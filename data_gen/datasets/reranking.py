@@ -30,8 +30,8 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-from data_gen.base import Draft, Piece, register
-from data_gen.datasets.common import DocumentTask, check_range, doc_piece, draw_ids, first, number_documents
+from data_gen.base import Draft, Piece, int_range, register
+from data_gen.datasets.common import DocumentTask, doc_piece, draw_ids, first, number_documents
 from data_gen.datasets.io import check_path, load_records, read_lines
 from data_gen.datasets.negatives import Corpus
 from recallm.errors import RecallmError
@@ -162,7 +162,7 @@ class MSMarco(DocumentTask):
     def __init__(self, gold_docs=(1, 26), min_grade: float = 1, **kwargs) -> None:
         kwargs.setdefault("doc_formats", ("document", "bracket"))
         super().__init__(**kwargs)
-        self.gold_docs = check_range("gold_docs", gold_docs)
+        self.gold_docs = int_range("gold_docs", gold_docs)
         if self.gold_docs[0] < 1:
             raise RecallmError(f"gold_docs must be at least 1, got {gold_docs}")
         try:
@@ -217,15 +217,11 @@ class MSMarco(DocumentTask):
         relevant_elsewhere = [i for i, g in q.judged.items() if g > 0]
         neg_rng = random.Random(rng.random())
 
-        def distractors():
-            # never a passage judged relevant for the query; its judged negatives only from the `judged` source
-            exclude = relevant_elsewhere if source == "judged" else list(q.judged)
-            for i in self.negative_indices(corpus, source, q.text, neg_rng, exclude=exclude, judged=judged_negatives):
-                doc_id = next(ids, None)
-                if doc_id is None:
-                    return
-                yield doc_piece(fmt, doc_id, title(i), corpus.texts[i])
-
+        # never a passage judged relevant for the query; its judged negatives only from the `judged` source
+        exclude = relevant_elsewhere if source == "judged" else list(q.judged)
+        distractors = self.distractor_docs(
+            corpus, source, q.text, neg_rng, ids, fmt, titled, exclude=exclude, judged=judged_negatives
+        )
         trace_info: dict = {}
 
         def finalize(pieces: list[Piece]) -> dict:
@@ -246,7 +242,7 @@ class MSMarco(DocumentTask):
             instruction=instruction,
             question=f"Query: {q.text}",
             placed=placed,
-            distractors=distractors(),
+            distractors=distractors,
             answers=provisional.pop("answers"),
             augmentations={
                 "doc_format": fmt,

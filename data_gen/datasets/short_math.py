@@ -23,8 +23,8 @@ from __future__ import annotations
 import random
 import re
 
-from data_gen.base import Draft, Task, register
-from data_gen.datasets.common import CHOICE_FORMATS, check_choice, first, format_choices
+from data_gen.base import Draft, Task, check_choice, register
+from data_gen.datasets.common import CHOICE_FORMATS, first, format_choices
 from data_gen.datasets.io import check_path, load_records
 from recallm.errors import RecallmError
 

@@ -25,15 +25,14 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from data_gen.base import Draft, Piece, register
+from data_gen.base import Draft, check_int, register
 from data_gen.datasets.common import (
     AnswerFilter,
     DocumentTask,
-    check_int,
     doc_piece,
     draw_ids,
     first,
-    number_documents,
+    number_only,
     word_windows,
 )
 from data_gen.datasets.io import load_records
@@ -169,22 +168,16 @@ class _SingleHop(DocumentTask):
         mentions_answer = AnswerFilter(ex.answers)
         neg_rng = random.Random(rng.random())
 
-        def distractors():
-            for i in self.negative_indices(
-                corpus, source, ex.question, neg_rng, exclude, lambda i: mentions_answer(corpus.texts[i])
-            ):
-                doc_id = next(ids, None)
-                if doc_id is None:
-                    return
-                yield doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])
-
+        distractors = self.distractor_docs(
+            corpus, source, ex.question, neg_rng, ids, fmt, titled, exclude=exclude, reject=lambda i: mentions_answer(corpus.texts[i])
+        )
         instruction, which = self.pick_instruction(rng)
         question = ex.question if ex.question.endswith("?") else ex.question + "?"
         return Draft(
             instruction=instruction,
             question=f"Question: {question}",
             placed=[gold],
-            distractors=distractors(),
+            distractors=distractors,
             answers=list(ex.answers),
             augmentations={
                 "doc_format": fmt,
@@ -195,13 +188,8 @@ class _SingleHop(DocumentTask):
             separator="\n\n",
             question_position=self.pick_question_position(rng, self.question_positions),
             trace_info={"answer": ex.answers[0], "title": title},
-            finalize=_number,
+            finalize=number_only,
         )
-
-
-def _number(pieces: list[Piece]) -> dict:
-    number_documents(pieces)
-    return {}
 
 
 @register

@@ -15,11 +15,11 @@ from typing import Any
 
 import numpy as np
 
-from data_gen.base import Draft, Piece, Row, Task, register
+from data_gen.base import Draft, Piece, Row, Task, check_choice, register
 from data_gen.text import alnum, uuid_str, words
 from recallm.errors import RecallmError
 
-__all__ = ["KVRetrieval", "MathRetrieval", "KV_FORMATS", "KEY_TYPES", "VALUE_TYPES"]
+__all__ = ["KVRetrieval", "MathRetrieval", "KVDictionary", "KV_FORMATS", "KEY_TYPES", "VALUE_TYPES", "PROBLEM_TYPES"]
 
 KV_FORMATS = ("lines", "csv", "json")
 _ALNUM_CHARS = np.array(list("abcdefghijklmnopqrstuvwxyz0123456789"))
@@ -27,15 +27,7 @@ KEY_TYPES = ("int", "uuid", "toy")
 VALUE_TYPES = ("alnum", "uuid", "word", "toy")
 
 
-def _check_choice(name: str, values, allowed) -> tuple[str, ...]:
-    values = (values,) if isinstance(values, str) else tuple(values)
-    bad = [v for v in values if v not in allowed]
-    if not values or bad:
-        raise RecallmError(f"{name} must be a non-empty subset of {list(allowed)}, got {list(values)}")
-    return values
-
-
-class _Dictionary:
+class KVDictionary:
     """Key and value generators and the three layouts."""
 
     def __init__(self, key_type: str, value_type: str, key_digits: int) -> None:
@@ -125,13 +117,13 @@ class _KVBase(Task):
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
-        self.formats = _check_choice("formats", formats, KV_FORMATS)
-        _check_choice("key_type", key_type, KEY_TYPES)
-        _check_choice("value_type", value_type, VALUE_TYPES)
-        self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
+        self.formats = check_choice("formats", formats, KV_FORMATS)
+        check_choice("key_type", key_type, KEY_TYPES)
+        check_choice("value_type", value_type, VALUE_TYPES)
+        self.question_positions = check_choice("question_positions", question_positions, ("end", "beginning", "both"))
         if not 2 <= int(key_digits) <= 12:
             raise RecallmError(f"key_digits must be in [2, 12], got {key_digits}")
-        self.dictionary = _Dictionary(key_type, value_type, int(key_digits))
+        self.dictionary = KVDictionary(key_type, value_type, int(key_digits))
 
 
 @register
@@ -229,7 +221,7 @@ class MathRetrieval(_KVBase):
         super().__init__(**kwargs)
         if self.dictionary.key_type not in ("int", "toy"):
             raise RecallmError("math_retrieval needs numeric keys (key_type int or toy)")
-        self.problem_types = _check_choice("problem_types", problem_types, tuple(PROBLEM_TYPES))
+        self.problem_types = check_choice("problem_types", problem_types, tuple(PROBLEM_TYPES))
         if not 0 <= int(near_keys) <= 50:
             raise RecallmError(f"near_keys must be in [0, 50], got {near_keys}")
         self.near_keys = int(near_keys)

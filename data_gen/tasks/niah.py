@@ -13,21 +13,13 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from data_gen.base import Draft, Piece, Row, Task, register
-from data_gen.tasks.kv import _check_choice
+from data_gen.base import Draft, Piece, Row, Task, check_choice, int_range, register
 from data_gen.text import haystack, number_str, uuid_str, words
 from recallm.errors import RecallmError
 
 __all__ = ["MultiNIAH", "NEEDLE_VALUE_TYPES"]
 
 NEEDLE_VALUE_TYPES = ("number", "word", "uuid")
-
-
-def _range(name: str, value) -> tuple[int, int]:
-    lo, hi = (value, value) if isinstance(value, int) else tuple(value)
-    if not 0 <= int(lo) <= int(hi):
-        raise RecallmError(f"{name} must be an integer or a [min, max] range with 0 <= min <= max, got {value}")
-    return int(lo), int(hi)
 
 
 @register
@@ -53,9 +45,9 @@ class MultiNIAH(Task):
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
-        self.decoys = _range("decoys", decoys)
-        self.target_keys = _range("target_keys", target_keys)
-        self.values_per_key = _range("values_per_key", values_per_key)
+        self.decoys = int_range("decoys", decoys)
+        self.target_keys = int_range("target_keys", target_keys)
+        self.values_per_key = int_range("values_per_key", values_per_key)
         if self.target_keys[0] < 1 or self.values_per_key[0] < 1:
             raise RecallmError("target_keys and values_per_key must be at least 1")
         if isinstance(max_needles, bool) or not isinstance(max_needles, int) or max_needles < self.target_keys[1]:
@@ -63,8 +55,8 @@ class MultiNIAH(Task):
                 f"max_needles must be an integer >= the most target keys ({self.target_keys[1]}), got {max_needles!r}"
             )
         self.max_needles = max_needles
-        self.value_types = _check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
-        self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
+        self.value_types = check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
+        self.question_positions = check_choice("question_positions", question_positions, ("end", "beginning", "both"))
 
     @staticmethod
     def _key(rng: random.Random) -> str:

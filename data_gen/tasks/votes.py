@@ -14,9 +14,7 @@ import re
 import string
 from typing import Any
 
-from data_gen.base import Draft, Piece, Row, Task, register
-from data_gen.tasks.kv import _check_choice
-from data_gen.tasks.niah import _range
+from data_gen.base import Draft, Piece, Row, Task, check_choice, int_range, register
 from data_gen.text import cities, first_names
 
 __all__ = ["MajorityVote", "TopNVote", "CANDIDATE_TYPES"]
@@ -53,8 +51,8 @@ class _Votes(Task):
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
-        self.candidates = _range("candidates", candidates if candidates is not None else (self.top + 2, self.top + 7))
-        self.margin = _range("margin", margin)
+        self.candidates = int_range("candidates", candidates if candidates is not None else (self.top + 2, self.top + 7))
+        self.margin = int_range("margin", margin)
         if self.candidates[0] < self.top + 1 or self.margin[0] < 1:
             from recallm.errors import RecallmError
 
@@ -62,8 +60,8 @@ class _Votes(Task):
                 f"{self.name} needs at least {self.top + 1} candidates and a margin of at least 1, "
                 f"got candidates={candidates} margin={margin}"
             )
-        self.candidate_types = _check_choice("candidate_types", candidate_types, CANDIDATE_TYPES)
-        self.question_positions = _check_choice("question_positions", question_positions, ("end", "beginning", "both"))
+        self.candidate_types = check_choice("candidate_types", candidate_types, CANDIDATE_TYPES)
+        self.question_positions = check_choice("question_positions", question_positions, ("end", "beginning", "both"))
 
     def draft(self, rng: random.Random) -> Draft:
         kind = rng.choice(self.candidate_types)

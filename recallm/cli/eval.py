@@ -10,194 +10,29 @@
     recallm-eval eval=paper eval.data_root=/data eval.judge.model=gemma-3-27b-it eval.judge.base_url=http://judge:8001/v1 \\
         model_path=/runs/recallm-qwen backend.name=vllm paper_model=RecaLLM-Qwen2.5-7B out_dir=/runs/eval/qwen
 
-Everything is checked before the first token is generated: the suite and benchmark settings
-(unknown benchmark, bad length), the validation parquet files, the model directory (and its
-recall tokens when decoding is constrained), that every task reaches its shortest and longest
-length, the out_dir (a different configuration's results are never mixed in) and, for a server
-or a judge, that it answers. Mistakes are one ``error: ...`` line and exit code 2; the command line
-and the settings' types, ranges and kinds of path are checked before anything is written. A rerun
-resumes.
+The recipe is ``recallm.eval.app`` (what is checked before the first token is generated, how a
+rerun resumes). Mistakes are one ``error: ...`` line and exit code 2; the command line and the
+settings' types, ranges and kinds of path are checked before anything is written.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import asdict
-from pathlib import Path
-from typing import Any
 
 import hydra
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from recallm.cli.common import run_hydra
-from recallm.config import check_value
-from recallm.errors import RecallmError, cli_errors
-from recallm.io import check_out_dir
+from recallm.errors import cli_errors
+from recallm.eval import app
+from recallm.eval.app import check
 from recallm.paths import CONFIG_DIR
 
-log = logging.getLogger(__name__)
+__all__ = ["check", "run", "main"]
 
-#: backend keys that change what a model writes (the rest - batch size, device, timeouts - do not)
-_FINGERPRINT_BACKEND_KEYS = (
-    "name",
-    "recall_constrained",
-    "dtype",
-    "length_extension",
-    "length_extension_kwargs",
-    "force_recall_every",
-    "force_recall_length",
-    "served_model",
-    "api",
-    "extra_body",
-    "engine_kwargs",
-    "rlm",  # backend=rlm: the RLM's models, depth, limits and budget
-)
-
-
-def resolve_model(spec: str, models_dir: Path) -> Path:
-    """A model directory: ``tiny`` is the embedded tiny default (seed 0, tied), built under ``models_dir``
-    where ``recallm-sft`` builds it too."""
-    if spec == "tiny":
-        path = models_dir / "tiny-seed0-tied"
-        if not (path / "config.json").is_file():
-            from recallm.tiny import create_tiny
-
-            create_tiny(path, tied=True, seed=0)
-        return path
-    return Path(spec)
-
-
-def _print_summary(summary: dict[str, Any]) -> None:
-    for name, bench in summary["benchmarks"].items():
-        cells = bench["by_length"]
-        row = "  ".join(f"{n}: {100 * cells[n]['all']['score']:.1f}" for n in cells)
-        usage = bench["overall"]["recall_usage"]
-        print(f"{name:16} score (%) by length  {row}   | recall usage {100 * usage:.0f}%")
-    if not summary.get("complete", True):
-        print(f"incomplete: {summary['n_examples']} of {summary['planned']} examples done; rerun to continue")
-
-
-def run_report(cfg: DictConfig) -> Path:
-    from recallm.eval.report import build_report
-
-    runs = OmegaConf.to_container(cfg.runs, resolve=True) if cfg.runs is not None else []
-    curves = OmegaConf.to_container(cfg.curves, resolve=True) if cfg.get("curves") else None
-    report = build_report(runs, Path(cfg.report_dir), curves=curves)
-    print(f"wrote {report}")
-    return report
-
-
-def check(cfg: DictConfig) -> None:
-    """The command's settings, before anything is written (``recallm.cli.common``)."""
-    if check_value(cfg, "mode", str, choices=("run", "report")) == "report":
-        check_out_dir(check_value(cfg, "report_dir", str), "report_dir")
-        return
-    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
-    check_out_dir(check_value(cfg, "models_dir", str), "models_dir")
-    check_value(cfg, "limit", int, optional=True, min=1)
-    check_value(cfg, "backend.batch_size", int, min=1)
-    for key in ("progress", "report", "overwrite"):
-        check_value(cfg, key, bool)
-    tokenizer = check_value(cfg, "tokenizer_path", str, optional=True)
-    if tokenizer is not None and not Path(tokenizer).is_dir():
-        raise RecallmError(f"tokenizer_path {tokenizer} is not a directory")
-
-
-@cli_errors
-def run(cfg: DictConfig) -> dict[str, Any] | Path:
-    check(cfg)
-    if cfg.mode == "report":
-        return run_report(cfg)
-    from data_gen.fit import PromptRenderer
-    from recallm.eval.backends import BACKENDS, check_model_dir, make_backend
-    from recallm.eval.benchmarks import make_benchmarks
-    from recallm.eval.report import build_report
-    from recallm.eval.runner import preflight, prepare_out_dir, run_eval
-    from recallm.tokens import load_tokenizer
-
-    suite = OmegaConf.to_container(cfg.eval, resolve=True)
-    backend_cfg = OmegaConf.to_container(cfg.backend, resolve=True)
-    reward_cfg = OmegaConf.to_container(cfg.reward, resolve=True)
-    only = cfg.benchmarks
-    if only is not None:
-        only = OmegaConf.to_container(only, resolve=True) if OmegaConf.is_list(only) else [str(only)]
-    if backend_cfg.get("name") not in BACKENDS:
-        raise RecallmError(f"unknown backend {backend_cfg.get('name')!r}; expected one of {', '.join(BACKENDS)}")
-    from recallm.eval.judge import make_judge
-
-    judge = make_judge(suite.get("judge"))
-    benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg, judge=judge)
-    specs = [s for b in benchmarks for s in b.specs()]
-    model_path = resolve_model(str(cfg.model_path), Path(cfg.models_dir))
-    constrained = bool(backend_cfg.get("recall_constrained", True))
-    if backend_cfg["name"] in ("hf", "vllm"):
-        info = check_model_dir(model_path, constrained=constrained)
-        positions = info["max_position_embeddings"]
-        longest = max(s.length for s in specs)
-        if positions and longest > positions and not backend_cfg.get("length_extension"):
-            raise RecallmError(
-                f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
-                "backend.length_extension)"
-            )
-    tokenizer = load_tokenizer(Path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path)
-    renderer = PromptRenderer(tokenizer, suite.get("system_prompt"))
-    if judge is not None:
-        judge.ping()
-    log.info("checking that every task reaches its lengths")
-    preflight(benchmarks, specs, renderer)
-    out_dir = Path(cfg.out_dir)
-    fingerprint = {
-        "model_path": str(model_path.resolve()) if model_path.exists() else str(model_path),
-        "tokenizer": str(Path(cfg.tokenizer_path).resolve()) if cfg.tokenizer_path else None,
-        "backend": {
-            k: backend_cfg.get(k)
-            for k in _FINGERPRINT_BACKEND_KEYS
-            if k != "rlm" or backend_cfg.get("rlm") is not None  # (runs of other backends keep their fingerprint)
-        },
-        "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
-        "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
-        "reward": reward_cfg if any(b.name == "in_domain" for b in benchmarks) else None,
-    }
-    prepare_out_dir(out_dir, fingerprint, overwrite=bool(cfg.overwrite))
-    run_info = {
-        "name": cfg.run_name or out_dir.name,
-        "model_path": str(cfg.model_path),
-        "backend": backend_cfg["name"],
-        "recall_constrained": constrained,
-        "suite": suite.get("name"),
-        "paper_model": cfg.paper_model,
-        "judge": judge.model if judge is not None else None,
-    }
-    print(
-        f"evaluating {model_path} ({backend_cfg['name']}) on {', '.join(b.name for b in benchmarks)}: "
-        f"{len(specs)} examples into {out_dir}"
-    )
-    backend = make_backend(backend_cfg, model_path, tokenizer)
-    if backend_cfg["name"] == "rlm":  # where model code ran: the report flags it unless it was bubblewrap
-        run_info["rlm_isolation"] = backend.rlm.isolation.as_dict()
-    try:
-        summary = run_eval(
-            benchmarks,
-            backend,
-            renderer,
-            out_dir,
-            batch_size=int(backend_cfg.get("batch_size", 4)),
-            fingerprint=fingerprint,
-            run_info=run_info,
-            progress=bool(cfg.progress),
-            limit=cfg.limit,
-            specs=specs,
-        )
-    finally:
-        backend.close()
-        if judge is not None:
-            judge.close()
-    _print_summary(summary)
-    if cfg.report:
-        report = build_report({run_info["name"]: out_dir}, out_dir)
-        print(f"wrote {out_dir / 'summary.json'} and {report}")
-    return summary
+#: the recipe, its user errors turned into one line on stderr and exit code 2
+run = cli_errors(app.run)
 
 
 @hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")

@@ -158,8 +158,8 @@ def show_mode(cfg: DictConfig) -> Path:
 
 
 def export_mode(cfg: DictConfig) -> dict[str, int]:
-    from recallm.cli.eval import resolve_model
     from recallm.rlm.export import export_sft
+    from recallm.tiny import resolve_model
     from recallm.tokens import load_tokenizer
 
     ex = _container(cfg.export)

@@ -61,6 +61,9 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 BACKENDS = ("hf", "vllm", "openai", "rlm")  # rlm: a Recursive Language Model (recallm.rlm.eval_backend)
+#: backends built in a layer above eval (the RLM runs its models through eval's backends): named by
+#: their factory's import path and imported only when chosen, so eval never imports them (ARCHITECTURE.md)
+PLUGIN_BACKENDS = {"rlm": "recallm.rlm.eval_backend:make_rlm_backend"}
 
 #: ``ext(*, input_ids, attention_mask, prompt_lengths, max_new_tokens) -> ContextManager[Mapping | None]``
 LengthExtension = Callable[..., contextlib.AbstractContextManager]
@@ -102,20 +105,13 @@ def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
     it exists and holds a config; with ``constrained`` it must be a RecaLLM model whose config
     and tokenizer carry the recall tokens. Returns ``{"model_type", "max_position_embeddings",
     "recall": bool}``."""
-    from transformers import AutoConfig
-
-    import recallm  # noqa: F401  (registers recallm_<base>)
+    from recallm.modeling import read_model_config  # (registers recallm_<base>)
     from recallm.tokens import RecallTokenIds
 
     path = Path(path)
     if not path.is_dir():
         raise RecallmError(f"model directory {path} does not exist")
-    if not (path / "config.json").is_file():
-        raise RecallmError(f"{path} is not a Hugging Face model directory (no config.json)")
-    try:
-        config = AutoConfig.from_pretrained(path)
-    except (ValueError, KeyError, OSError) as exc:
-        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from None
+    config = read_model_config(path)
     has_recall = getattr(config, "recall_start_token_id", None) is not None
     if constrained:
         if not has_recall:
@@ -212,7 +208,7 @@ class HFBackend(Backend):
         import torch
         from transformers import AutoModelForCausalLM
 
-        import recallm  # noqa: F401  (registers recallm_<base>)
+        import recallm.modeling  # noqa: F401  (registers recallm_<base>)
 
         if batch_size < 1:
             raise RecallmError(f"backend.batch_size must be >= 1, got {batch_size}")
@@ -420,7 +416,7 @@ class VLLMBackend(Backend):
             ) from None
         from transformers import AutoConfig
 
-        import recallm  # noqa: F401
+        import recallm.modeling  # noqa: F401
         from recallm.modeling import vllm_hf_overrides
         from recallm.recall.vllm import V1_PROCESSOR_FQCN
         from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
@@ -573,10 +569,9 @@ def make_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> B
     if name not in BACKENDS:
         raise RecallmError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
     constrained = bool(cfg.get("recall_constrained", True))
-    if name == "rlm":
-        from recallm.rlm.eval_backend import make_rlm_backend
-
-        return make_rlm_backend(cfg, model_path, tokenizer)
+    if name in PLUGIN_BACKENDS:
+        module, _, factory = PLUGIN_BACKENDS[name].partition(":")
+        return getattr(importlib.import_module(module), factory)(cfg, model_path, tokenizer)
     if name == "hf":
         return HFBackend(
             model_path,

@@ -38,6 +38,7 @@ from recallm.eval.backends import Backend
 from recallm.eval.benchmarks.base import Benchmark, example_seed
 from recallm.eval.scoring import text_span_stats
 from recallm.eval.types import Example, Generation, GenRequest, Spec
+from recallm.io import write_json_atomic
 
 __all__ = [
     "RESULTS_FILE",
@@ -45,7 +46,7 @@ __all__ = [
     "RUN_FILE",
     "preflight",
     "run_eval",
-    "load_records",
+    "read_results",
     "summarize",
     "cell_metrics",
 ]
@@ -55,7 +56,7 @@ log = logging.getLogger(__name__)
 RESULTS_FILE, SUMMARY_FILE, RUN_FILE = "results.jsonl", "summary.json", "run.json"
 
 
-def load_records(path: str | Path) -> list[dict[str, Any]]:
+def read_results(path: str | Path) -> list[dict[str, Any]]:
     """The finished records of a results file. Bytes after its last newline are a line cut short
     by a crash: they are removed from the file (so that appending continues cleanly). Any other
     line that is not JSON is a ``RecallmError`` naming it."""
@@ -77,12 +78,6 @@ def load_records(path: str | Path) -> list[dict[str, Any]]:
         except json.JSONDecodeError as exc:
             raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg}); the results file is damaged") from None
     return records
-
-
-def _atomic_json(path: Path, value: Any) -> None:
-    from recallm.io import write_json_atomic
-
-    write_json_atomic(path, value)
 
 
 def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False) -> None:
@@ -107,7 +102,7 @@ def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwri
                 f"{out_dir} holds results of another configuration (differs in {', '.join(keys[:6])}); "
                 "use another out_dir, or overwrite=true to start over"
             )
-    _atomic_json(run_file, {"fingerprint": fingerprint})
+    write_json_atomic(run_file, {"fingerprint": fingerprint})
 
 
 def _diff(a: Any, b: Any, prefix: str = "") -> set[str]:
@@ -215,7 +210,7 @@ def run_eval(
         raise RecallmError("two examples share an id; a benchmark is listed twice")
     prepare_out_dir(out_dir, fingerprint or {}, overwrite)
     results = out_dir / RESULTS_FILE
-    done = {r["example_id"] for r in load_records(results)}
+    done = {r["example_id"] for r in read_results(results)}
     pending = [s for s in plan if s.example_id not in done]
     if limit is not None:
         pending = pending[: max(0, int(limit))]
@@ -265,14 +260,14 @@ def run_eval(
         bar.close()
     planned, seen = set(ids), set()
     records = []
-    for r in load_records(results):  # the planned examples, each once
+    for r in read_results(results):  # the planned examples, each once
         if r["example_id"] in planned and r["example_id"] not in seen:
             seen.add(r["example_id"])
             records.append(r)
     summary = summarize(records, benchmarks, run_info)
     summary["complete"] = len(records) == len(plan)
     summary["planned"] = len(plan)
-    _atomic_json(out_dir / SUMMARY_FILE, summary)
+    write_json_atomic(out_dir / SUMMARY_FILE, summary)
     return summary
 
 

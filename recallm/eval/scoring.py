@@ -151,12 +151,12 @@ def find_key(text: str, key: str) -> re.Match | None:
 
 def injection_prefix(fmt: str, key: str) -> str:
     """A dictionary entry's exact text up to its value, in the layouts of
-    ``data_gen.tasks.kv._Dictionary.line``: ``{key}: `` (lines), ``{key},`` (CSV),
+    ``data_gen.tasks.kv.KVDictionary.line``: ``{key}: `` (lines), ``{key},`` (CSV),
     ``"{key}": "`` (JSON)."""
-    from data_gen.tasks.kv import _Dictionary
+    from data_gen.tasks.kv import KVDictionary
 
     marker = "\x00VALUE\x00"
-    line = _Dictionary.line(fmt, key, marker)
+    line = KVDictionary.line(fmt, key, marker)
     return line[: line.index(marker)].lstrip()
 
 

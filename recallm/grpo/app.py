@@ -6,7 +6,7 @@ from ``configs/grpo/`` (the paper's Qwen2.5-7B and Llama-3.1-8B runs, ``tiny_cpu
 can be overridden on the command line. The launcher then
 
 1. fills in what RecaLLM needs: the reward manager (``rewards.verl_adapter.RecallRewardManager``
-   with the reward table), ``external_lib=recallm`` (actor and reference load the masked model
+   with the reward table), ``external_lib=recallm.modeling`` (actor and reference load the masked model
    classes, so their log-probs are computed under the rollout's mask), the recall logits
    processor of the rollout engine (vLLM on GPUs, with ``hf_overrides`` so vLLM serves the base
    architecture; the HF rollout on CPUs), the modules every verl process imports, and the CPU
@@ -49,6 +49,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.grpo.runtime"
+MODEL_LIB = "recallm.modeling"  # actor_rollout_ref.model.external_lib: importing it registers the masked classes
 VLLM_PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
 RECALL_ROLLOUTS = ("vllm", "hf_cpu")
 #: verl training backends that build the Hugging Face model (so the masked ``recallm_<base>``
@@ -159,8 +160,8 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         _set(cfg, "reward.reward_kwargs.recallm", OmegaConf.to_container(rm.reward, resolve=True))
     libs = cfg.actor_rollout_ref.model.get("external_lib")
     libs = [libs] if isinstance(libs, str) else list(libs or [])
-    if "recallm" not in libs:
-        _set(cfg, "actor_rollout_ref.model.external_lib", "recallm" if not libs else ["recallm", *libs])
+    if MODEL_LIB not in libs:
+        _set(cfg, "actor_rollout_ref.model.external_lib", MODEL_LIB if not libs else [MODEL_LIB, *libs])
     rollout = cfg.actor_rollout_ref.rollout.name
     env: dict[str, str] = {}
     if rollout == "vllm":
@@ -226,11 +227,9 @@ def metrics_log_path(cfg: DictConfig) -> Path | None:
 
 
 def _model_config(path: Path):
-    from transformers import AutoConfig
+    from recallm.modeling import read_model_config
 
-    import recallm  # noqa: F401
-
-    return AutoConfig.from_pretrained(path)
+    return read_model_config(path)
 
 
 def _need(cond: bool, message: str) -> None:

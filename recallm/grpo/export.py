@@ -4,7 +4,7 @@ verl's own merger (``verl.model_merger``, FSDP backend) gathers the sharded weig
 finds the actor checkpoint, registers the RecaLLM classes first (so the merger builds a
 ``recallm_<base>`` model and keeps its config: recall token ids, ``max_recall_tokens``), saves
 the tokenizer with its chat template, and checks the result (``check_recallm_model``). The
-directory loads with ``AutoModelForCausalLM`` after ``import recallm``, and with vLLM through
+directory loads with ``AutoModelForCausalLM`` after ``import recallm.modeling``, and with vLLM through
 ``recallm.modeling.vllm_hf_overrides``.
 """
 
@@ -56,7 +56,7 @@ def find_actor_dir(path: str | Path, step: int | None = None) -> Path:
 def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None) -> Path:
     """Merge the actor checkpoint :func:`find_actor_dir` picks (``step``: that one of a run
     directory) into the Hugging Face directory ``out``."""
-    import recallm  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
+    import recallm.modeling  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
     from recallm.modeling import check_recallm_model
     from recallm.tokens import load_tokenizer
 

@@ -1,6 +1,6 @@
 """Imported by every verl process of a RecaLLM run (``VERL_USE_EXTERNAL_MODULES``).
 
-* registers the masked model classes (``import recallm``), so actor and reference load
+* registers the masked model classes (``import recallm.modeling``), so actor and reference load
   ``recallm_<base>`` checkpoints as the classes that apply the recall mask;
 * activates the CPU plugin (``recallm.grpo.cpu``) when ``RECALLM_GRPO_CPU=1``;
 * with ``RECALLM_VLLM_CPU=1``, lets verl's vLLM rollout run on vLLM's CPU build
@@ -27,7 +27,7 @@ from __future__ import annotations
 import os
 import sys
 
-import recallm  # noqa: F401  (registers the recallm_<base> classes)
+import recallm.modeling  # noqa: F401  (registers the recallm_<base> classes)
 
 __all__ = ["install_metrics", "install_appending_file_logger", "install_token_builder_families", "recall_token_ids"]
 

@@ -42,9 +42,9 @@ from typing import Any
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 
+from recallm.cancel import Cancelled
 from recallm.errors import RecallmError
 from recallm.rlm.budget import BudgetLimits
-from recallm.rlm.cancel import Cancelled
 from recallm.rlm.models import ChatModel, Reply, make_model
 from recallm.rlm.runner import RLM, RLMSettings
 from recallm.rlm.sandbox import SandboxLimits

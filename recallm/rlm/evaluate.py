@@ -87,7 +87,7 @@ def run_tasks(
     ``parallel`` tasks run at once (threads; each has its own REPL process)."""
     from tqdm import tqdm
 
-    from recallm.eval.runner import RESULTS_FILE, SUMMARY_FILE, load_records, prepare_out_dir
+    from recallm.eval.runner import RESULTS_FILE, SUMMARY_FILE, prepare_out_dir, read_results
     from recallm.io import write_json_atomic
 
     if parallel < 1:
@@ -97,7 +97,7 @@ def run_tasks(
     traj_dir = out_dir / TRAJECTORY_DIR
     traj_dir.mkdir(parents=True, exist_ok=True)
     results = out_dir / RESULTS_FILE
-    done = {r["task_id"] for r in load_records(results)}
+    done = {r["task_id"] for r in read_results(results)}
     pending = [s for s in specs if f"{s[0]}/{s[1]}/{s[2]}" not in done]
     if limit is not None:
         pending = pending[: max(0, int(limit))]
@@ -166,7 +166,7 @@ def run_tasks(
     finally:
         bar.close()
     planned = {f"{t}/{n}/{i}" for t, n, i in specs}
-    records = [r for r in load_records(results) if r["task_id"] in planned]
+    records = [r for r in read_results(results) if r["task_id"] in planned]
     summary = summarize_tasks(records)
     summary["complete"] = len(records) == len(planned)
     summary["planned"] = len(planned)

@@ -3,10 +3,10 @@
 ``ChatModel.complete(messages, max_new_tokens=..., seed=..., cancel=...)`` returns a ``Reply``
 (text, prompt and completion tokens, finish reason). ``max_new_tokens=None`` means no per-call
 limit: a server gets none (its own default), a local engine uses its section's
-``max_new_tokens``. ``cancel`` (a ``recallm.rlm.cancel.CancelToken``) tells the model its caller
+``max_new_tokens``. ``cancel`` (a ``recallm.cancel.CancelToken``) tells the model its caller
 gave up: a request that has not started is dropped (``Cancelled``); one already running is
 stopped (HF: its batch row ends at the next token; a server: the HTTP request is aborted) and
-raises ``Cancelled`` carrying the tokens it spent (see ``recallm.rlm.cancel``); vLLM's offline
+raises ``Cancelled`` carrying the tokens it spent (see ``recallm.cancel``); vLLM's offline
 engine runs a started batch to its end (charged). Implementations:
 
 * ``BackendModel`` - an in-process engine of ``recallm.eval.backends`` (``hf``: transformers
@@ -50,8 +50,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recallm.cancel import Cancelled, CancelToken
 from recallm.errors import RecallmError
-from recallm.rlm.cancel import Cancelled, CancelToken
 from recallm.tokens import THINK_START
 
 __all__ = [
@@ -583,7 +583,7 @@ def make_model(
     if name in ("hf", "vllm"):
         if not path:
             raise RecallmError(f"{role}.model_path is required for {name} (a model directory, or `tiny`)")
-        from recallm.cli.eval import resolve_model
+        from recallm.tiny import resolve_model
 
         path = resolve_model(str(path), Path(models_dir))
     tokenizer_path = cfg.get("tokenizer_path") or (path if name in ("hf", "vllm") else None)

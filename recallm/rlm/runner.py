@@ -57,12 +57,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm import cancel as _cancel
+from recallm.cancel import Cancelled, CancelToken
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
-from recallm.rlm import cancel as _cancel
 from recallm.rlm import prompts
 from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits
-from recallm.rlm.cancel import Cancelled, CancelToken
 from recallm.rlm.models import ChatModel, Reply
 from recallm.rlm.sandbox import ISOLATION_MODES, Isolation, Sandbox, SandboxLimits, resolve_isolation
 from recallm.rlm.subcalls import ERROR_PREFIX, CallPool, SubCallError, SubCallExecutor, SubCallSettings

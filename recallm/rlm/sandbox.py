@@ -47,7 +47,7 @@ Model code is hostile until proven otherwise. What protects the host:
 Sub-calls that model code makes arrive as ``call`` messages; ``on_call(kind, args)`` (the RLM's
 sub-call router) answers each on a bounded pool of threads, so that concurrent calls from
 threads in a cell, and batched calls, are served at once. Each call gets a ``CancelToken``
-(``recallm.rlm.cancel.current()`` inside ``on_call``), cancelled when the cell that made it ends
+(``recallm.cancel.current()`` inside ``on_call``), cancelled when the cell that made it ends
 (or is killed) while it is still in flight.
 
 A cell's wall clock counts only its own time: while one of its sub-calls is in flight, the
@@ -78,9 +78,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from recallm import cancel as _cancel
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
-from recallm.rlm import cancel as _cancel
 from recallm.rlm import confine, proctree
 from recallm.rlm.budget import BudgetExhausted
 from recallm.rlm.protocol import LineReader, ProtocolError, encode

@@ -11,7 +11,7 @@ root turns of recursive children and every sub-call, at every depth:
   call that keeps running keeps counting against the bound;
 * every call is charged to the task's ``Budget`` when it returns, whether or not anyone still
   waits for it, so every token spent is counted (a call the model stopped part-way after a
-  cancellation is charged what it spent: ``recallm.rlm.cancel``);
+  cancellation is charged what it spent: ``recallm.cancel``);
 * a caller waits (for a slot, then for the answer) at most its ``timeout`` and no longer than its
   ``CancelToken`` is unset; when it gives up, the call's own token is cancelled, so the model can
   drop or stop it (``recallm.rlm.models``).
@@ -46,10 +46,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
+from recallm.cancel import Cancelled, CancelToken
 from recallm.clients import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm.budget import Budget, BudgetExhausted
-from recallm.rlm.cancel import Cancelled, CancelToken
 from recallm.rlm.models import ChatModel, Reply
 from recallm.rlm.prompts import visible_text
 

@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -34,6 +33,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
+from recallm.io import atomic_path
 from recallm.paths import CONFIG_DIR
 
 __all__ = ["compose_config", "prepare_data", "prepare", "main", "RUNTIME_MODULE", "trajectory_tokens"]
@@ -160,9 +160,8 @@ def prepare_data(cfg: DictConfig, tokenizer=None) -> dict[str, str]:
             continue
         rows = _rows(dict(spec), f"recallm.rlm.data.{split}", rlm, tokenizer, int(cfg.data.max_prompt_length))
         path = out / f"{split}.parquet"
-        tmp = path.with_suffix(".parquet.tmp")
-        pq.write_table(pa.Table.from_pylist(rows), tmp)
-        os.replace(tmp, path)
+        with atomic_path(path) as tmp:
+            pq.write_table(pa.Table.from_pylist(rows), tmp)
         paths[split] = str(path.resolve())
     if "train" not in paths:
         raise RecallmError("recallm.rlm.data.train is empty and data.train_files is not set: no training data")
@@ -172,14 +171,9 @@ def prepare_data(cfg: DictConfig, tokenizer=None) -> dict[str, str]:
 
 
 def _is_recallm_model(path: Path) -> bool:
-    from transformers import AutoConfig
+    from recallm.modeling import read_model_config
 
-    import recallm  # noqa: F401  (registers the recallm_<base> model types)
-
-    try:
-        return AutoConfig.from_pretrained(path).model_type.startswith("recallm_")
-    except (OSError, ValueError, KeyError) as exc:
-        raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from exc
+    return read_model_config(path).model_type.startswith("recallm_")
 
 
 def prepare(cfg: DictConfig) -> dict[str, str]:

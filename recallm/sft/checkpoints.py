@@ -14,7 +14,7 @@
   never a partial one. A rerun after a kill during that save resumes from the last checkpoint,
   which holds the trained model already: ``final_from_checkpoint`` writes ``final`` from its
   files, without training (``Trainer.train`` would take one step past ``max_steps`` there when the
-  last step falls inside an epoch). ``check_model_dir`` verifies a model directory before a stage
+  last step falls inside an epoch). ``model_dir_problem`` verifies a model directory before a stage
   starts from it.
 """
 
@@ -32,13 +32,13 @@ from typing import Any
 from transformers import TrainerCallback
 
 from recallm.errors import RecallmError
-from recallm.io import fsync_path, replace, verify_manifest, write_manifest
+from recallm.io import atomic_dir, fsync_path, replace, verify_manifest, write_manifest
 
 __all__ = [
     "ManifestCallback",
     "check_checkpoint",
     "find_checkpoint",
-    "check_model_dir",
+    "model_dir_problem",
     "save_final",
     "final_from_checkpoint",
     "agreed",
@@ -179,7 +179,7 @@ def find_checkpoint(stage_dir: str | Path) -> Path | None:
     )
 
 
-def check_model_dir(path: str | Path) -> str | None:
+def model_dir_problem(path: str | Path) -> str | None:
     """What is wrong with a saved model directory (config, weights, every file intact), or None."""
     path = Path(path)
     if not (path / "config.json").is_file():
@@ -230,16 +230,12 @@ def final_from_checkpoint(checkpoint: Path, tokenizer, final: Path, info: dict[s
     if not any(p.name.endswith(".safetensors") for p in files):
         return None
     if main:
-        tmp = final.with_name(f".{final.name}.tmp")
-        if tmp.exists():
-            shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
-        for path in files:
-            shutil.copy2(path, tmp / path.name)
-        tokenizer.save_pretrained(tmp)
-        (tmp / "recallm_sft.json").write_text(json.dumps(info, indent=2))
-        write_manifest(tmp)
-        replace(tmp, final)
+        with atomic_dir(final) as tmp:
+            for path in files:
+                shutil.copy2(path, tmp / path.name)
+            tokenizer.save_pretrained(tmp)
+            (tmp / "recallm_sft.json").write_text(json.dumps(info, indent=2))
+            write_manifest(tmp)
     return final
 
 

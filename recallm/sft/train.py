@@ -26,7 +26,7 @@ Features:
   ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum``,
   ``position_skip`` (PoSE length extension);
 * output: ``<out_dir>/<stage>/final``, a Hugging Face directory (model, tokenizer, chat template)
-  that ``AutoModelForCausalLM`` loads after ``import recallm``, written whole or not at all
+  that ``AutoModelForCausalLM`` loads after ``import recallm.modeling``, written whole or not at all
   (temporary directory, fsync, rename); ``stage=full`` verifies it before starting from it.
 
 Errors (one line each, exit code 2 from the CLI; ``check_config`` runs before anything is
@@ -58,9 +58,9 @@ from recallm.sft.checkpoints import (
     ManifestCallback,
     agreed,
     check_checkpoint,
-    check_model_dir,
     final_from_checkpoint,
     find_checkpoint,
+    model_dir_problem,
     save_final,
 )
 
@@ -251,7 +251,7 @@ def _init_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
             f"stage=full starts from {init}, which is not a model directory: run stage=embed first or pass "
             "init_from=<model dir>"
         )
-    problem = check_model_dir(init)
+    problem = model_dir_problem(init)
     if problem:
         raise RecallmError(
             f"stage=full starts from {init}, which is incomplete or damaged ({problem}): run stage=embed again "
@@ -306,7 +306,7 @@ def deepspeed_file(spec) -> Path | None:
 
 def run_sft(cfg: dict[str, Any]) -> Path:
     """Run one SFT stage from a resolved config mapping; returns the final model directory."""
-    import recallm  # noqa: F401  (the masked model classes)
+    import recallm.modeling  # noqa: F401  (the masked model classes)
 
     settings = check_config(cfg)
     stage = cfg["stage"]

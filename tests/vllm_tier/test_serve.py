@@ -92,7 +92,7 @@ def test_chat_spans_are_verbatim(server):
     tokenizer = load_tokenizer(path)
     from transformers import AutoConfig
 
-    import recallm  # noqa: F401
+    import recallm.modeling  # noqa: F401
 
     ids = RecallTokenIds.from_pretrained(AutoConfig.from_pretrained(path), tokenizer)
     models = httpx.get(f"{base}/models", timeout=30).json()

@@ -28,7 +28,7 @@ def served(tmp_path_factory):
     from transformers import AutoModelForCausalLM
     from vllm import LLM
 
-    import recallm  # noqa: F401  (registers the RecaLLM config and model classes)
+    import recallm.modeling  # noqa: F401  (registers the RecaLLM config and model classes)
     from recallm.modeling import vllm_hf_overrides
     from recallm.tiny import create_tiny
     from recallm.tokens import RecallTokenIds, load_tokenizer

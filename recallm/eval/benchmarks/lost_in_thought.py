@@ -38,9 +38,9 @@ from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from data_gen.base import Draft, Piece
+from data_gen.base import Draft, Piece, check_choice
 from data_gen.fit import PromptRenderer, build_row
-from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, _check_choice, _Dictionary
+from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, EvalTask, Followup
 from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, value_follows
@@ -109,14 +109,14 @@ class LostInThought(Benchmark):
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
         c = self.cfg
-        self.formats = _check_choice("lost_in_thought.formats", c["formats"], KV_FORMATS)
-        self.positions = _check_choice("lost_in_thought.query_positions", c["query_positions"], ("beginning", "end"))
-        self.problem_types = _check_choice("lost_in_thought.problem_types", c["problem_types"], tuple(PROBLEM_TYPES))
-        _check_choice("lost_in_thought.key_type", c["key_type"], ("int", "toy"))
-        _check_choice("lost_in_thought.value_type", c["value_type"], VALUE_TYPES)
+        self.formats = check_choice("lost_in_thought.formats", c["formats"], KV_FORMATS)
+        self.positions = check_choice("lost_in_thought.query_positions", c["query_positions"], ("beginning", "end"))
+        self.problem_types = check_choice("lost_in_thought.problem_types", c["problem_types"], tuple(PROBLEM_TYPES))
+        check_choice("lost_in_thought.key_type", c["key_type"], ("int", "toy"))
+        check_choice("lost_in_thought.value_type", c["value_type"], VALUE_TYPES)
         if not 2 <= int(c["key_digits"]) <= 12:
             raise RecallmError(f"lost_in_thought.key_digits must be in [2, 12], got {c['key_digits']}")
-        self.dictionary = _Dictionary(c["key_type"], c["value_type"], int(c["key_digits"]))
+        self.dictionary = KVDictionary(c["key_type"], c["value_type"], int(c["key_digits"]))
         self.near = int(c["near_keys"])
         if not 0 <= self.near <= 50 or self.dictionary.key_hi - self.dictionary.key_lo < 4 * self.near + 4:
             raise RecallmError(

@@ -249,7 +249,7 @@ class HFGenerator:
         """Load ``path`` with ``AutoModelForCausalLM`` (RecaLLM classes registered) on the CPU."""
         from transformers import AutoModelForCausalLM
 
-        import recallm  # noqa: F401  (registers recallm_<base> with the Auto classes)
+        import recallm.modeling  # noqa: F401  (registers recallm_<base> with the Auto classes)
 
         settings = settings or HFCPUSettings()
         kwargs: dict[str, Any] = {"dtype": _DTYPES[settings.dtype], "attn_implementation": settings.attn_implementation}

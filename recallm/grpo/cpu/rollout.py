@@ -8,7 +8,7 @@ four requests), and a ``BaseRollout`` adapter inside each training worker (regis
 module provides the three pieces for ``actor_rollout_ref.rollout.name=hf_cpu``:
 
 * :class:`HFCPUServer` — the Ray actor: holds the model (``AutoModelForCausalLM`` after
-  ``import recallm``), queues the requests that arrive together and generates them as batches
+  ``import recallm.modeling``), queues the requests that arrive together and generates them as batches
   (:class:`~recallm.grpo.cpu.hf_generate.HFGenerator`), returns verl's ``TokenOutput`` with the
   processed log-prob of every token; ``sleep``/``wake_up``/``abort`` are no-ops (a CPU has no
   memory to free for the trainer, and the synchronous trainer never aborts);

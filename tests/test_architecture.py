@@ -1,0 +1,76 @@
+"""The layer rule (ARCHITECTURE.md) and the light imports it buys."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+# Everything a data or reward worker, and every light command, imports (no model is loaded).
+LIGHT = (
+    "recallm",
+    "recallm.errors",
+    "recallm.io",
+    "recallm.config",
+    "recallm.paths",
+    "recallm.tokens",
+    "recallm.tiny",
+    "recallm.clients",
+    "recallm.cancel",
+    "rewards",
+    "rewards.score",
+    "rewards.config",
+    "data_gen",
+    "data_gen.generate",
+    "data_gen.traces",
+    "data_gen.annotate",
+    "data_gen.toy",
+    "data_gen.tasks.kv",
+)
+
+
+def _loaded_after(modules: tuple[str, ...]) -> list[str]:
+    code = (
+        "import importlib, sys\n"
+        f"for name in {list(modules)!r}:\n"
+        "    importlib.import_module(name)\n"
+        "print(' '.join(m for m in ('torch', 'transformers') if m in sys.modules))\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    return done.stdout.split()
+
+
+def test_light_packages_import_neither_torch_nor_transformers():
+    assert _loaded_after(LIGHT) == []
+
+
+@pytest.mark.slow  # (~6 s of CPU: the subprocess imports torch and transformers)
+def test_the_model_classes_register_where_a_model_is_loaded():
+    """``recallm.modeling`` is what registers (verl's external_lib names it); it does load torch."""
+    code = (
+        "import recallm, sys\n"
+        "from transformers import AutoConfig\n"
+        "try:\n"
+        "    AutoConfig.for_model('recallm_qwen2')\n"
+        "except ValueError:\n"
+        "    print('unregistered')\n"
+        "import recallm.modeling\n"
+        "print(type(AutoConfig.for_model('recallm_qwen2')).__name__)\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["unregistered", "RecallQwen2Config"]
+
+
+def test_the_import_graph_keeps_its_layers():
+    """``lint-imports`` with the contract in pyproject.toml (also run by ``make lint``)."""
+    pytest.importorskip("importlinter")
+    command = Path(sys.executable).parent / "lint-imports"  # (installed with the dev extra)
+    done = subprocess.run([str(command), "--no-logo", "--no-cache"], cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-2000:]
+    assert "Contracts: 2 kept, 0 broken" in done.stdout
