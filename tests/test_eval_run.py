@@ -171,7 +171,7 @@ def record_extension(*, model, tokenizer, cap):
 
 def test_length_extension_hook_wraps_generate(tiny_dir):
     from recallm.eval.backends import HFBackend
-    from recallm.eval.types import GenerationSettings, GenRequest
+    from recallm.eval.types import GenerationSettings, TextRequest
     from recallm.tokens import load_tokenizer
 
     tokenizer = load_tokenizer(tiny_dir)
@@ -182,7 +182,7 @@ def test_length_extension_hook_wraps_generate(tiny_dir):
         length_extension_kwargs={"cap": 3},
     )
     prompts = ["one two three four five six", "one two"]
-    requests = [GenRequest(p, None, 10) for p in prompts]
+    requests = [TextRequest(p, None, 10) for p in prompts]
     calls.clear()
     out = backend.generate(requests, GenerationSettings(max_new_tokens=10))
     lengths = [len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts]

@@ -145,10 +145,10 @@ def test_settings_and_requests(generator):
         HFCPUSettings(dtype="float16")
     assert HFCPUSettings.from_engine_kwargs(None) == HFCPUSettings()
     r = generator.make_request([5, 6, 7], {"temperature": 1.0, "top_p": 1, "top_k": -1, "logprobs": True})
-    assert r.max_tokens == generator.max_model_len - 3  # no budget given: up to the context length
+    assert r.max_new_tokens == generator.max_model_len - 3  # no budget given: up to the context length
     r = generator.make_request([5, 6, 7], {"max_new_tokens": 9}, default_max_tokens=20)
-    assert r.max_tokens == 9
-    assert generator.make_request([5], {}, default_max_tokens=20).max_tokens == 20
+    assert r.max_new_tokens == 9
+    assert generator.make_request([5], {}, default_max_tokens=20).max_new_tokens == 20
 
 
 def _compose(*overrides: str):

@@ -99,7 +99,7 @@ def test_llama31_style_model_through_sft_and_generate(llama31_model, tmp_path):
 
     from data_gen.generate import plan_from_config, run_plan
     from recallm.eval.backends import HFBackend
-    from recallm.eval.types import GenerationSettings, GenRequest
+    from recallm.eval.types import GenerationSettings, TextRequest
     from recallm.paths import config_dir
     from recallm.sft.train import run_sft
     from recallm.tokens import load_tokenizer
@@ -142,7 +142,7 @@ def test_llama31_style_model_through_sft_and_generate(llama31_model, tmp_path):
     short = tok.apply_chat_template(
         [{"role": "user", "content": "a: b\nkey q"}], tokenize=False, add_generation_prompt=True
     )
-    requests = [GenRequest(prompt_text=p, messages=None, max_new_tokens=12) for p in (record["prompt_text"], short)]
+    requests = [TextRequest(prompt_text=p, messages=None, max_new_tokens=12) for p in (record["prompt_text"], short)]
     gens = backend.generate(requests, GenerationSettings(max_new_tokens=12))
     assert [g.finish_reason in ("stop", "length") for g in gens] == [True, True]
     assert sum(g.spans.count for g in gens) > 0

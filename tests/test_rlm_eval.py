@@ -8,7 +8,7 @@ import json
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.eval.types import GenerationSettings, GenRequest
+from recallm.eval.types import GenerationSettings, TextRequest
 
 # the scripted root: code that finds a dictionary key's value, or a RULER needle's number
 SOLVER = """```repl
@@ -107,7 +107,7 @@ def test_prefixed_requests_continue_with_the_root_model(tiny_dir):
 
     cfg = {"name": "rlm", "rlm": {"root": {"name": "scripted", "replies": ["FINAL(x)"], "continuation": "kusose"}}}
     backend = make_backend(cfg, tiny_dir, load_tokenizer(tiny_dir))
-    request = GenRequest("rendered prompt", None, 4, prefix="Looking up key 534: ")
+    request = TextRequest("rendered prompt", None, 4, prefix="Looking up key 534: ")
     [generation] = backend.generate([request], GenerationSettings(max_new_tokens=4))
     assert generation.text == "kusose" and generation.n_tokens == 2  # the root model continued the prefix
     with pytest.raises(RecallmError, match="backend.rlm has unknown keys \\['depth'\\]"):

@@ -246,13 +246,13 @@ def test_a_cancelled_hf_request_stops_generating_and_is_charged_what_it_spent(en
 
 
 def test_only_the_cancelled_row_of_an_hf_batch_stops(endless_hf):
-    from recallm.eval.types import GenerationSettings, GenRequest
+    from recallm.eval.types import GenerationSettings, TextRequest
 
     model, state = endless_hf
     backend, settings = model.backend, GenerationSettings(max_new_tokens=24)
     flag = threading.Event()
     state["on_forward"] = lambda n: flag.set() if n == 3 else None
-    requests = [GenRequest(model.render([{"role": "user", "content": k}]), None, 24) for k in ("kept", "dropped")]
+    requests = [TextRequest(model.render([{"role": "user", "content": k}]), None, 24) for k in ("kept", "dropped")]
     kept, dropped = backend.generate(requests, settings, cancelled=[lambda: False, flag.is_set])
     assert (kept.n_tokens, kept.finish_reason) == (24, "length") and state["forwards"] == 24
     assert (dropped.text, dropped.n_tokens, dropped.finish_reason) == ("", 3, "cancelled")

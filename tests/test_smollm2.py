@@ -110,7 +110,7 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
     from omegaconf import OmegaConf
 
     from recallm.eval.backends import HFBackend
-    from recallm.eval.types import GenerationSettings, GenRequest
+    from recallm.eval.types import GenerationSettings, TextRequest
     from recallm.paths import config_dir
     from recallm.sft.train import run_sft
     from recallm.tokens import load_tokenizer
@@ -148,8 +148,8 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
     # under the constraint
     opening = record["completion"].index("<|start_recall|>")
     requests = [
-        GenRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:opening]),
-        GenRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:8]),
+        TextRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:opening]),
+        TextRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:8]),
     ]
     gens = backend.generate(requests, GenerationSettings(max_new_tokens=24))
     assert gens[0].spans.count > 0, gens[0]

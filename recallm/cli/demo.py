@@ -44,26 +44,16 @@ def _show_spans(tokenizer, ids: list[int], start_id: int, end_id: int, max_recal
     return ok, len(spans)
 
 
-def _generate(model, tokenizer, prompt: str, cfg: DictConfig, ids, *, constrained: bool, seed: int) -> list[int]:
-    from recallm.recall import ForceRecallSpans
-    from recallm.tokens import pad_token_id
+def _generate(model, tokenizer, prompt: str, cfg: DictConfig, *, constrained: bool, seed: int) -> list[int]:
+    """The prompt's ids and one sampled continuation (temperature 1, no top-k/top-p), spans forced
+    open, the recall constraint on or off."""
+    from recallm.generation import GenRequest, generate
 
-    enc = tokenizer(prompt, return_tensors="pt")
-    force = ForceRecallSpans(ids.start, ids.end, every=cfg.generation.force_every, length=cfg.generation.force_length)
-    torch.manual_seed(seed)
-    with torch.no_grad():
-        out = model.generate(
-            **enc,
-            logits_processor=[force],
-            recall_constrained=constrained,
-            max_new_tokens=cfg.generation.max_new_tokens,
-            do_sample=True,
-            top_k=0,
-            top_p=1.0,
-            temperature=1.0,
-            pad_token_id=pad_token_id(tokenizer=tokenizer, config=model.config),
-        )
-    return out[0].tolist()
+    prompt_ids = tuple(tokenizer(prompt)["input_ids"])
+    request = GenRequest(prompt_ids, cfg.generation.max_new_tokens, temperature=1.0, seed=seed)
+    force = (cfg.generation.force_every, cfg.generation.force_length)
+    (out,) = generate(model, [request], tokenizer=tokenizer, recall=constrained, force=force)
+    return list(prompt_ids) + out.token_ids
 
 
 @cli_errors
@@ -110,7 +100,7 @@ def run(cfg: DictConfig) -> int:
     results = {}
     for constrained in (True, False):
         label = "constrained" if constrained else "UNconstrained (recall_constrained=False)"
-        seq = _generate(model, tokenizer, prompt, cfg, ids, constrained=constrained, seed=cfg.seed)
+        seq = _generate(model, tokenizer, prompt, cfg, constrained=constrained, seed=cfg.seed)
         print(
             f"[{label}] spans forced every {cfg.generation.force_every} tokens, "
             f"{cfg.generation.force_length} tokens long; generated:"

@@ -17,6 +17,6 @@
   plots comparing runs; ``paper_reference.yaml`` holds those numbers.
 """
 
-from recallm.eval.types import Example, Generation, GenerationSettings, GenRequest, Score, SpanStats, Spec
+from recallm.eval.types import Example, Generation, GenerationSettings, Score, SpanStats, Spec, TextRequest
 
-__all__ = ["Example", "Generation", "GenerationSettings", "GenRequest", "Score", "SpanStats", "Spec"]
+__all__ = ["Example", "Generation", "GenerationSettings", "TextRequest", "Score", "SpanStats", "Spec"]

@@ -37,7 +37,7 @@ from recallm.errors import RecallmError
 from recallm.eval.backends import Backend
 from recallm.eval.benchmarks.base import Benchmark, example_seed
 from recallm.eval.scoring import text_span_stats
-from recallm.eval.types import Example, Generation, GenRequest, Spec
+from recallm.eval.types import Example, Generation, Spec, TextRequest
 from recallm.io import write_json_atomic
 
 __all__ = [
@@ -223,7 +223,7 @@ def run_eval(
                 settings = bench.generation
                 examples = [bench.build(spec, renderer) for spec in batch]
                 requests = [
-                    GenRequest(
+                    TextRequest(
                         e.prompt_text, tuple(e.messages), settings.max_new_tokens, _seed(settings.seed, e.example_id)
                     )
                     for e in examples
@@ -234,7 +234,7 @@ def run_eval(
                 second: dict[int, Generation] = {}
                 if asked:
                     extra = [
-                        GenRequest(
+                        TextRequest(
                             examples[i].prompt_text,
                             None,
                             followups[i].max_new_tokens,

@@ -8,7 +8,7 @@ from typing import Any
 
 from recallm.errors import RecallmError
 
-__all__ = ["GenerationSettings", "GenRequest", "Generation", "SpanStats", "Spec", "Example", "Score", "parse_length"]
+__all__ = ["GenerationSettings", "TextRequest", "Generation", "SpanStats", "Spec", "Example", "Score", "parse_length"]
 
 
 @dataclass(frozen=True)
@@ -58,11 +58,12 @@ class GenerationSettings:
 
 
 @dataclass(frozen=True)
-class GenRequest:
-    """One generation: the model reads ``prompt_text + prefix`` (``prompt_text`` is the
-    chat-templated prompt, generation prompt included; ``prefix`` is assistant text already
-    written, e.g. a truncated output plus an injection) and writes at most ``max_new_tokens``.
-    ``messages`` are the chat messages of ``prompt_text`` (chat servers)."""
+class TextRequest:
+    """One generation asked of any backend, as text: the model reads ``prompt_text + prefix``
+    (``prompt_text`` is the chat-templated prompt, generation prompt included; ``prefix`` is
+    assistant text already written, e.g. a truncated output plus an injection) and writes at most
+    ``max_new_tokens``. ``messages`` are the chat messages of ``prompt_text`` (chat servers). The
+    HF backend encodes it into a token-level ``recallm.generation.GenRequest``."""
 
     prompt_text: str
     messages: tuple[Mapping[str, str], ...] | None

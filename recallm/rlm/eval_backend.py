@@ -31,7 +31,7 @@ from typing import Any
 
 from recallm.errors import RecallmError
 from recallm.eval.backends import Backend
-from recallm.eval.types import Generation, GenerationSettings, GenRequest
+from recallm.eval.types import Generation, GenerationSettings, TextRequest
 from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.models import make_model
 from recallm.rlm.runner import RLM, RLMResult, RLMSettings
@@ -54,7 +54,7 @@ def rlm_output(result: RLMResult) -> tuple[str, int]:
     return f"{reasoning}\n{THINK_END}{answer}", tokens
 
 
-def _context(request: GenRequest) -> str:
+def _context(request: TextRequest) -> str:
     if request.messages:
         parts = [str(m.get("content", "")) for m in request.messages if m.get("role") in ("system", "user")]
         return "\n\n".join(p for p in parts if p)
@@ -81,7 +81,7 @@ class RLMBackend(Backend):
         if self.rlm.sub_model is not self.rlm.root_model:
             self.rlm.sub_model.close()
 
-    def _one(self, request: GenRequest) -> Generation:
+    def _one(self, request: TextRequest) -> Generation:
         if request.prefix:
             reply = self.rlm.root_model.continue_text(
                 request.prompt_text, request.prefix, max_new_tokens=request.max_new_tokens, seed=request.seed
@@ -97,7 +97,7 @@ class RLMBackend(Backend):
         reason = "stop" if result.outcome in ("final", "plain_text") else "length"
         return Generation(text, tokens, reason)
 
-    def generate(self, requests: Sequence[GenRequest], settings: GenerationSettings) -> list[Generation]:
+    def generate(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> list[Generation]:
         if self.parallel == 1 or len(requests) == 1:
             return [self._one(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(requests))) as pool:

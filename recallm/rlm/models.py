@@ -371,11 +371,11 @@ class BackendModel(ChatModel):
         return len(self.tokenizer(text, add_special_tokens=False)["input_ids"])
 
     def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
-        from recallm.eval.types import GenRequest
+        from recallm.eval.types import TextRequest
 
         prompt_text = self.render(messages)
         limit = self.settings.max_new_tokens if max_new_tokens is None else int(max_new_tokens)
-        request = GenRequest(prompt_text, tuple(dict(m) for m in messages), limit, int(seed))
+        request = TextRequest(prompt_text, tuple(dict(m) for m in messages), limit, int(seed))
         try:
             generation = self._batcher.submit(request, cancel)
         except Cancelled as exc:
@@ -388,9 +388,9 @@ class BackendModel(ChatModel):
         return Reply(text, self.count_tokens(prompt_text), generation.n_tokens, generation.finish_reason)
 
     def continue_text(self, prompt_text: str, prefix: str, *, max_new_tokens: int, seed: int = 0) -> Reply:
-        from recallm.eval.types import GenRequest
+        from recallm.eval.types import TextRequest
 
-        request = GenRequest(prompt_text, None, int(max_new_tokens), int(seed), prefix=prefix)
+        request = TextRequest(prompt_text, None, int(max_new_tokens), int(seed), prefix=prefix)
         generation = self._batcher.submit(request, None)
         return Reply(
             generation.text, self.count_tokens(prompt_text + prefix), generation.n_tokens, generation.finish_reason

@@ -103,12 +103,14 @@ class RecallTrainer(Trainer):
         return metrics
 
 
-@torch.no_grad()
-def recall_metrics(model, tokenizer, records: list[dict], *, max_new_tokens: int) -> dict[str, float]:
-    """Greedy constrained generation on validation prompts: spans per answer, verbatim fraction,
-    answer accuracy (the reward's answer metric)."""
-    from recallm.recall import find_spans
-    from recallm.tokens import RecallTokenIds
+def recall_metrics(
+    model, tokenizer, records: list[dict], *, max_new_tokens: int, batch_size: int = 1
+) -> dict[str, float]:
+    """Greedy constrained generation on validation prompts (``recallm.generation.generate``,
+    ``batch_size`` prompts at a time): spans per answer, verbatim fraction, answer accuracy (the
+    reward's answer metric)."""
+    from recallm.generation import GenRequest, generate, generated_spans
+    from recallm.tokens import RecallTokenIds, eos_token_ids
     from rewards import score_response
 
     ids = RecallTokenIds.from_config(model.config)
@@ -116,24 +118,18 @@ def recall_metrics(model, tokenizer, records: list[dict], *, max_new_tokens: int
     model.eval()
     spans = verbatim = 0
     correct = 0.0
-    device = next(model.parameters()).device
-    from recallm.tokens import eos_token_ids, pad_token_id
-
-    gen_config = getattr(model, "generation_config", None)
-    eos = eos_token_ids(tokenizer=tokenizer, config=model.config, generation_config=gen_config)
-    pad = pad_token_id(tokenizer=tokenizer, config=model.config, generation_config=gen_config)
-    for record in records:
-        prompt = torch.tensor([record["prompt_ids"]], device=device)
-        out = model.generate(
-            input_ids=prompt,
-            attention_mask=torch.ones_like(prompt),
-            max_new_tokens=max_new_tokens,
-            do_sample=False,
-            pad_token_id=pad,
-            eos_token_id=eos or None,
-        )[0].tolist()
-        generated = out[len(record["prompt_ids"]) :]
-        found = [s for s in find_spans(out, ids.start, ids.end) if s.start >= len(record["prompt_ids"])]
+    eos = eos_token_ids(
+        tokenizer=tokenizer, config=model.config, generation_config=getattr(model, "generation_config", None)
+    )
+    requests = [GenRequest(tuple(record["prompt_ids"]), max_new_tokens) for record in records]
+    try:
+        outputs = generate(model, requests, tokenizer=tokenizer, eos_token_ids=eos, batch_size=batch_size)
+    finally:
+        if was_training:
+            model.train()
+    for record, output in zip(records, outputs, strict=True):
+        generated = output.token_ids
+        found = generated_spans(record["prompt_ids"], generated, ids.start, ids.end)
         spans += len(found)
         verbatim += sum(s.verbatim for s in found)
         text = tokenizer.decode([t for t in generated if t not in eos], skip_special_tokens=False)
@@ -145,8 +141,6 @@ def recall_metrics(model, tokenizer, records: list[dict], *, max_new_tokens: int
             n_tokens=len(generated),
         )
         correct += score.answer
-    if was_training:
-        model.train()
     n = len(records)
     return {
         "recall_spans": spans / n,

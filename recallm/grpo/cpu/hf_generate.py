@@ -1,24 +1,20 @@
 """Token-in/token-out generation with Hugging Face ``generate`` for the ``hf_cpu`` rollout.
 
 No Ray and no verl here: :class:`HFGenerator` is what the rollout server calls, and what a test
-calls directly. It takes a list of requests (prompt ids + the sampling parameters verl sends),
-runs them as left-padded batches (one ``generate`` call per group of equal sampling
-parameters), and returns for every request its generated ids (up to and including the first
+calls directly. It turns verl's requests (prompt ids + the sampling parameters verl sends) into
+``recallm.generation.GenRequest`` objects and generates them with :func:`recallm.generation.generate`
+(the one batched constrained-generation function; left-padded batches, one ``generate`` call per
+group of equal sampling parameters, at most ``max_batch_size`` requests each) with
+``log_probs=True``: every request gets its generated ids (up to and including the first
 end-of-sequence token) and the log-probability of every generated token under the *processed*
 distribution — what vLLM returns with ``logprobs_mode=processed_logprobs``, verl's
 ``rollout_log_probs``: the recall mask, then repetition penalty, temperature, top-k and top-p
-applied to the logits, then a log-softmax.
-
-The logits processors are ours in full, in vLLM's order (``RecallLogitsProcessor``, repetition
-penalty, temperature, top-k, top-p); ``generate`` itself adds none (the model's
-``generation_config`` is reduced to its token ids, and every sampling option is passed as its
-neutral value), so a model's shipped defaults (``top_k=20``, ``temperature=0.7``, ...) cannot
-change what verl asked for.
+applied to the logits, then a log-softmax (see ``recallm.generation`` for the processors, their
+order, and the log-prob of forced tokens).
 
 Forced spans (``force_every``, a test aid: ``recallm.recall.hf.ForceRecallSpans``) are applied
 *after* the log-probs are recorded: the log-prob of a forced token is the one the policy gives
-it (what the trainer recomputes), not the 0 of a forced choice; a forced token that top-k/top-p
-would have excluded gets its log-prob before top-k/top-p (finite, as the trainer's).
+it (what the trainer recomputes), not the 0 of a forced choice.
 """
 
 from __future__ import annotations
@@ -31,19 +27,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from transformers import (
-    GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
-    RepetitionPenaltyLogitsProcessor,
-    TemperatureLogitsWarper,
-    TopKLogitsWarper,
-    TopPLogitsWarper,
-)
 
 from recallm.errors import RecallmError
+from recallm.generation import GenRequest, GenResult, generate
 
-__all__ = ["HFCPUSettings", "GenRequest", "GenResult", "HFGenerator"]
+__all__ = ["HFCPUSettings", "HFGenerator"]
 
 log = logging.getLogger(__name__)
 
@@ -117,59 +105,6 @@ class HFCPUSettings:
         return cls(**values)
 
 
-@dataclass(frozen=True)
-class GenRequest:
-    """One generation request, with vLLM's sampling parameters (``top_k <= 0``: no top-k;
-    ``temperature == 0``: greedy)."""
-
-    prompt_ids: tuple[int, ...]
-    max_tokens: int
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = -1
-    repetition_penalty: float = 1.0
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 1e-5
-
-    def group_key(self) -> tuple:
-        if self.greedy:
-            return (True, 1.0, 1.0, -1, self.repetition_penalty)
-        top_k = self.top_k if self.top_k > 0 else -1
-        return (False, self.temperature, self.top_p, top_k, self.repetition_penalty)
-
-
-@dataclass
-class GenResult:
-    token_ids: list[int]
-    log_probs: list[float]
-
-
-class _LogProbRecorder(LogitsProcessor):
-    """Records ``log_softmax`` of the scores it sees; the token chosen at a step is read from the
-    next step's ``input_ids`` (and, for the last step, from the finished sequences)."""
-
-    def __init__(self) -> None:
-        self._previous: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
-        """(B, steps) log-probs of the generated tokens."""
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, sequences[:, -1:]).squeeze(1))
-            self._previous = None
-        if not self.steps:
-            return torch.zeros(sequences.shape[0], 0)
-        return torch.stack(self.steps, dim=1)
-
-
 class HFGenerator:
     """A causal LM and the generation loop of the ``hf_cpu`` rollout (see module doc)."""
 
@@ -179,35 +114,22 @@ class HFGenerator:
         settings: HFCPUSettings | None = None,
         *,
         eos_token_ids: Iterable[int] | int | None = None,
-        pad_token_id: int | None = None,
         max_model_len: int | None = None,
     ) -> None:
         self.settings = settings or HFCPUSettings()
         self.model = model.eval()
         config = model.config
-        gen = getattr(model, "generation_config", None)
         from recallm import tokens
 
         if eos_token_ids is None:
-            eos_token_ids = tokens.eos_token_ids(config=config, generation_config=gen)
+            eos_token_ids = tokens.eos_token_ids(
+                config=config, generation_config=getattr(model, "generation_config", None)
+            )
         if isinstance(eos_token_ids, int):
             eos_token_ids = [eos_token_ids]
         self.eos_token_ids: list[int] = [int(i) for i in (eos_token_ids or [])]
-        if pad_token_id is None:
-            pad_token_id = tokens.pad_token_id(config=config, generation_config=gen)
-        self.pad_token_id = int(pad_token_id)
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 1 << 30))
-        # generate() fills every unset option from model.generation_config: keep only the token ids
-        model.generation_config = GenerationConfig(
-            eos_token_id=self.eos_token_ids or None,
-            pad_token_id=self.pad_token_id,
-            bos_token_id=getattr(gen, "bos_token_id", None),
-        )
         self.recall = self._resolve_recall(config)
-        if self.settings.force_every is not None:
-            from recallm.tokens import RecallTokenIds
-
-            self._force_ids = RecallTokenIds.from_config(config)
         self._state = model.state_dict(keep_vars=True)
         self._received: set[str] = set()
 
@@ -291,7 +213,7 @@ class HFGenerator:
         repetition = params.pop("repetition_penalty", 1.0)
         return GenRequest(
             prompt_ids=prompt,
-            max_tokens=max_tokens,
+            max_new_tokens=max_tokens,
             temperature=float(1.0 if temperature is None else temperature),
             top_p=float(1.0 if top_p is None else top_p),
             top_k=int(-1 if top_k is None else top_k),
@@ -301,104 +223,18 @@ class HFGenerator:
     # --- generation ----------------------------------------------------------------------------
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        """Generate every request; results in request order."""
-        results: list[GenResult | None] = [None] * len(requests)
-        groups: dict[tuple, list[int]] = {}
-        for i, request in enumerate(requests):
-            key = request.group_key()
-            if request.repetition_penalty != 1.0:  # HF's penalty would also count the padding
-                key = (*key, i)
-            groups.setdefault(key, []).append(i)
-        limit = self.settings.max_batch_size
-        for members in groups.values():
-            for start in range(0, len(members), limit):
-                chunk = members[start : start + limit]
-                for i, result in zip(chunk, self._generate_batch([requests[i] for i in chunk]), strict=True):
-                    results[i] = result
-        return results  # type: ignore[return-value]
-
-    def _processors(
-        self, request: GenRequest, attention_mask: torch.Tensor
-    ) -> tuple[LogitsProcessorList, _LogProbRecorder, _LogProbRecorder | None]:
-        processors = LogitsProcessorList()
-        if self.recall:
-            from recallm.recall.hf import RecallLogitsProcessor
-
-            processors.append(
-                RecallLogitsProcessor.from_config(
-                    self.model.config, prompt_attention_mask=attention_mask, pad_token_id=self.pad_token_id
-                )
-            )
-        if request.repetition_penalty != 1.0:
-            processors.append(RepetitionPenaltyLogitsProcessor(penalty=request.repetition_penalty))
-        truncated = None  # log-probs before top-k/top-p, for forced tokens they exclude
-        if not request.greedy:
-            if request.temperature != 1.0:
-                processors.append(TemperatureLogitsWarper(request.temperature))
-            if self.settings.force_every is not None and (request.top_k > 0 or request.top_p < 1.0):
-                truncated = _LogProbRecorder()
-                processors.append(truncated)
-            if request.top_k > 0:
-                processors.append(TopKLogitsWarper(top_k=request.top_k))
-            if request.top_p < 1.0:
-                processors.append(TopPLogitsWarper(top_p=request.top_p))
-        recorder = _LogProbRecorder()
-        processors.append(recorder)
-        if self.settings.force_every is not None:
-            from recallm.recall.hf import ForceRecallSpans
-
-            ids = self._force_ids
-            processors.append(
-                ForceRecallSpans(ids.start, ids.end, every=self.settings.force_every, length=self.settings.force_length)
-            )
-        return processors, recorder, truncated
-
-    @torch.inference_mode()
-    def _generate_batch(self, requests: Sequence[GenRequest]) -> list[GenResult]:
-        request = requests[0]
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, r in enumerate(requests):  # left padding
-            if r.prompt_ids:
-                input_ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
-                attention_mask[row, width - len(r.prompt_ids) :] = 1
-        max_new = max(r.max_tokens for r in requests)
-        processors, recorder, truncated = self._processors(request, attention_mask)
-        kwargs: dict[str, Any] = {
-            "input_ids": input_ids,
-            "attention_mask": attention_mask,
-            "logits_processor": processors,
-            "max_new_tokens": max_new,
-            "do_sample": not request.greedy,
-            "repetition_penalty": 1.0,
-            "pad_token_id": self.pad_token_id,
-            "eos_token_id": self.eos_token_ids or None,
-            "use_cache": True,
-        }
-        if not request.greedy:  # neutral values: generate() adds no warper of its own (ours are in `processors`)
-            kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
-        from recallm.modeling import RecallMaskMixin
-
-        if isinstance(self.model, RecallMaskMixin):
-            kwargs["recall_constrained"] = self.recall  # ours is in `processors`; none added twice
-        sequences = self.model.generate(**kwargs)
-        log_probs = recorder.finish(sequences)
-        if truncated is not None:  # a forced token outside top-k/top-p: its log-prob before them
-            before = truncated.finish(sequences)
-            log_probs = torch.where(torch.isfinite(log_probs), log_probs, before)
-        generated = sequences[:, width:].tolist()
-        log_probs = log_probs.tolist()
-        eos = set(self.eos_token_ids)
-        results = []
-        for row, r in enumerate(requests):
-            tokens = generated[row][: r.max_tokens]
-            for j, token in enumerate(tokens):
-                if token in eos:
-                    tokens = tokens[: j + 1]
-                    break
-            results.append(GenResult(token_ids=tokens, log_probs=log_probs[row][: len(tokens)]))
-        return results
+        """Generate every request (``recallm.generation.generate`` with log-probs); results in
+        request order. Sampling draws from the process's torch RNG (the server seeds it once)."""
+        force = self.settings
+        return generate(
+            self.model,
+            requests,
+            eos_token_ids=self.eos_token_ids,
+            recall=self.recall,
+            force=(force.force_every, force.force_length) if force.force_every is not None else None,
+            log_probs=True,
+            batch_size=self.settings.max_batch_size,
+        )
 
     # --- weights -------------------------------------------------------------------------------
 
