@@ -78,7 +78,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm import cancel as _cancel
 from recallm.rlm import confine, proctree

@@ -46,7 +46,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm.budget import Budget, BudgetExhausted
 from recallm.rlm.cancel import Cancelled, CancelToken
