@@ -108,6 +108,7 @@ def test_sft_schema_refuses_a_misspelt_recipe_key():
         typed(SFTRun, cfg | {"train_file": "t", "out_dir": "o"}, "")
 
 
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
 @pytest.mark.parametrize(
     "primary, schema, group",
     [
@@ -129,6 +130,7 @@ def test_every_app_config_fits_its_schema(primary, schema, group):
         typed(cls, {**_compose(primary), "surplus": 1}, "")
 
 
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
 def test_rlm_task_and_export_sections_fit_their_schemas():
     from recallm.rlm.export import ExportSettings
     from recallm.rlm.tasks import TaskRun, TaskSet
@@ -148,6 +150,7 @@ def test_rlm_task_and_export_sections_fit_their_schemas():
             typed(TaskSet, spec, f"recallm.rlm.data.{split}")
 
 
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
 def test_grpo_recallm_section_fits_its_schema():
     pytest.importorskip("verl")
     from recallm.grpo.app import compose_config
