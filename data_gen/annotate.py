@@ -58,6 +58,7 @@ from data_gen.base import Row
 from recallm.clients import ChatClient, ChatError, EndpointConfig
 from recallm.config import as_number as _number
 from recallm.config import check_range as _check_range
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -624,17 +625,10 @@ class AnnotateSettings:
         traces = teacher_cfg.get("traces")
         if traces and not Path(traces).is_file():
             raise RecallmError(f"teacher.traces file {traces} does not exist")
-        max_span = checks_cfg.get("max_span_tokens")
-        checks = Checks(
-            min_answer_score=_number(checks_cfg.get("min_answer_score", 1.0), "checks.min_answer_score"),
-            min_similarity=_number(checks_cfg.get("min_similarity", 0.6), "checks.min_similarity"),
-            fuzzy_ratio=_number(checks_cfg.get("fuzzy_ratio", 0.1), "checks.fuzzy_ratio"),
-            fuzzy_min_dist=_number(checks_cfg.get("fuzzy_min_dist", 1), "checks.fuzzy_min_dist", int),
-            require_span=bool(checks_cfg.get("require_span", True)),
-            max_span_tokens=_model_max_recall_tokens(model)
-            if max_span is None
-            else _number(max_span, "checks.max_span_tokens", int),
-        )
+        checks_values = dataclass_values(Checks, checks_cfg, "checks")  # Checks is the section's schema
+        if checks_values.get("max_span_tokens") is None:  # null here: the model's max_recall_tokens
+            checks_values["max_span_tokens"] = _model_max_recall_tokens(model)
+        checks = Checks(**checks_values)
         prompts = Prompts(
             teacher_instruction=teacher_cfg.get("instruction") or DEFAULT_TEACHER_INSTRUCTION,
             teacher_system=teacher_cfg.get("system_prompt") or None,

@@ -37,7 +37,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
-from recallm.config import as_number, check_range, dataclass_values  # noqa: F401  (their home; re-exported)
+from recallm.config import as_number, check_range
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -46,9 +46,6 @@ __all__ = [
     "ChatError",
     "Completion",
     "is_local_url",
-    "as_number",
-    "check_range",
-    "dataclass_values",
 ]
 
 log = logging.getLogger(__name__)
@@ -84,7 +81,9 @@ class EndpointConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], role: str) -> EndpointConfig:
-        """Build and check (``role`` names the config section in error messages)."""
+        """Build and check (``role`` names the config section in error messages); a key ``cfg``
+        leaves out takes the field's default above. Callers pass the endpoint keys of a larger
+        section, so other keys are theirs to check."""
         import httpx
 
         model = cfg.get("model")
@@ -109,13 +108,13 @@ class EndpointConfig:
             base_url=base_url,
             model=model,
             api_key_env=env or None,
-            temperature=_optional(cfg, "temperature", 0.0, f"{role}.temperature", float),
+            temperature=_optional(cfg, "temperature", cls.temperature, f"{role}.temperature", float),
             top_p=None if cfg.get("top_p") is None else as_number(cfg.get("top_p"), f"{role}.top_p"),
-            max_tokens=_optional(cfg, "max_tokens", 4096, f"{role}.max_tokens", int),
-            timeout=as_number(cfg.get("timeout", 300.0), f"{role}.timeout"),
-            concurrency=as_number(cfg.get("concurrency", 8), f"{role}.concurrency", int),
-            retries=as_number(cfg.get("retries", 4), f"{role}.retries", int),
-            backoff=as_number(cfg.get("backoff", 1.0), f"{role}.backoff"),
+            max_tokens=_optional(cfg, "max_tokens", cls.max_tokens, f"{role}.max_tokens", int),
+            timeout=as_number(cfg.get("timeout", cls.timeout), f"{role}.timeout"),
+            concurrency=as_number(cfg.get("concurrency", cls.concurrency), f"{role}.concurrency", int),
+            retries=as_number(cfg.get("retries", cls.retries), f"{role}.retries", int),
+            backoff=as_number(cfg.get("backoff", cls.backoff), f"{role}.backoff"),
             extra_body=dict(extra),
         )
         if config.temperature is not None:

@@ -1,7 +1,6 @@
-"""Reading config values by type — the one home of it, until typed schemas per app replace the
-defaults-as-types rule below.
+"""Reading config values by type — the one home of it.
 
-Two layers:
+Three layers:
 
 * **Command-line overrides** (``check_overrides``), for every Hydra command before anything runs:
   each ``key=value`` must have the type of the default it replaces (an integer where the default is
@@ -12,9 +11,13 @@ Two layers:
   node (an empty mapping such as ``engine_kwargs: {}``, or a node the command declares open);
   anything else — ``+sft.lr=123.0``, which nothing reads — is refused with the nearest real keys.
 * **Values a command reads** (``check_value``): type, range, choices, required — one line naming
-  the key, e.g. ``workers must be >= 1, got 0``. ``as_number``, ``check_range`` and
-  ``dataclass_values`` (settings dataclasses from config mappings) are the older, converting
-  readers used by the RLM and annotation settings.
+  the key, e.g. ``workers must be >= 1, got 0``. ``as_number`` and ``check_range`` convert and
+  check one number.
+* **A config section as a settings dataclass** (``typed``): the dataclass is the section's schema —
+  its fields are the known keys (any other key is refused, with the known ones listed), their
+  annotations the types (each value converted, or one line naming ``section.key``), their defaults
+  the defaults (held there once: readers take the attribute, never ``.get(key, default)``); a field
+  without a default is required. ``dataclass_values`` is the same without building the instance.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ import dataclasses
 import difflib
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from recallm.errors import RecallmError
 
@@ -33,8 +36,10 @@ __all__ = [
     "as_number",
     "check_range",
     "dataclass_values",
+    "typed",
 ]
 
+T = TypeVar("T")
 _ABSENT = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
 
@@ -111,41 +116,111 @@ def check_value(
 
 
 def as_number(value: Any, name: str, kind: type = float) -> Any:
-    """``kind(value)``, or a ``RecallmError`` naming ``name`` (booleans are not numbers)."""
+    """``kind(value)``, or a ``RecallmError`` naming ``name`` (booleans are not numbers; an integer is
+    not taken from a number with a fraction)."""
     try:
-        if isinstance(value, bool):
+        if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
             raise TypeError
         return kind(value)
     except (TypeError, ValueError):
-        raise RecallmError(f"{name} must be a number, got {value!r}") from None
+        raise RecallmError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    import typing
+
+    return typing.get_type_hints(cls)
+
+
+def _key(where: str, name: str) -> str:
+    return f"{where}.{name}" if where else name
 
 
 def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """The values ``cfg`` sets for the fields of dataclass ``cls``, each converted to the field's
-    declared type (``int``, ``float``, ``str``, ``bool``; ``X | None`` also takes None). A key
-    that is not a field, or a value that is not a number where one is declared, is a one-line
-    ``RecallmError`` naming ``where``. Needs postponed annotations (string field types)."""
+    declared type (``int``, ``float``, ``str``, ``bool``; ``list[...]``/``tuple[...]`` take a list,
+    ``dict[...]`` a mapping, ``Any`` anything; ``X | None`` also takes None, which elsewhere means
+    "not set": the field's default is kept). A key that is not a
+    field, or a value of the wrong kind, is a one-line ``RecallmError`` naming ``where``; a field
+    whose type is itself a settings dataclass is read with ``typed``. Needs postponed annotations
+    (string field types)."""
+    if cfg is not None and not isinstance(cfg, Mapping):
+        cfg = _plain(cfg)
+        if not isinstance(cfg, Mapping):
+            raise RecallmError(f"{where} must be a mapping {{key: value}}, got {cfg!r}")
     cfg = dict(cfg or {})
     declared = {f.name: str(f.type) for f in dataclasses.fields(cls)}
     unknown = sorted(set(cfg) - set(declared))
     if unknown:
-        raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(declared)}")
+        raise RecallmError(f"{where or 'the config'} has unknown keys {unknown}; known: {sorted(declared)}")
     values: dict[str, Any] = {}
     for name, value in cfg.items():
         kind = declared[name]
-        if value is None and kind.endswith("| None"):
-            values[name] = None
+        if value is None:
+            if kind.endswith("| None") or kind == "Any":
+                values[name] = None
+            # else: null on a field that takes no null is "not set": the field's default (or required)
             continue
         kind = kind.split("|")[0].strip()
         if kind in ("int", "float"):
-            values[name] = as_number(value, f"{where}.{name}", int if kind == "int" else float)
+            values[name] = as_number(value, _key(where, name), int if kind == "int" else float)
         elif kind == "str":
             values[name] = str(value)
         elif kind == "bool":
-            values[name] = bool(value)
+            if not isinstance(value, bool):
+                raise RecallmError(f"{_key(where, name)} must be true or false, got {_describe(value)}")
+            values[name] = value
+        elif kind == "Any":
+            values[name] = _plain(value)
+        elif kind.startswith(("list", "tuple", "Sequence")):
+            value = _plain(value)
+            if not isinstance(value, (list, tuple)):
+                raise RecallmError(f"{_key(where, name)} must be a list, got {value!r}")
+            values[name] = list(value) if kind.startswith("list") else tuple(value)
+        elif kind.startswith(("dict", "Mapping")):
+            value = _plain(value)
+            if not isinstance(value, Mapping):
+                raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
+            values[name] = dict(value)
+        elif dataclasses.is_dataclass(nested := _hints(cls).get(name)):
+            values[name] = typed(nested, value, _key(where, name))  # a nested section with its own schema
         else:
             raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
     return values
+
+
+def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
+    """``cls(**values)``: the settings dataclass ``cls`` built from config section ``cfg`` (module
+    doc). Unknown keys, values of the wrong kind and missing required fields are one-line
+    ``RecallmError``s naming ``where``; so are values outside a field's ``metadata`` ``min``/``max``/
+    ``choices`` (``field(default=1, metadata={"min": 1})``) and a ``RecallmError`` of the dataclass's
+    own checks (``__post_init__``), prefixed with ``where``."""
+    values = dataclass_values(cls, cfg, where)
+    for f in dataclasses.fields(cls):
+        value, key = values.get(f.name), f"{where}.{f.name}" if where else f.name
+        if value is None:
+            continue
+        if "min" in f.metadata and value < f.metadata["min"]:
+            raise RecallmError(f"{key} must be >= {f.metadata['min']}, got {value}")
+        if "max" in f.metadata and value > f.metadata["max"]:
+            raise RecallmError(f"{key} must be <= {f.metadata['max']}, got {value}")
+        if "choices" in f.metadata and value not in f.metadata["choices"]:
+            raise RecallmError(f"{key} must be one of {', '.join(map(str, f.metadata['choices']))}, got {value!r}")
+    missing = [
+        f.name
+        for f in dataclasses.fields(cls)
+        if f.init
+        and f.name not in values
+        and f.default is dataclasses.MISSING
+        and f.default_factory is dataclasses.MISSING
+    ]
+    if missing:
+        raise RecallmError(f"{_key(where, missing[0])} is required")
+    try:
+        return cls(**values)
+    except RecallmError as exc:
+        message = str(exc)
+        raise RecallmError(message if message.startswith(where) else _key(where, message)) from None
 
 
 def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:

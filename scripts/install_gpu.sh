@@ -23,7 +23,7 @@ VENV="${RECALLM_VENV:-$ROOT/.venv}"
 PY="${PYTHON:-python3}"
 
 [ -x "$VENV/bin/python" ] || "$PY" -m venv "$VENV"
-"$VENV/bin/pip" install -q --upgrade pip setuptools wheel packaging ninja psutil
+"$VENV/bin/pip" install -q --upgrade pip setuptools wheel packaging ninja psutil hatchling  # hatchling: recallm's own build backend
 "$VENV/bin/pip" install "torch==2.11.0" "torchvision==0.26.0" "torchaudio==2.11.0"
 "$VENV/bin/pip" install --no-build-isolation -e "$ROOT[gpu]"
 "$VENV/bin/recallm-doctor" --require gpu

@@ -15,13 +15,11 @@ from __future__ import annotations
 import logging
 import sys
 
-import hydra
 from omegaconf import DictConfig
 
-from recallm.cli.common import run_hydra
+from recallm.cli.common import hydra_command
 from recallm.errors import cli_errors
 from recallm.io import check_out_dir
-from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
@@ -36,13 +34,6 @@ def run(cfg: DictConfig) -> dict:
     return report
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="annotate", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    for name in ("transformers", "httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    run(cfg)
-
-
 def check(cfg: DictConfig) -> None:
     """The command's settings, before anything is written (``recallm.cli.common``); the rest of the
     config is checked by ``data_gen.annotate`` before the first request."""
@@ -52,8 +43,7 @@ def check(cfg: DictConfig) -> None:
         check_out_dir(str(cfg.output_dir), "output_dir")
 
 
-def main() -> None:
-    run_hydra("annotate", _hydra_main, check)
+main = hydra_command("annotate", run, check=check, quiet=("transformers", "httpx", "httpcore"))
 
 
 if __name__ == "__main__":

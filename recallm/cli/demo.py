@@ -14,15 +14,13 @@ import logging
 import sys
 import textwrap
 
-import hydra
 import torch
 from omegaconf import DictConfig
 
-from recallm.cli.common import run_hydra
+from recallm.cli.common import hydra_command
 from recallm.config import check_value
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
-from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
@@ -148,21 +146,12 @@ def run(cfg: DictConfig) -> int:
     return 0
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="demo", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    logging.getLogger("transformers").setLevel(logging.ERROR)
-    code = run(cfg)
-    if code:
-        sys.exit(code)
-
-
 def check(cfg: DictConfig) -> None:
     """The command's settings, before anything is written (``recallm.cli.common``)."""
     check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
 
 
-def main() -> None:
-    run_hydra("demo", _hydra_main, check)
+main = hydra_command("demo", run, check=check, quiet_level=logging.ERROR)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 recallm-doctor                 # versions, devices, driver, the recall processor, problems for a GPU run
 recallm-doctor --json          # the same as JSON
 recallm-doctor --require gpu   # exit 2 with one line if a GPU run is not ready (for job scripts)
+
+argparse, not Hydra (``recallm.cli.common``): it reads the installation, not a config, and must
+answer even in an environment where Hydra or the config tree is broken.
 """
 
 from __future__ import annotations

@@ -17,33 +17,26 @@ settings' types, ranges and kinds of path are checked before anything is written
 
 from __future__ import annotations
 
-import logging
 import sys
 
-import hydra
-from omegaconf import DictConfig
-
-from recallm.cli.common import run_hydra
+from recallm.cli.common import hydra_command
 from recallm.errors import cli_errors
 from recallm.eval import app
-from recallm.eval.app import check
-from recallm.paths import CONFIG_DIR
+from recallm.eval.app import EvalRun, check
 
-__all__ = ["check", "run", "main"]
+__all__ = ["EvalRun", "check", "run", "main"]
 
 #: the recipe, its user errors turned into one line on stderr and exit code 2
 run = cli_errors(app.run)
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="eval", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    for name in ("transformers", "httpx", "httpcore", "matplotlib"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    run(cfg)
-
-
-def main() -> None:
-    run_hydra("eval", _hydra_main, check, open_keys=("backend.rlm",))  # backend=rlm takes the RLM's own settings
+main = hydra_command(
+    "eval",
+    run,
+    check=check,
+    open_keys=("backend.rlm",),  # backend=rlm takes the RLM's own settings
+    quiet=("transformers", "httpx", "httpcore", "matplotlib"),
+)
 
 
 if __name__ == "__main__":

@@ -3,6 +3,9 @@
 recallm-export --checkpoint outputs/grpo/tiny_cpu --out outputs/grpo/tiny_cpu/hf
 recallm-export --checkpoint outputs/grpo/tiny_cpu/global_step_20 --out model-step20
 recallm-export --checkpoint /runs/grpo-llama --step 60 --out /runs/grpo-llama/hf-step60   (App. D.3's step)
+
+argparse, not Hydra (``recallm.cli.common``): a one-shot conversion of one checkpoint, three
+flags and no recipe settings or config tree to compose.
 """
 
 from __future__ import annotations

@@ -2,33 +2,31 @@
 
 recallm-grpo [--print-config] [key=value ...]       # Hydra overrides, any verl key included
 recallm-grpo plot [NAME=]METRICS [...] --out DIR     # training curves (Figure 10's panels) from verl's metric logs
+
+The command line is read by ``recallm.cli.common.hydra_command`` like every Hydra command's, except
+that Hydra does not run the job: the composed config goes to verl's own trainer (``launch``).
+``plot`` is not a run of the config and takes its own flags (argparse: positional files and
+``--out``, no config tree).
 """
 
 from __future__ import annotations
 
 import sys
 
+from recallm.cli.common import hydra_command
 from recallm.errors import cli_errors
 
 
 @cli_errors
-def main(argv: list[str] | None = None) -> int:
+def run(args: list[str], print_config: bool = False) -> int:
     from omegaconf import OmegaConf
 
-    from recallm.config import check_overrides
     from recallm.grpo.app import compose_config, describe, launch, prepare, validate
 
-    args = list(sys.argv[1:] if argv is None else argv)
-    if args[:1] == ["plot"]:
-        return plot(args[1:])
-    print_only = "--print-config" in args
-    args = [a for a in args if a != "--print-config"]
-    # verl's own config gives the types; of the settings only ours (recallm.*) are a closed set
-    check_overrides("grpo", args, closed=lambda key: key.split(".")[0] == "recallm")
     cfg = compose_config(args)
     env = prepare(cfg)
     validate(cfg)
-    if print_only:
+    if print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
@@ -36,6 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+@cli_errors
 def plot(argv: list[str]) -> int:
     """``recallm-grpo plot``: draw the curves of one or more runs into ``--out`` (``curves.png``,
     ``curves.md``)."""
@@ -67,6 +66,15 @@ def plot(argv: list[str]) -> int:
     print(f"wrote {args.out / 'curves.png'} and {args.out / 'curves.md'}")
     return 0
 
+
+main = hydra_command(
+    "grpo",
+    run,
+    closed=lambda key: key.split(".")[0] == "recallm",  # verl's keys: its own config gives the types
+    flags={"--print-config": "print the composed and validated config, launch nothing"},
+    subcommands={"plot": plot},
+    hydra_run=False,
+)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,22 +9,17 @@ recallm-pipeline experiment=tiny_cpu --status              # which jobs are done
 
 from __future__ import annotations
 
-import logging
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.cli.common import run_hydra
-from recallm.config import check_value
+from recallm.cli.common import hydra_command
+from recallm.config import typed
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
-from recallm.paths import CONFIG_DIR
-
-_STATUS = "--status" in sys.argv
-if _STATUS:
-    sys.argv.remove("--status")
 
 
 def _list(value, name: str) -> list[str] | None:
@@ -37,21 +32,37 @@ def _list(value, name: str) -> list[str] | None:
     return [str(v) for v in value]
 
 
-def check(cfg: DictConfig) -> None:
+@dataclass(frozen=True)
+class PipelineRun:
+    """The schema of ``configs/pipeline.yaml`` (``recallm.config.typed``)."""
+
+    run_dir: str
+    experiment: dict[str, Any]
+    """the ``experiment`` group (``recallm.pipeline.plan_experiment`` reads it)"""
+    redo: Any = ()
+    """stages to run again from scratch: a name or a list"""
+    only: Any = None
+    """run only these stages: a name or a list (None: all)"""
+    threads: int | None = field(default=None, metadata={"min": 1})
+    """CPU threads shared by the jobs of a stage (None: every core)"""
+
+
+def check(cfg: DictConfig) -> PipelineRun:
     """The command's settings, before anything is written (``recallm.cli.common``)."""
-    check_out_dir(check_value(cfg, "run_dir", str), "run_dir")
-    check_value(cfg, "threads", int, optional=True, min=1)
+    settings = typed(PipelineRun, cfg, "")
+    check_out_dir(settings.run_dir, "run_dir")
+    return settings
 
 
 @cli_errors
-def run(cfg: DictConfig) -> int:
+def run(cfg: DictConfig, status: bool = False) -> int:
     from recallm.pipeline import Pipeline, plan_experiment, result_line
 
     exp = OmegaConf.to_container(cfg.experiment, resolve=True)
     run_dir = Path(cfg.run_dir)
     stages = plan_experiment(exp, run_dir)
     pipeline = Pipeline(run_dir, stages, threads=cfg.threads)
-    if _STATUS:
+    if status:
         for name, done in pipeline.status().items():
             print(f"{'done' if done else 'todo':4s}  {name}")
         return 0
@@ -69,16 +80,7 @@ def _echo(message: str) -> None:
     print(message, flush=True)
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="pipeline", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    logging.getLogger("transformers").setLevel(logging.WARNING)
-    code = run(cfg)
-    if code:
-        sys.exit(code)
-
-
-def main() -> None:
-    run_hydra("pipeline", _hydra_main, check)
+main = hydra_command("pipeline", run, check=check, flags={"--status": "print which jobs are done, run nothing"})
 
 
 if __name__ == "__main__":

@@ -11,28 +11,64 @@
 
 The first argument may name the mode (``run``, ``generate``, ``show``, ``export``, ``train``); ``show``
 takes the trajectory as the next argument; ``train`` composes its own config (``recallm.rlm.train``). Everything else is a Hydra override of
-``configs/rlm.yaml``. Settings, task names and lengths are checked before any model is loaded;
-mistakes are one ``error: ...`` line and exit code 2. A rerun of ``run`` resumes.
+``configs/rlm.yaml`` (the command line is read by ``recallm.cli.common.hydra_command``, which turns
+the mode word into ``mode=...``). Settings, task names and lengths are checked before any model is
+loaded; mistakes are one ``error: ...`` line and exit code 2. A rerun of ``run`` resumes.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import re
 import sys
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
+from recallm.cli import common
 from recallm.errors import RecallmError, cli_errors
-from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
 MODES = ("run", "generate", "show", "export")
+
+
+@dataclass(frozen=True)
+class RLMRun:
+    """The schema of ``configs/rlm.yaml``'s own keys (``recallm.config.typed``). Its sections have
+    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``export`` ``recallm.rlm.export.ExportSettings``,
+    ``rlm``/``subcalls``/``sandbox``/``budget`` the settings classes of ``recallm.rlm``, ``root``/``sub``
+    ``recallm.rlm.models.make_model``."""
+
+    out_dir: str
+    mode: str = field(default="run", metadata={"choices": MODES})
+    models_dir: str = "outputs/models"
+    overwrite: bool = False
+    limit: int | None = field(default=None, metadata={"min": 1})
+    parallel: int = field(default=1, metadata={"min": 1})
+    progress: bool = True
+    tasks: dict[str, Any] = field(default_factory=dict)
+    root: dict[str, Any] = field(default_factory=dict)
+    sub: dict[str, Any] | None = None
+    rlm: dict[str, Any] | None = None
+    subcalls: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    trajectory: str | None = None
+    """mode=show: the trajectory file"""
+    html: str | None = None
+    """mode=show: the page to write (None: next to the trajectory)"""
+    export: dict[str, Any] = field(default_factory=dict)
+
+
+def check(cfg: DictConfig) -> None:
+    """The command's own keys, before anything is written (``recallm.cli.common``); the sections are
+    checked by the mode that reads them."""
+    from recallm.config import typed
+
+    typed(RLMRun, cfg, "")
 
 
 def _container(node) -> Any:
@@ -40,30 +76,18 @@ def _container(node) -> Any:
 
 
 def _task_settings(cfg: DictConfig) -> tuple[list[tuple[str, int, int]], dict[str, Any], Any]:
-    from recallm.rlm.tasks import TokenCounter, task_specs
+    from recallm.config import typed
+    from recallm.rlm.tasks import TaskRun, TokenCounter
 
     tasks = _container(cfg.tasks)
-    known = {"name", "names", "lengths", "per_cell", "seed", "tolerance", "max_pair_users", "needles", "tokenizer_path"}
-    unknown = sorted(set(tasks) - known)
-    if unknown:
-        raise RecallmError(f"tasks has unknown keys {unknown}; known: {sorted(known)}")
-    specs = task_specs(tasks["names"], tasks["lengths"], tasks["per_cell"])
+    task_run = typed(TaskRun, tasks, "tasks")
+    specs = task_run.specs()
     counter = TokenCounter()
-    if tasks.get("tokenizer_path"):
+    if task_run.tokenizer_path:
         from recallm.tokens import load_tokenizer
 
-        counter = TokenCounter(load_tokenizer(Path(tasks["tokenizer_path"])))
-    return specs, tasks, counter
-
-
-def _task_kwargs(tasks: dict[str, Any], counter) -> dict[str, Any]:
-    return {
-        "seed": int(tasks.get("seed") or 0),
-        "counter": counter,
-        "tolerance": float(tasks.get("tolerance", 0.02)),
-        "max_pair_users": None if tasks.get("max_pair_users") is None else int(tasks["max_pair_users"]),
-        "needles": int(tasks.get("needles") or 2),
-    }
+        counter = TokenCounter(load_tokenizer(Path(task_run.tokenizer_path)))
+    return specs, tasks, {**task_run.task_kwargs(), "counter": counter}
 
 
 def run_tasks_mode(cfg: DictConfig) -> dict[str, Any]:
@@ -74,7 +98,7 @@ def run_tasks_mode(cfg: DictConfig) -> dict[str, Any]:
     from recallm.rlm.sandbox import SandboxLimits
     from recallm.rlm.subcalls import SubCallSettings
 
-    specs, tasks, counter = _task_settings(cfg)
+    specs, tasks, task_kwargs = _task_settings(cfg)
     settings = RLMSettings.from_mapping(_container(cfg.rlm), "rlm")
     subcalls = SubCallSettings.from_mapping(_container(cfg.subcalls), "subcalls")
     sandbox = SandboxLimits.from_mapping(_container(cfg.sandbox), "sandbox")
@@ -106,7 +130,7 @@ def run_tasks_mode(cfg: DictConfig) -> dict[str, Any]:
             parallel=int(cfg.parallel),
             limit=cfg.limit,
             progress=bool(cfg.progress),
-            **_task_kwargs(tasks, counter),
+            **task_kwargs,
         )
     finally:
         root.close()
@@ -125,10 +149,9 @@ def run_tasks_mode(cfg: DictConfig) -> dict[str, Any]:
 def generate_mode(cfg: DictConfig) -> Path:
     from recallm.rlm.tasks import make_task
 
-    specs, tasks, counter = _task_settings(cfg)
+    specs, _, kwargs = _task_settings(cfg)
     out = Path(cfg.out_dir) / "tasks.jsonl"
     out.parent.mkdir(parents=True, exist_ok=True)
-    kwargs = _task_kwargs(tasks, counter)
     with out.open("w", encoding="utf-8") as f:
         for task, length, index in specs:
             ex = make_task(task, length, index, **kwargs)
@@ -143,7 +166,7 @@ def generate_mode(cfg: DictConfig) -> Path:
                 "context": ex.context,
             }
             f.write(json.dumps(row, ensure_ascii=False) + "\n")
-    print(f"wrote {len(specs)} tasks ({counter.describe()}) to {out}")
+    print(f"wrote {len(specs)} tasks ({kwargs['counter'].describe()}) to {out}")
     return out
 
 
@@ -158,31 +181,26 @@ def show_mode(cfg: DictConfig) -> Path:
 
 
 def export_mode(cfg: DictConfig) -> dict[str, int]:
-    from recallm.rlm.export import export_sft
+    from recallm.config import typed
+    from recallm.rlm.export import ExportSettings, export_sft
     from recallm.tiny import resolve_model
     from recallm.tokens import load_tokenizer
 
-    ex = _container(cfg.export)
-    known = {"trajectories", "out_file", "tokenizer_path", "min_turns", "max_turn_chars"}
-    unknown = sorted(set(ex) - known)
-    if unknown:
-        raise RecallmError(f"export has unknown keys {unknown}; known: {sorted(known)}")
-    tokenizer_path = ex.get("tokenizer_path")
+    ex = typed(ExportSettings, _container(cfg.export), "export")
+    tokenizer_path = ex.tokenizer_path
     if not tokenizer_path:
         if not cfg.root.model_path:
             raise RecallmError("export needs export.tokenizer_path (the tokenizer of the model to train)")
         tokenizer_path = resolve_model(str(cfg.root.model_path), Path(cfg.models_dir))
-    paths = ex["trajectories"]
-    paths = [paths] if isinstance(paths, str) else list(paths)
     counts = export_sft(
-        paths,
+        ex.paths(),
         load_tokenizer(Path(tokenizer_path)),
-        ex["out_file"],
-        min_turns=int(ex.get("min_turns", 2)),
-        max_turn_chars=int(ex.get("max_turn_chars", 100_000)),
+        ex.out_file,
+        min_turns=ex.min_turns,
+        max_turn_chars=ex.max_turn_chars,
     )
     print(f"wrote {counts['records']} SFT records from {counts['kept']} of {counts['trajectories']} trajectories "
-          f"to {ex['out_file']} ({json.dumps(counts)})")  # fmt: skip
+          f"to {ex.out_file} ({json.dumps(counts)})")  # fmt: skip
     return counts
 
 
@@ -200,43 +218,41 @@ def run(cfg: DictConfig):
     raise RecallmError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="rlm", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    for name in ("transformers", "httpx", "httpcore"):
-        logging.getLogger(name).setLevel(logging.WARNING)
-    run(cfg)
-
-
-def _quote(value: str) -> str:
-    if re.fullmatch(r"[\w./~:+-]+", value):
-        return value
-    return "'" + value.replace("\\", "\\\\").replace("'", "\\'") + "'"
+_POSITIONAL = {"show": "trajectory"}
 
 
 def rewrite_argv(argv: list[str]) -> list[str]:
     """``recallm-rlm show PATH ...`` -> ``recallm-rlm mode=show trajectory=PATH ...`` (module doc)."""
-    args = list(argv)
-    if args and args[0] in MODES:
-        mode = args.pop(0)
-        if mode == "show" and args and "=" not in args[0] and not args[0].startswith("-"):
-            args[0] = f"trajectory={_quote(args[0])}"
-        args.insert(0, f"mode={mode}")
-    return args
+    return common.rewrite_argv(argv, MODES, _POSITIONAL)
 
 
 @cli_errors
-def train(argv: list[str]) -> int:
-    """``recallm-rlm train ...``: GRPO of the RLM root (``recallm.rlm.train``, its own config)."""
+def _train(overrides: list[str], print_config: bool = False) -> int:
     from recallm.rlm.train import main as train_main
 
-    return train_main(argv)
+    return train_main(overrides, print_config=print_config)
 
 
-def main() -> None:
-    if sys.argv[1:2] == ["train"]:
-        sys.exit(train(sys.argv[2:]))
-    sys.argv[1:] = rewrite_argv(sys.argv[1:])
-    _hydra_main()
+#: ``recallm-rlm train ...``: GRPO of the RLM root (``recallm.rlm.train``, its own config; verl's
+#: keys are typed by verl's config, ours under ``recallm.`` are a closed set)
+train = common.hydra_command(
+    "rlm_train",
+    _train,
+    closed=lambda key: key.split(".")[0] == "recallm",
+    flags={"--print-config": "print the composed and validated config, launch nothing"},
+    hydra_run=False,
+)
+
+
+main = common.hydra_command(
+    "rlm",
+    run,
+    check=check,
+    modes=MODES,
+    positional=_POSITIONAL,
+    subcommands={"train": train},
+    quiet=("transformers", "httpx", "httpcore"),
+)
 
 
 if __name__ == "__main__":

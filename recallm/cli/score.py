@@ -12,17 +12,14 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from collections import defaultdict
 from pathlib import Path
 
-import hydra
 from omegaconf import DictConfig
 
-from recallm.cli.common import run_hydra
+from recallm.cli.common import hydra_command
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_in_file, check_out_file, replace
-from recallm.paths import CONFIG_DIR
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +91,10 @@ def check(cfg: DictConfig) -> None:
 
 @cli_errors
 def run(cfg: DictConfig) -> None:
+    from omegaconf import OmegaConf
+
+    if OmegaConf.is_missing(cfg, "input"):  # (a line with Hydra's own flags is not prechecked)
+        raise RecallmError("input=<file.jsonl> is required")
     input_path = Path(cfg.input)
     output_path = Path(cfg.output) if cfg.output else input_path.with_name(input_path.stem + ".scored.jsonl")
     means = score_file(input_path, output_path, cfg.reward)
@@ -105,20 +106,7 @@ def run(cfg: DictConfig) -> None:
     print(f"wrote {output_path}")
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="score", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    from omegaconf.errors import MissingMandatoryValue
-
-    try:
-        cfg.input  # noqa: B018  (raises when missing)
-    except MissingMandatoryValue:
-        print("error: input=<file.jsonl> is required", file=sys.stderr)
-        sys.exit(2)
-    run(cfg)
-
-
-def main() -> None:
-    run_hydra("score", _hydra_main, check)
+main = hydra_command("score", run, check=check)
 
 
 if __name__ == "__main__":

@@ -9,6 +9,9 @@ Every other argument goes to `vllm serve` unchanged (e.g. --tensor-parallel-size
 32768); `--hf-overrides` is merged with the base-architecture overrides the model needs. Point
 `recallm-eval backend.name=openai backend.base_url=http://HOST:PORT/v1 backend.served_model=NAME` or
 the RLM scaffold at it. Needs vLLM (the `gpu` extra; on a CPU, the vLLM tier's environment).
+
+argparse, not Hydra (``recallm.cli.common``): every unknown argument is passed on to `vllm serve`
+verbatim (``--flag value`` pairs a Hydra command line cannot carry), and the process becomes vLLM's.
 """
 
 from __future__ import annotations

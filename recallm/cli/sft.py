@@ -6,15 +6,12 @@ files, output directories) are checked before anything is written; mistakes are 
 
 from __future__ import annotations
 
-import logging
 import sys
 
-import hydra
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.cli.common import run_hydra
+from recallm.cli.common import hydra_command
 from recallm.errors import cli_errors
-from recallm.paths import CONFIG_DIR
 
 
 def check(cfg: DictConfig) -> None:
@@ -30,14 +27,7 @@ def run(cfg: DictConfig):
     return run_sft(OmegaConf.to_container(cfg, resolve=True))
 
 
-@hydra.main(config_path=str(CONFIG_DIR), config_name="sft", version_base="1.3")
-def _hydra_main(cfg: DictConfig) -> None:
-    logging.getLogger("transformers").setLevel(logging.WARNING)
-    run(cfg)
-
-
-def main() -> None:
-    run_hydra("sft", _hydra_main, check)
+main = hydra_command("sft", run, check=check)
 
 
 if __name__ == "__main__":

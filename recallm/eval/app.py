@@ -12,13 +12,13 @@ and, for a server or a judge, that it answers. A rerun resumes.
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.config import check_value
+from recallm.config import check_value, typed
 from recallm.errors import RecallmError
 from recallm.io import check_out_dir
 from recallm.tiny import resolve_model
@@ -64,20 +64,47 @@ def run_report(cfg: DictConfig) -> Path:
     return report
 
 
+@dataclass(frozen=True)
+class EvalRun:
+    """The schema of ``configs/eval.yaml``'s own keys (``recallm.config.typed``); the ``eval`` suite,
+    ``backend`` and ``reward`` sections are read by ``recallm.eval`` (benchmarks, backends) and
+    ``rewards.config``."""
+
+    out_dir: str
+    eval: dict[str, Any]
+    backend: dict[str, Any]
+    reward: dict[str, Any]
+    mode: str = field(default="run", metadata={"choices": ("run", "report")})
+    model_path: str = "tiny"
+    """a (RecaLLM) model directory, or ``tiny`` (built under ``models_dir``)"""
+    tokenizer_path: str | None = None
+    """tokenizer for fitting prompts (None: model_path's)"""
+    models_dir: str = "outputs/models"
+    run_name: str | None = None
+    paper_model: str | None = None
+    benchmarks: Any = None
+    """None: the suite's enabled benchmarks; or a name or list of names"""
+    limit: int | None = field(default=None, metadata={"min": 1})
+    overwrite: bool = False
+    progress: bool = True
+    report: bool = True
+    runs: Any = ()
+    """mode=report: run out_dirs (a list) or {name: dir}"""
+    report_dir: str = "outputs/eval/report"
+    curves: dict[str, Any] | None = None
+
+
 def check(cfg: DictConfig) -> None:
-    """The command's settings, before anything is written (``recallm.cli.common`` calls it too)."""
-    if check_value(cfg, "mode", str, choices=("run", "report")) == "report":
-        check_out_dir(check_value(cfg, "report_dir", str), "report_dir")
+    """The command's settings, before anything is written (``recallm.cli.common``)."""
+    settings = typed(EvalRun, cfg, "")
+    if settings.mode == "report":
+        check_out_dir(settings.report_dir, "report_dir")
         return
-    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
-    check_out_dir(check_value(cfg, "models_dir", str), "models_dir")
-    check_value(cfg, "limit", int, optional=True, min=1)
-    check_value(cfg, "backend.batch_size", int, min=1)
-    for key in ("progress", "report", "overwrite"):
-        check_value(cfg, key, bool)
-    tokenizer = check_value(cfg, "tokenizer_path", str, optional=True)
-    if tokenizer is not None and not Path(tokenizer).is_dir():
-        raise RecallmError(f"tokenizer_path {tokenizer} is not a directory")
+    check_out_dir(settings.out_dir, "out_dir")
+    check_out_dir(settings.models_dir, "models_dir")
+    check_value(cfg, "backend.batch_size", int, min=1)  # (the backend section: recallm.eval.backends)
+    if settings.tokenizer_path is not None and not Path(settings.tokenizer_path).is_dir():
+        raise RecallmError(f"tokenizer_path {settings.tokenizer_path} is not a directory")
 
 
 def run(cfg: DictConfig) -> dict[str, Any] | Path:

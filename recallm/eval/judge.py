@@ -271,11 +271,8 @@ def make_judge(cfg: Mapping[str, Any] | None) -> Judge | None:
     if not cfg.get("model"):
         return None
     from recallm.clients import ChatClient, EndpointConfig
+    from recallm.config import dataclass_values
 
-    known = {"base_url", "model", "api_key_env", "temperature", "top_p", "max_tokens", "timeout", "concurrency",
-             "retries", "backoff", "extra_body"}  # fmt: skip
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise RecallmError(f"eval.judge has unknown keys {unknown}; known: {sorted(known)}")
-    settings = {"temperature": 0.0, "max_tokens": 2048, **dict(cfg)}
+    dataclass_values(EndpointConfig, cfg, "eval.judge")  # its schema: the endpoint's fields (unknown keys, kinds)
+    settings = {"temperature": 0.0, "max_tokens": 2048, **dict(cfg)}  # a judge's own defaults
     return Judge(ChatClient(EndpointConfig.from_mapping(settings, "eval.judge"), "judge"))

@@ -37,24 +37,10 @@ class GenerationSettings:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any], where: str = "generation") -> GenerationSettings:
-        known = {"max_new_tokens", "temperature", "top_p", "top_k", "seed"}
-        unknown = sorted(set(cfg) - known)
-        if unknown:
-            raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(known)}")
-        try:
-            return cls(
-                max_new_tokens=int(cfg["max_new_tokens"]),
-                temperature=float(cfg.get("temperature", 0.0)),
-                top_p=float(cfg.get("top_p", 1.0)),
-                top_k=int(cfg.get("top_k", 0) or 0),
-                seed=int(cfg.get("seed", 0) or 0),
-            )
-        except KeyError:
-            raise RecallmError(f"{where}.max_new_tokens is required") from None
-        except (TypeError, ValueError) as exc:
-            raise RecallmError(f"{where}: {exc}") from None
-        except RecallmError as exc:
-            raise RecallmError(f"{where}.{exc}") from None
+        """From a ``generation`` config section (``recallm.config.typed``: this class is its schema)."""
+        from recallm.config import typed
+
+        return typed(cls, cfg, where)
 
 
 @dataclass(frozen=True)

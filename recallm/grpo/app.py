@@ -34,6 +34,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
+from recallm.grpo.settings import settings_of
 from recallm.paths import CONFIG_DIR
 
 __all__ = [
@@ -152,12 +153,12 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
     model_path = Path(str(cfg.actor_rollout_ref.model.path))
     summary = check_recallm_model(model_path)  # raises for a model without the recall tokens
     start, end = summary["recall_start_token_id"], summary["recall_end_token_id"]
-    rm = cfg.recallm
+    rm = settings_of(cfg)
     if rm.reward_manager:
         _set(cfg, "reward.reward_manager.source", "importlib")
         _set(cfg, "reward.reward_manager.name", "RecallRewardManager")
         _set(cfg, "reward.reward_manager.module.path", "pkg://rewards.verl_adapter")
-        _set(cfg, "reward.reward_kwargs.recallm", OmegaConf.to_container(rm.reward, resolve=True))
+        _set(cfg, "reward.reward_kwargs.recallm", rm.reward)
     libs = cfg.actor_rollout_ref.model.get("external_lib")
     libs = [libs] if isinstance(libs, str) else list(libs or [])
     if MODEL_LIB not in libs:
@@ -306,7 +307,7 @@ def _check_lengths(cfg: DictConfig) -> None:
 
 def _check_eval_step(cfg: DictConfig) -> None:
     """``recallm.eval_step``: the checkpoint the paper evaluates must be saved and kept."""
-    step = cfg.recallm.get("eval_step")
+    step = settings_of(cfg).eval_step
     if step is None:
         return
     t = cfg.trainer
@@ -338,8 +339,9 @@ def validate(cfg: DictConfig) -> None:
     rows the reward cannot score; and whatever verl's own ``validate_config`` rejects.
     """
     arr = cfg.actor_rollout_ref
+    rm = settings_of(cfg)
     _check_mask_is_kept(cfg)
-    if cfg.recallm.recall:
+    if rm.recall:
         _need(
             arr.rollout.name in RECALL_ROLLOUTS,
             f"rollout {arr.rollout.name!r} has no recall logits processor (use one of {', '.join(RECALL_ROLLOUTS)}, "
@@ -378,11 +380,11 @@ def validate(cfg: DictConfig) -> None:
         files += [value] if isinstance(value, str) else list(value or [])
     for file in files:
         _need(Path(str(file)).is_file(), f"data file {file} does not exist; generate it with `recallm-data`")
-    if cfg.recallm.reward_manager and cfg.recallm.check_data:
+    if rm.reward_manager and rm.check_data:
         from data_gen.io import read_records
         from rewards import check_rows, load_reward_config
 
-        reward = load_reward_config(OmegaConf.to_container(cfg.recallm.reward, resolve=True))
+        reward = load_reward_config(rm.reward)
         for file in files:
             try:
                 check_rows(read_records(file), reward)
@@ -413,7 +415,7 @@ def describe(cfg: DictConfig) -> str:
         + (
             f" (the checkpoint to evaluate: global_step_{cfg.recallm.eval_step}; export it with"
             f" recallm-export --checkpoint {t.default_local_dir} --step {cfg.recallm.eval_step} --out DIR)"
-            if cfg.recallm.get("eval_step")
+            if settings_of(cfg).eval_step
             else ""
         ),
         f"metrics:      {metrics_log_path(cfg) or '(console only: trainer.logger=[console,file] to keep them)'}",

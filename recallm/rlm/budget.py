@@ -26,7 +26,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 
 __all__ = ["BudgetLimits", "Budget", "BudgetExhausted"]

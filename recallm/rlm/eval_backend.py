@@ -26,9 +26,11 @@ import hashlib
 import logging
 from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.eval.backends import Backend
 from recallm.eval.types import Generation, GenerationSettings, TextRequest
@@ -42,7 +44,26 @@ from recallm.tokens import THINK_END
 __all__ = ["RLMBackend", "make_rlm_backend", "rlm_output"]
 
 log = logging.getLogger(__name__)
-_KEYS = {"root", "sub", "rlm", "subcalls", "sandbox", "budget", "trajectory_dir", "parallel", "models_dir"}
+
+
+@dataclass(frozen=True)
+class RLMBackendSection:
+    """The schema of ``backend.rlm`` (``recallm.config.typed``); its sections have their own:
+    ``rlm`` ``RLMSettings``, ``subcalls`` ``SubCallSettings``, ``sandbox`` ``SandboxLimits``, ``budget``
+    ``BudgetLimits``, ``root``/``sub`` ``recallm.rlm.models.make_model``."""
+
+    root: dict[str, Any] | None = None
+    """None or no ``name``: the evaluated model through HF (module doc)"""
+    sub: dict[str, Any] | None = None
+    rlm: dict[str, Any] | None = None
+    subcalls: dict[str, Any] | None = None
+    sandbox: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
+    trajectory_dir: str | None = "outputs/rlm/eval_trajectories"
+    """every example's trajectory (None: none written)"""
+    parallel: int = field(default=1, metadata={"min": 1})
+    """examples run at once"""
+    models_dir: str = "outputs/models"
 
 
 def rlm_output(result: RLMResult) -> tuple[str, int]:
@@ -106,16 +127,13 @@ class RLMBackend(Backend):
 
 def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> RLMBackend:
     """The ``rlm`` backend of ``recallm-eval`` from its ``backend`` section (module doc)."""
-    section = dict(cfg.get("rlm") or {})
-    unknown = sorted(set(section) - _KEYS)
-    if unknown:
-        raise RecallmError(f"backend.rlm has unknown keys {unknown}; known: {sorted(_KEYS)}")
-    settings = RLMSettings.from_mapping(section.get("rlm"), "backend.rlm.rlm")
-    subcalls = SubCallSettings.from_mapping(section.get("subcalls"), "backend.rlm.subcalls")
-    sandbox = SandboxLimits.from_mapping(section.get("sandbox"), "backend.rlm.sandbox")
-    budget = BudgetLimits.from_mapping(section.get("budget"), "backend.rlm.budget")
-    models_dir = section.get("models_dir") or "outputs/models"
-    root_cfg = dict(section.get("root") or {})
+    section = typed(RLMBackendSection, cfg.get("rlm"), "backend.rlm")
+    settings = RLMSettings.from_mapping(section.rlm, "backend.rlm.rlm")
+    subcalls = SubCallSettings.from_mapping(section.subcalls, "backend.rlm.subcalls")
+    sandbox = SandboxLimits.from_mapping(section.sandbox, "backend.rlm.sandbox")
+    budget = BudgetLimits.from_mapping(section.budget, "backend.rlm.budget")
+    models_dir = section.models_dir
+    root_cfg = dict(section.root or {})
     if not root_cfg.get("name"):
         root_cfg = {
             "name": "hf",
@@ -126,10 +144,9 @@ def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) 
             **{k: v for k, v in root_cfg.items() if k != "name"},
         }
     root = make_model(root_cfg, "backend.rlm.root", models_dir=models_dir, tokenizer=tokenizer, model_path=model_path)
-    sub_cfg = dict(section.get("sub") or {})
+    sub_cfg = dict(section.sub or {})
     sub = None
     if sub_cfg.get("name"):
         sub = make_model(sub_cfg, "backend.rlm.sub", models_dir=models_dir, tokenizer=tokenizer, model_path=model_path)
     rlm = RLM(root, sub, settings=settings, subcalls=subcalls, sandbox=sandbox, budget=budget)
-    trajectory_dir = section.get("trajectory_dir", "outputs/rlm/eval_trajectories")
-    return RLMBackend(rlm, trajectory_dir=trajectory_dir, parallel=int(section.get("parallel", 1)))
+    return RLMBackend(rlm, trajectory_dir=section.trajectory_dir, parallel=section.parallel)

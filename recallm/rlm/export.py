@@ -33,6 +33,7 @@ from __future__ import annotations
 import ast
 import json
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -131,13 +132,28 @@ def select_turns(
     return kept, None, counts
 
 
+@dataclass(frozen=True)
+class ExportSettings:
+    """The schema of ``export`` in ``configs/rlm.yaml`` (``recallm-rlm export``), read with
+    ``recallm.config.typed``."""
+
+    trajectories: Any  # a trajectory file or directory, or a list of them
+    out_file: str
+    tokenizer_path: str | None = None  # None: the root model's tokenizer
+    min_turns: int = 2  # trajectories with fewer root turns are dropped
+    max_turn_chars: int = 100_000  # longer turns are dropped
+
+    def paths(self) -> list[str]:
+        return [self.trajectories] if isinstance(self.trajectories, str) else [str(p) for p in self.trajectories]
+
+
 def export_sft(
     paths: Iterable[str | Path],
     tokenizer,
     out_file: str | Path,
     *,
-    min_turns: int = 2,
-    max_turn_chars: int = 100_000,
+    min_turns: int = ExportSettings.min_turns,
+    max_turn_chars: int = ExportSettings.max_turn_chars,
 ) -> dict[str, int]:
     """Write the SFT records of the trajectories in ``paths`` (files or directories) to
     ``out_file``; returns counts: trajectories read, kept, dropped per reason, records written,

@@ -516,7 +516,8 @@ def _settings(cfg: Mapping[str, Any], role: str):
 
 
 def _openai_model(cfg: Mapping[str, Any], role: str, tokenizer) -> OpenAIChatModel:
-    from recallm.clients import ChatClient, EndpointConfig, as_number
+    from recallm.clients import ChatClient, EndpointConfig
+    from recallm.config import as_number
 
     if not cfg.get("served_model"):
         raise RecallmError(f"{role}.served_model is required for openai (the model name the server serves)")

@@ -59,7 +59,7 @@ from typing import Any
 
 from recallm import cancel as _cancel
 from recallm.cancel import Cancelled, CancelToken
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm import prompts
 from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits

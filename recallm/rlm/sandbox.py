@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from recallm import cancel as _cancel
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm import confine, proctree
 from recallm.rlm.budget import BudgetExhausted

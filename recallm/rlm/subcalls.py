@@ -47,7 +47,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from recallm.cancel import Cancelled, CancelToken
-from recallm.clients import dataclass_values
+from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 from recallm.rlm.budget import Budget, BudgetExhausted
 from recallm.rlm.models import ChatModel, Reply

@@ -809,6 +809,42 @@ def make_task(
     return TaskExample(task, length, index, context, query, reference, tokens=counter.count(context_text(context)))
 
 
+@dataclass(frozen=True)
+class TaskSet:
+    """The schema of a task set: ``data.train``/``data.val`` of ``configs/rlm_train.yaml`` (and, with
+    ``TaskRun``'s two more keys, ``tasks`` of ``configs/rlm.yaml``). Read with
+    ``recallm.config.typed``; the defaults are ``make_task``'s."""
+
+    names: Any = ()  # a task name or a list of them (``TASKS``)
+    lengths: Any = ()  # token counts or their short forms (8K, 1M), one or a list
+    per_cell: int = 1  # examples per task and length
+    seed: int = 0
+    tolerance: float = 0.02  # contexts land within this share of the target length
+    max_pair_users: int | None = None  # oolong_pairs: cap the users meeting the condition
+    needles: int = 2  # mrcr: identical requests in the conversation
+
+    def specs(self) -> list[tuple[str, int, int]]:
+        """(task, length, index) of every example (``task_specs``)."""
+        return task_specs(self.names or [], self.lengths or [], self.per_cell)
+
+    def task_kwargs(self) -> dict[str, Any]:
+        """``make_task``'s keyword arguments of this set (the counter aside)."""
+        return {
+            "seed": self.seed,
+            "tolerance": self.tolerance,
+            "max_pair_users": self.max_pair_users,
+            "needles": self.needles,
+        }
+
+
+@dataclass(frozen=True)
+class TaskRun(TaskSet):
+    """``tasks`` of ``configs/rlm.yaml``: a named task set, token-counted with a tokenizer."""
+
+    name: str = "tasks"
+    tokenizer_path: str | None = None  # count tokens with this tokenizer (None: 4 characters per token)
+
+
 def task_specs(tasks: Sequence[str], lengths: Sequence[Any], per_cell: int) -> list[tuple[str, int, int]]:
     """(task, length, index) of every example of a task set; a ``RecallmError`` for bad settings."""
     names = [tasks] if isinstance(tasks, str) else list(tasks)

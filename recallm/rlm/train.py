@@ -42,7 +42,6 @@ log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.rlm.runtime"
 #: the file verl's ``agent_loop_config_path`` reads (``recallm.rlm.agent_loop``)
 AGENT_LOOPS = [{"name": "rlm", "_target_": "recallm.rlm.agent_loop.RLMAgentLoop"}]
-_DATA_KEYS = {"names", "lengths", "per_cell", "seed", "needles", "tolerance", "max_pair_users"}
 
 
 def compose_config(overrides: list[str]) -> DictConfig:
@@ -88,24 +87,14 @@ def _rlm_objects(section: dict[str, Any]):
 
 
 def _rows(spec: dict[str, Any], where: str, rlm, tokenizer, max_prompt: int) -> list[dict[str, Any]]:
+    from recallm.config import typed
     from recallm.rlm.runner import initial_messages
-    from recallm.rlm.tasks import make_task, task_specs
+    from recallm.rlm.tasks import TaskSet, make_task
 
-    unknown = sorted(set(spec) - _DATA_KEYS)
-    if unknown:
-        raise RecallmError(f"{where} has unknown keys {unknown}; known: {sorted(_DATA_KEYS)}")
-    specs = task_specs(spec.get("names") or [], spec.get("lengths") or [], spec.get("per_cell", 1))
+    task_set = typed(TaskSet, spec, where)
     rows = []
-    for index, (task, length, i) in enumerate(specs):
-        example = make_task(
-            task,
-            length,
-            i,
-            seed=int(spec.get("seed") or 0),
-            tolerance=float(spec.get("tolerance", 0.02)),
-            needles=int(spec.get("needles") or 2),
-            max_pair_users=spec.get("max_pair_users"),
-        )
+    for index, (task, length, i) in enumerate(task_set.specs()):
+        example = make_task(task, length, i, **task_set.task_kwargs())
         messages = initial_messages(rlm, example.context, example.query)
         prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
         n = len(tokenizer(prompt, add_special_tokens=False)["input_ids"])
@@ -280,18 +269,16 @@ def describe(cfg: DictConfig) -> str:
     )
 
 
-def main(argv: list[str]) -> int:
-    """``recallm-rlm train [--print-config] key=value ...`` (module doc)."""
+def main(overrides: list[str], print_config: bool = False) -> int:
+    """``recallm-rlm train [--print-config] key=value ...`` (module doc; the command line is read by
+    ``recallm.cli.rlm``)."""
     from recallm.grpo.app import launch, validate
 
-    args = list(argv)
-    print_only = "--print-config" in args
-    args = [a for a in args if a != "--print-config"]
-    cfg = compose_config(args)
+    cfg = compose_config(list(overrides))
     prepare_data(cfg)
     env = prepare(cfg)
     validate(cfg)
-    if print_only:
+    if print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)

@@ -30,7 +30,8 @@ Features:
   (temporary directory, fsync, rename); ``stage=full`` verifies it before starting from it.
 
 Errors (one line each, exit code 2 from the CLI; ``check_config`` runs before anything is
-written): unknown stage, a value of the wrong type, missing model or data file (or a parquet file
+written; the settings' schema is ``recallm.sft.settings``): unknown stage, an unknown key, a value
+of the wrong type or range, missing model or data file (or a parquet file
 where JSONL is read), an output directory that is a file, data tokenised with another tokenizer,
 batch sizes that do not divide, non-positive learning rate or epochs, a stage directory another
 run is writing, no intact checkpoint to resume from, a damaged model to start from.
@@ -39,6 +40,7 @@ run is writing, no intact checkpoint to resume from, a damaged model to start fr
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -51,7 +53,7 @@ from typing import Any
 import torch
 from transformers import Trainer, TrainingArguments
 
-from recallm.config import check_value
+from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.io import check_in_file, check_out_dir, iter_jsonl, lock_dir
 from recallm.sft.checkpoints import (
@@ -63,11 +65,11 @@ from recallm.sft.checkpoints import (
     model_dir_problem,
     save_final,
 )
+from recallm.sft.settings import STAGES, SFTRun
 
 __all__ = ["RecallTrainer", "run_sft", "check_config", "find_checkpoint", "check_checkpoint", "STAGES"]
 
 log = logging.getLogger(__name__)
-STAGES = ("embed", "full")
 
 
 # ------------------------------------------------------------------------------- trainer
@@ -170,76 +172,43 @@ def _prepare_cpu_distributed(deepspeed: bool) -> dict[str, Any]:
     return {"accelerator_config": {"use_configured_state": True}}
 
 
-def stage_settings(cfg: dict[str, Any]) -> dict[str, Any]:
-    """The recipe values of the run's stage, validated (types, ranges, batch sizes)."""
-    stage = check_value(cfg, "stage", str)
-    if stage not in STAGES:
-        raise RecallmError(f"stage must be one of {', '.join(STAGES)}, got {stage!r}")
-    recipe = cfg["sft"]
-    values = dict(recipe[stage])
-    at = f"sft.{stage}"
-    if check_value(cfg, f"{at}.steps", int, optional=True) is not None:  # fixed optimizer steps, not epochs
-        if not values["steps"] > 0:
-            raise RecallmError(f"{at}.steps must be > 0, got {values['steps']}")
-        values.setdefault("epochs", 1)
-    for key in ("epochs", "lr"):
-        check_value(cfg, f"{at}.{key}", float, optional=True)
-        if not (values.get(key) or 0) > 0:
-            raise RecallmError(f"{at}.{key} must be > 0, got {values.get(key)}")
-    check_value(cfg, f"{at}.warmup_steps", int, optional=True, min=0)
-    check_value(cfg, f"{at}.warmup_ratio", float, optional=True, min=0, max=1)
-    check_value(cfg, f"{at}.weight_decay", float, optional=True, min=0)
-    for key in ("max_length", "per_device_batch_size", "global_batch_size", "save_steps", "logging_steps"):
-        check_value(cfg, f"sft.{key}", int, optional=key in ("save_steps", "logging_steps"), min=1)
-    check_value(cfg, "sft.save_total_limit", int, optional=True, min=1)
-    for key in ("min_lr_ratio", "grad_clip"):
-        check_value(cfg, f"sft.{key}", float, optional=True, min=0)
-    if recipe.get("curriculum") is not None:
-        from recallm.sft.data import check_curriculum
-
-        check_curriculum(recipe["curriculum"])
-    skip = check_value(cfg, "sft.position_skip", int, optional=True)
-    if skip is not None and not skip > recipe["max_length"]:
-        raise RecallmError(f"sft.position_skip must exceed sft.max_length={recipe['max_length']}, got {skip}")
-    world = _world_size()
-    per_device, global_batch = recipe["per_device_batch_size"], recipe["global_batch_size"]
+def stage_settings(cfg: Any) -> SFTRun:
+    """The run's settings (``recallm.sft.settings``: types, ranges, unknown keys), with the global batch
+    checked against the processes."""
+    run = typed(SFTRun, cfg, "")
+    recipe = run.sft
+    per_device, global_batch, world = recipe.per_device_batch_size, recipe.global_batch_size, _world_size()
     if global_batch % (per_device * world):
         raise RecallmError(
             f"sft.global_batch_size={global_batch} is not a multiple of per_device_batch_size={per_device} x "
             f"{world} process(es)"
         )
-    values["grad_accum"] = global_batch // (per_device * world)
-    return values
+    return run
 
 
-def check_config(cfg: Any) -> dict[str, Any]:
+def check_config(cfg: Any) -> SFTRun:
     """Everything about a run's config that can be checked before anything is written — the
     settings' types and ranges, the kinds of path (output directories that are files, data files
-    that are missing, directories or parquet) — one ``RecallmError`` each; returns the stage's
-    recipe values (``stage_settings``). ``recallm-sft`` runs it before Hydra starts."""
-    values = stage_settings(cfg)
-    check_out_dir(check_value(cfg, "out_dir", str), "out_dir")
-    if cfg.get("models_dir") is not None:
-        check_out_dir(str(cfg["models_dir"]), "models_dir")
+    that are missing, directories or parquet) — one ``RecallmError`` each; returns the typed
+    settings (``stage_settings``). ``recallm-sft`` runs it before Hydra starts."""
+    run = stage_settings(cfg)
+    check_out_dir(run.out_dir, "out_dir")
+    check_out_dir(run.models_dir, "models_dir")
     hint = "create it with `recallm-data` (programmatic traces) or `recallm-annotate` (annotated traces)"
-    check_in_file(check_value(cfg, "train_file", str), "train_file", kind="jsonl", hint=hint)
-    if cfg.get("val_file") is not None:
-        check_in_file(str(cfg["val_file"]), "val_file", kind="jsonl", hint=hint)
-    for key in ("init_from", "model.path"):
-        path = check_value(cfg, key, str, optional=True)
-        if path is not None and not Path(path).is_dir():
+    check_in_file(run.train_file, "train_file", kind="jsonl", hint=hint)
+    if run.val_file is not None:
+        check_in_file(run.val_file, "val_file", kind="jsonl", hint=hint)
+    for key, path in (("init_from", run.init_from), ("model.path", run.model.get("path"))):
+        if path is not None and not Path(str(path)).is_dir():
             raise RecallmError(f"{key} {path} is not a model directory")
-    resume = str(check_value(cfg, "resume", str, optional=True) or "auto")
-    if resume not in ("auto", "never") and not Path(resume).is_dir():
-        raise RecallmError(f"resume must be auto, never or a checkpoint directory; {resume} is not a directory")
-    check_value(cfg, "logger", str, optional=True, choices=("console", "wandb"))
-    check_value(cfg, "max_steps", int, optional=True, min=1)
-    return values
+    if run.resume not in ("auto", "never") and not Path(run.resume).is_dir():
+        raise RecallmError(f"resume must be auto, never or a checkpoint directory; {run.resume} is not a directory")
+    return run
 
 
-def _init_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
+def _init_dir(run: SFTRun, out_dir: Path) -> Path:
     """The model directory stage=full starts from, verified (every file intact)."""
-    init = Path(cfg.get("init_from") or out_dir / "embed" / "final")
+    init = Path(run.init_from or out_dir / "embed" / "final")
     if not (init / "config.json").is_file():
         raise RecallmError(
             f"stage=full starts from {init}, which is not a model directory: run stage=embed first or pass "
@@ -254,20 +223,16 @@ def _init_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
     return init
 
 
-def _model_dir(cfg: dict[str, Any], out_dir: Path) -> Path:
-    stage = cfg["stage"]
-    if stage == "full":
-        return Path(cfg.get("init_from") or out_dir / "embed" / "final")  # verified by run_sft (_init_dir)
-    model = cfg["model"]
+def _model_dir(run: SFTRun, out_dir: Path) -> Path:
+    if run.stage == "full":
+        return Path(run.init_from or out_dir / "embed" / "final")  # verified by run_sft (_init_dir)
+    model = run.model  # the model group (recallm.tiny reads the tiny default's spec)
     if model.get("path"):
         return Path(model["path"])
     if model.get("name") == "tiny":
         from recallm.tiny import create_tiny_from_config
 
-        path = (
-            Path(cfg.get("models_dir") or "outputs/models")
-            / f"tiny-seed{model['seed']}-{'tied' if model['tied'] else 'untied'}"
-        )
+        path = Path(run.models_dir) / f"tiny-seed{model['seed']}-{'tied' if model['tied'] else 'untied'}"
         if not (path / "config.json").is_file() and int(os.environ.get("RANK", "0")) == 0:
             create_tiny_from_config(model, path)
         if _world_size() > 1 and torch.distributed.is_initialized():
@@ -302,22 +267,22 @@ def run_sft(cfg: dict[str, Any]) -> Path:
     """Run one SFT stage from a resolved config mapping; returns the final model directory."""
     import recallm.modeling  # noqa: F401  (the masked model classes)
 
-    settings = check_config(cfg)
-    stage = cfg["stage"]
-    stage_dir = Path(cfg["out_dir"]) / stage
-    deepspeed = deepspeed_file(cfg.get("deepspeed"))
-    resume = str(cfg.get("resume") or "auto")
+    run = check_config(cfg)
+    stage = run.stage
+    stage_dir = Path(run.out_dir) / stage
+    deepspeed = deepspeed_file(run.deepspeed)
+    resume = run.resume
     if resume not in ("auto", "never"):
         check_checkpoint(Path(resume))
     if stage == "full":
-        _init_dir(cfg, Path(cfg["out_dir"]))  # before anything is written (each process loads it next anyway)
+        _init_dir(run, Path(run.out_dir))  # before anything is written (each process loads it next anyway)
     with contextlib.ExitStack() as stack:
         if int(os.environ.get("RANK", "0")) == 0:  # one run writes a stage directory at a time
             stack.enter_context(lock_dir(stage_dir, f"recallm-sft stage={stage}"))
-        return _run_stage(cfg, settings, stage_dir, deepspeed, resume)
+        return _run_stage(run, stage_dir, deepspeed, resume)
 
 
-def _run_stage(cfg: dict[str, Any], settings: dict[str, Any], stage_dir: Path, deepspeed, resume: str) -> Path:
+def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
     from transformers import AutoModelForCausalLM
 
     from recallm.modeling import check_recallm_model
@@ -325,94 +290,92 @@ def _run_stage(cfg: dict[str, Any], settings: dict[str, Any], stage_dir: Path, d
     from recallm.sft.freeze import freeze_all_but_token_rows
     from recallm.tokens import RecallTokenIds, load_tokenizer, pad_token_id
 
-    stage, recipe, out_dir = cfg["stage"], cfg["sft"], Path(cfg["out_dir"])
+    stage, recipe, out_dir = run.stage, run.sft, Path(run.out_dir)
+    settings = recipe.stage(stage)
     extra_args = _prepare_cpu_distributed(bool(deepspeed))
-    model_dir = _model_dir(cfg, out_dir)
+    model_dir = _model_dir(run, out_dir)
     check_recallm_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
-    dtype = torch.bfloat16 if recipe.get("bf16") and torch.cuda.is_available() else torch.float32
+    dtype = torch.bfloat16 if recipe.bf16 and torch.cuda.is_available() else torch.float32
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
     ids = RecallTokenIds.from_pretrained(model.config, tokenizer)
     vocab = model.get_input_embeddings().weight.shape[0]
-    max_length = int(recipe["max_length"])
-    strip = (ids.start, ids.end) if recipe.get("strip_spans") else None
+    max_length = recipe.max_length
+    strip = (ids.start, ids.end) if recipe.strip_spans else None
     train_set, train_stats = load_sft_file(
-        cfg["train_file"], tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip
+        run.train_file, tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip
     )
     val_set, val_records = None, []
-    if cfg.get("val_file"):
-        val_set, _ = load_sft_file(
-            cfg["val_file"], tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip
-        )
-        n_prompts = int(recipe["eval"].get("recall_prompts", 0))
+    if run.val_file:
+        val_set, _ = load_sft_file(run.val_file, tokenizer, max_length=max_length, vocab_size=vocab, strip_spans=strip)
+        n_prompts = recipe.eval.recall_prompts
         if n_prompts:
-            val_records = [record for _, record in itertools.islice(iter_jsonl(cfg["val_file"]), n_prompts)]
+            val_records = [record for _, record in itertools.islice(iter_jsonl(run.val_file), n_prompts)]
     if stage == "embed":
         freeze_all_but_token_rows(model, list(ids.as_config().values()))
         weight_decay = 0.0
     else:
-        weight_decay = float(settings.get("weight_decay", 0.0))
-    if recipe.get("gradient_checkpointing"):
+        weight_decay = settings.weight_decay
+    if recipe.gradient_checkpointing:
         model.config.use_cache = False
-    if recipe.get("label_logits_only", True):
+    if recipe.label_logits_only:
         model.label_logits_only(True)
-    global_batch = int(recipe["global_batch_size"])
-    total_steps = settings.get("steps")
+    global_batch = recipe.global_batch_size
+    epochs, total_steps = settings.num_epochs, settings.steps
     if total_steps is None:
-        total_steps = math.ceil(len(train_set) / global_batch) * float(settings["epochs"])
+        total_steps = math.ceil(len(train_set) / global_batch) * epochs
     sampling = "random"
-    if recipe.get("curriculum") is not None:  # the draws, in order, for the whole stage
+    if recipe.curriculum is not None:  # the draws, in order, for the whole stage
         from recallm.sft.data import SFTDataset, curriculum_order
 
         draws = int(math.ceil(total_steps)) * global_batch
         lengths = [len(e["input_ids"]) for e in train_set.records]
-        order = curriculum_order(lengths, draws, recipe["curriculum"], seed=int(recipe.get("seed", 0)))
+        order = curriculum_order(lengths, draws, recipe.curriculum, seed=recipe.seed)
         train_set = SFTDataset([train_set.records[i] for i in order])
         sampling = "sequential"
-        settings = {**settings, "epochs": 1, "steps": int(math.ceil(total_steps))}
-    eval_cfg = recipe["eval"]
-    logger = cfg.get("logger", "console")
-    if logger not in ("console", "wandb"):
-        raise RecallmError(f"logger must be console or wandb, got {logger!r}")
+        epochs, total_steps = 1, int(math.ceil(total_steps))
+        settings = dataclasses.replace(settings, epochs=1, steps=total_steps)
+    eval_cfg = recipe.eval
+    logger = run.logger
     args = TrainingArguments(
         output_dir=str(stage_dir),
-        num_train_epochs=float(settings["epochs"]),
-        learning_rate=float(settings["lr"]),
+        num_train_epochs=float(epochs),
+        learning_rate=settings.lr,
         warmup_steps=int(
-            settings["warmup_steps"]
-            if settings.get("warmup_steps") is not None
-            else math.ceil(float(settings.get("warmup_ratio", 0.0)) * total_steps)
+            settings.warmup_steps
+            if settings.warmup_steps is not None
+            else math.ceil(settings.warmup_ratio * total_steps)
         ),
         train_sampling_strategy=sampling,
         lr_scheduler_type="cosine_with_min_lr",
-        lr_scheduler_kwargs={"min_lr_rate": float(recipe.get("min_lr_ratio", 0.1))},
-        per_device_train_batch_size=int(recipe["per_device_batch_size"]),
-        per_device_eval_batch_size=int(recipe["per_device_batch_size"]),
-        gradient_accumulation_steps=settings["grad_accum"],
-        adam_beta1=float(recipe["adam"]["beta1"]),
-        adam_beta2=float(recipe["adam"]["beta2"]),
-        adam_epsilon=float(recipe["adam"]["eps"]),
+        lr_scheduler_kwargs={"min_lr_rate": recipe.min_lr_ratio},
+        per_device_train_batch_size=recipe.per_device_batch_size,
+        per_device_eval_batch_size=recipe.per_device_batch_size,
+        gradient_accumulation_steps=recipe.global_batch_size // (recipe.per_device_batch_size * _world_size()),
+        adam_beta1=recipe.adam.beta1,
+        adam_beta2=recipe.adam.beta2,
+        adam_epsilon=recipe.adam.eps,
         weight_decay=weight_decay,
-        max_grad_norm=float(recipe.get("grad_clip", 1.0)),
-        gradient_checkpointing=bool(recipe.get("gradient_checkpointing", False)),
+        max_grad_norm=recipe.grad_clip,
+        gradient_checkpointing=recipe.gradient_checkpointing,
         bf16=dtype == torch.bfloat16,
-        logging_steps=int(recipe.get("logging_steps", 10)),
+        logging_steps=recipe.logging_steps,
         save_strategy="steps",
-        save_steps=int(recipe.get("save_steps", 100)),
-        save_total_limit=recipe.get("save_total_limit"),
+        save_steps=recipe.save_steps,
+        save_total_limit=recipe.save_total_limit,
         eval_strategy="steps" if val_set is not None else "no",
-        eval_steps=int(eval_cfg.get("steps", 100)),
-        seed=int(recipe.get("seed", 0)),
-        data_seed=int(recipe.get("seed", 0)),
+        eval_steps=eval_cfg.steps,
+        seed=recipe.seed,
+        data_seed=recipe.seed,
         report_to=["wandb"] if logger == "wandb" else [],
-        run_name=f"{cfg['sft'].get('name', 'sft')}-{stage}",
+        run_name=f"{recipe.name}-{stage}",
         deepspeed=str(deepspeed) if deepspeed else None,
         use_cpu=not torch.cuda.is_available(),
         remove_unused_columns=False,
         prediction_loss_only=True,
         include_num_input_tokens_seen=True,
         dataloader_num_workers=0,
-        max_steps=int(cfg.get("max_steps") or settings.get("steps") or -1),
+        max_steps=int(run.max_steps or settings.steps or -1),
         **extra_args,
     )
     trainer = RecallTrainer(
@@ -422,12 +385,12 @@ def _run_stage(cfg: dict[str, Any], settings: dict[str, Any], stage_dir: Path, d
         eval_dataset=val_set,
         data_collator=SFTCollator(
             pad_token_id(tokenizer=tokenizer, config=model.config),
-            position_skip=int(recipe["position_skip"]) if recipe.get("position_skip") else None,
-            seed=int(recipe.get("seed", 0)),
+            position_skip=recipe.position_skip or None,
+            seed=recipe.seed,
         ),
         processing_class=tokenizer,
-        recall_eval={"records": val_records, "max_new_tokens": eval_cfg.get("max_new_tokens", 64)},
-        callbacks=[ManifestCallback(), *(cfg.get("_callbacks") or [])],
+        recall_eval={"records": val_records, "max_new_tokens": eval_cfg.max_new_tokens},
+        callbacks=[ManifestCallback(), *(run._callbacks or [])],
     )
     checkpoint = None
     if resume == "auto":

@@ -1,0 +1,137 @@
+"""The schema of ``recallm-sft``'s config: ``configs/sft.yaml`` (``SFTRun``) and its ``sft`` group
+(``SFTRecipe``, ``configs/sft/*.yaml``). Read with ``recallm.config.typed``: unknown keys and values
+of the wrong kind or range are one line naming the key; a default lives here once (the recipe
+files set what they choose, the trainer reads attributes). ``model``, ``data`` and ``deepspeed``
+are other groups' sections, read by their own code (``recallm.tiny``, ``deepspeed_file``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from recallm.errors import RecallmError
+
+__all__ = ["STAGES", "StageRecipe", "AdamSettings", "EvalCadence", "SFTRecipe", "SFTRun"]
+
+STAGES = ("embed", "full")
+
+
+@dataclass(frozen=True)
+class StageRecipe:
+    """``sft.embed`` / ``sft.full``: one stage's optimisation (App. C.1)."""
+
+    lr: float | None = None
+    """peak learning rate (> 0; required)"""
+    epochs: float | None = None
+    """passes over the data (> 0); with ``steps``, 1"""
+    steps: int | None = None
+    """fixed optimizer steps instead of epochs (> 0)"""
+    warmup_steps: int | None = field(default=None, metadata={"min": 0})
+    """warm-up in steps; None: ``warmup_ratio`` of the stage's steps"""
+    warmup_ratio: float = field(default=0.0, metadata={"min": 0, "max": 1})
+    weight_decay: float = field(default=0.0, metadata={"min": 0})
+    """the full stage's (the embed stage trains token rows without decay)"""
+
+    def __post_init__(self) -> None:
+        if self.steps is not None and not self.steps > 0:
+            raise RecallmError(f"steps must be > 0, got {self.steps}")
+        if not (self.num_epochs or 0) > 0:
+            raise RecallmError(f"epochs must be > 0, got {self.epochs}")
+        if not (self.lr or 0) > 0:
+            raise RecallmError(f"lr must be > 0, got {self.lr}")
+
+    @property
+    def num_epochs(self) -> float | None:
+        return 1.0 if self.epochs is None and self.steps is not None else self.epochs
+
+
+@dataclass(frozen=True)
+class AdamSettings:
+    """``sft.adam``: AdamW's betas and epsilon."""
+
+    beta1: float = field(default=0.9, metadata={"min": 0, "max": 1})
+    beta2: float = field(default=0.999, metadata={"min": 0, "max": 1})
+    eps: float = field(default=1e-8, metadata={"min": 0})
+
+
+@dataclass(frozen=True)
+class EvalCadence:
+    """``sft.eval``: validation loss and the recall metrics on ``val_file``."""
+
+    steps: int = field(default=100, metadata={"min": 1})
+    """evaluate every this many optimizer steps"""
+    recall_prompts: int = field(default=0, metadata={"min": 0})
+    """validation prompts generated with constrained recall for the recall metrics (0: none)"""
+    max_new_tokens: int = field(default=64, metadata={"min": 1})
+
+
+@dataclass(frozen=True)
+class SFTRecipe:
+    """The ``sft`` group: the recipe of both stages (``configs/sft/*.yaml``)."""
+
+    max_length: int = field(metadata={"min": 1})
+    per_device_batch_size: int = field(metadata={"min": 1})
+    global_batch_size: int = field(metadata={"min": 1})
+    embed: StageRecipe
+    full: StageRecipe
+    name: str = "sft"
+    min_lr_ratio: float = field(default=0.1, metadata={"min": 0})
+    """the cosine schedule ends at this share of the peak learning rate"""
+    adam: AdamSettings = field(default_factory=AdamSettings)
+    grad_clip: float = field(default=1.0, metadata={"min": 0})
+    gradient_checkpointing: bool = False
+    bf16: bool = False
+    """bfloat16 weights where a GPU is present"""
+    logging_steps: int = field(default=10, metadata={"min": 1})
+    save_steps: int = field(default=100, metadata={"min": 1})
+    save_total_limit: int | None = field(default=None, metadata={"min": 1})
+    seed: int = 0
+    eval: EvalCadence = field(default_factory=EvalCadence)
+    label_logits_only: bool = True
+    """logits only where the loss is (the completion): skips lm_head over the prompt"""
+    strip_spans: bool = False
+    """train on the traces without their recall spans (the no-recall ablation)"""
+    curriculum: Any = None
+    """[{at, lo, hi}, ...]: order draws by prompt length (``recallm.sft.data.check_curriculum``)"""
+    position_skip: int | None = None
+    """PoSE length extension: position ids spread over this many tokens (> max_length)"""
+
+    def __post_init__(self) -> None:
+        if self.position_skip is not None and not self.position_skip > self.max_length:
+            raise RecallmError(f"position_skip must exceed sft.max_length={self.max_length}, got {self.position_skip}")
+        if self.curriculum is not None:
+            from recallm.sft.data import check_curriculum
+
+            check_curriculum(self.curriculum)
+
+    def stage(self, name: str) -> StageRecipe:
+        return self.embed if name == "embed" else self.full
+
+
+@dataclass(frozen=True)
+class SFTRun:
+    """``configs/sft.yaml``: one stage's run."""
+
+    stage: str = field(metadata={"choices": STAGES})
+    train_file: str
+    out_dir: str
+    sft: SFTRecipe
+    model: dict[str, Any] = field(default_factory=dict)
+    """the ``model`` group: ``path``, or the tiny default's spec (``recallm.tiny``)"""
+    data: dict[str, Any] = field(default_factory=dict)
+    """the ``data`` group (names the default train/val files)"""
+    val_file: str | None = None
+    models_dir: str = "outputs/models"
+    """where the tiny default is built"""
+    init_from: str | None = None
+    """stage=full: default <out_dir>/embed/final"""
+    resume: str = "auto"
+    """auto (newest checkpoint of the stage) | never | <checkpoint dir>"""
+    logger: str = field(default="console", metadata={"choices": ("console", "wandb")})
+    max_steps: int | None = field(default=None, metadata={"min": 1})
+    """stop after this many optimizer steps (smoke tests)"""
+    deepspeed: Any = None
+    """the ``deepspeed`` group (``deepspeed_file``)"""
+    _callbacks: Any = None
+    """extra ``transformers`` callbacks (tests; not a YAML key)"""

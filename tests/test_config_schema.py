@@ -1,0 +1,198 @@
+"""Typed configs (``recallm.config.typed``), the app schemas against every shipped config, and the
+one command-line helper of the Hydra apps (``recallm.cli.common.hydra_command``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
+
+from recallm.config import typed
+from recallm.errors import RecallmError
+from recallm.paths import config_dir
+
+
+@dataclass(frozen=True)
+class _Inner:
+    size: int = field(default=2, metadata={"min": 1})
+
+
+@dataclass(frozen=True)
+class _Outer:
+    name: str
+    rate: float = 0.5
+    flag: bool = False
+    mode: str = field(default="a", metadata={"choices": ("a", "b")})
+    cap: int | None = None
+    items: list[str] = field(default_factory=list)
+    inner: _Inner = field(default_factory=_Inner)
+    extra: Any = None
+
+    def __post_init__(self) -> None:
+        if self.rate > 1:
+            raise RecallmError(f"rate must be <= 1, got {self.rate}")
+
+
+def test_typed_builds_and_converts():
+    got = typed(_Outer, {"name": 7, "rate": 1, "cap": None, "items": ["x"], "inner": {"size": 3}}, "sec")
+    assert got == _Outer(name="7", rate=1.0, cap=None, items=["x"], inner=_Inner(3))
+    assert typed(_Outer, OmegaConf.create({"name": "n", "rate": None}), "sec").rate == 0.5  # null: the default
+
+
+@pytest.mark.parametrize(
+    "cfg, message",
+    [
+        ({"name": "n", "rat": 1}, r"sec has unknown keys \['rat'\]; known: \["),
+        ({"rate": 0.1}, r"sec\.name is required"),
+        ({"name": "n", "rate": "fast"}, r"sec\.rate must be a number, got 'fast'"),
+        ({"name": "n", "cap": 2.5}, r"sec\.cap must be an integer, got 2\.5"),
+        ({"name": "n", "flag": "yes"}, r"sec\.flag must be true or false, got 'yes'"),
+        ({"name": "n", "mode": "c"}, r"sec\.mode must be one of a, b, got 'c'"),
+        ({"name": "n", "items": "x"}, r"sec\.items must be a list, got 'x'"),
+        ({"name": "n", "inner": {"size": 0}}, r"sec\.inner\.size must be >= 1, got 0"),
+        ({"name": "n", "inner": {"sise": 1}}, r"sec\.inner has unknown keys \['sise'\]"),
+        ({"name": "n", "rate": 2}, r"sec\.rate must be <= 1, got 2"),
+        ([1, 2], r"sec must be a mapping"),
+    ],
+)
+def test_typed_refuses_with_one_line(cfg, message):
+    with pytest.raises(RecallmError, match=message) as err:
+        typed(_Outer, cfg, "sec")
+    assert "\n" not in str(err.value)
+
+
+def test_top_level_schema_names_keys_without_a_prefix():
+    with pytest.raises(RecallmError, match=r"^the config has unknown keys \['nme'\]"):
+        typed(_Outer, {"nme": 1}, "")
+    with pytest.raises(RecallmError, match=r"^mode must be one of a, b"):
+        typed(_Outer, {"name": "n", "mode": "z"}, "")
+
+
+# --------------------------------------------------------------------- the apps' schemas, every config
+CONFIGS = config_dir()
+
+
+def _compose(primary: str, overrides: list[str] = ()) -> dict:
+    with initialize_config_dir(config_dir=str(CONFIGS), version_base="1.3"):
+        cfg = compose(config_name=primary, overrides=list(overrides))
+    return OmegaConf.to_container(cfg, resolve=False)
+
+
+def _options(group: str) -> list[str]:
+    return sorted(p.stem for p in (CONFIGS / group).glob("*.yaml"))
+
+
+@pytest.mark.parametrize("recipe", _options("sft"))
+def test_every_sft_recipe_fits_the_schema(recipe):
+    from recallm.sft.settings import SFTRun
+
+    cfg = _compose("sft", [f"sft={recipe}"])
+    run = typed(SFTRun, {k: v for k, v in cfg.items() if k not in ("train_file", "val_file", "out_dir")}
+                | {"train_file": "t", "val_file": None, "out_dir": "o"}, "")  # fmt: skip
+    assert run.sft.stage("embed").lr > 0 and run.sft.stage("full").num_epochs > 0
+
+
+def test_sft_schema_refuses_a_misspelt_recipe_key():
+    from recallm.sft.settings import SFTRun
+
+    cfg = _compose("sft")
+    cfg["sft"]["grad_clp"] = 1.0
+    with pytest.raises(RecallmError, match=r"sft has unknown keys \['grad_clp'\]"):
+        typed(SFTRun, cfg | {"train_file": "t", "out_dir": "o"}, "")
+    cfg["sft"].pop("grad_clp")
+    cfg["sft"]["full"]["lr"] = 0
+    with pytest.raises(RecallmError, match=r"^sft\.full\.lr must be > 0, got 0"):
+        typed(SFTRun, cfg | {"train_file": "t", "out_dir": "o"}, "")
+
+
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
+@pytest.mark.parametrize(
+    "primary, schema, group",
+    [
+        ("pipeline", "recallm.cli.pipeline:PipelineRun", "experiment"),
+        ("data_gen", "recallm.cli.data:DataRun", "data"),
+        ("eval", "recallm.cli.eval:EvalRun", "eval"),
+        ("rlm", "recallm.cli.rlm:RLMRun", None),
+    ],
+)
+def test_every_app_config_fits_its_schema(primary, schema, group):
+    import importlib
+
+    module, _, name = schema.partition(":")
+    cls = getattr(importlib.import_module(module), name)
+    for option in _options(group) if group else [None]:
+        cfg = _compose(primary, [f"{group}={option}"] if option else [])
+        typed(cls, OmegaConf.create(cfg), "")
+    with pytest.raises(RecallmError, match=r"the config has unknown keys \['surplus'\]"):
+        typed(cls, {**_compose(primary), "surplus": 1}, "")
+
+
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
+def test_rlm_task_and_export_sections_fit_their_schemas():
+    from recallm.rlm.export import ExportSettings
+    from recallm.rlm.tasks import TaskRun, TaskSet
+
+    cfg = OmegaConf.create(_compose("rlm"))
+    OmegaConf.resolve(cfg)
+    tasks = typed(TaskRun, cfg.tasks, "tasks")
+    assert tasks.specs() and tasks.task_kwargs()["needles"] == cfg.tasks.needles
+    export = typed(ExportSettings, cfg.export, "export")
+    assert export.paths() == list(cfg.export.trajectories)
+    with pytest.raises(RecallmError, match=r"tasks has unknown keys \['lenghts'\]"):
+        typed(TaskRun, {"lenghts": [1]}, "tasks")
+    pytest.importorskip("verl")  # rlm_train composes verl's config
+    for option in _options("rlm_train"):
+        train = _compose("rlm_train", [f"rlm_train={option}"])
+        for split, spec in train["recallm"]["rlm"]["data"].items():
+            typed(TaskSet, spec, f"recallm.rlm.data.{split}")
+
+
+@pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
+def test_grpo_recallm_section_fits_its_schema():
+    pytest.importorskip("verl")
+    from recallm.grpo.app import compose_config
+    from recallm.grpo.settings import settings_of
+
+    for option in _options("grpo"):
+        rm = settings_of(compose_config([f"grpo={option}"]))
+        assert rm.reward_manager and rm.reward["categories"]
+    cfg = compose_config([])
+    cfg.recallm.cpu = "maybe"
+    with pytest.raises(RecallmError, match=r"recallm\.cpu must be true or false, got 'maybe'"):
+        settings_of(cfg)
+
+
+# ---------------------------------------------------------------------------- one command-line helper
+def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
+    from recallm.cli.common import hydra_command
+
+    seen: list = []
+
+    def run(args, status=False):
+        seen.append((args, status))
+        return 0
+
+    def sub(argv):
+        seen.append(("sub", argv))
+        return 0
+
+    main = hydra_command(
+        "rlm", run, modes=("run", "show"), positional={"show": "trajectory"}, subcommands={"train": sub},
+        flags={"--status": "which jobs are done"}, hydra_run=False,
+    )  # fmt: skip
+    main(["show", "a b.jsonl", "--status"])
+    main(["train", "x=1", "--print-config"])
+    main(["progress=false"])
+    assert seen == [
+        (["mode=show", "trajectory='a b.jsonl'"], True),
+        ("sub", ["x=1", "--print-config"]),
+        (["progress=false"], False),
+    ]
+    with pytest.raises(SystemExit) as exit_:  # the overrides are checked before run is called
+        main(["progres=false"])
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "progres" in err and err.count("\n") == 1, err
+    assert len(seen) == 3
