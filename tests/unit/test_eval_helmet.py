@@ -453,7 +453,7 @@ def model_and_judge(path: str, body: dict) -> str:
 
 
 def test_the_paper_suite_through_the_cli_with_a_judge(data, tiny_dir, tmp_path, capsys):
-    from tests.test_eval_run import fail_cli, run_cli
+    from tests.integration.test_eval_run import fail_cli, run_cli
 
     stub = OpenAIStub(model_and_judge)
     try:
