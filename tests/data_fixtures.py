@@ -35,6 +35,9 @@ __all__ = [
     "write_qampari",
     "write_qampari_alce",
     "write_all",
+    "link_dataset_root",
+    "PAPER_DATASETS",
+    "think_renderer",
     "INTENTS",
 ]
 
@@ -538,6 +541,44 @@ def write_all(directory: Path) -> dict[str, Path]:
         "qampari": write_qampari(directory),
         "qampari_alce": write_qampari_alce(directory),
     }
+
+
+# the data sets of the paper mixture (configs/data), by the directory name it reads them from
+PAPER_DATASETS = (
+    "hotpotqa",
+    "2wikimqa",
+    "musique",
+    "nq",
+    "triviaqa",
+    "dapo_math",
+    "mcqa_math",
+    "banking77",
+    "massive",
+    "quality",
+    "msmarco",
+    "qampari",
+)
+
+
+def link_dataset_root(paths: dict[str, Path], root: Path) -> Path:
+    """``root`` laid out as the paper mixture expects: one link per data set to its fixture in ``paths``."""
+    root = Path(root)
+    root.mkdir(exist_ok=True)
+    for task in PAPER_DATASETS:
+        (root / task).symlink_to(paths[task])
+    return root
+
+
+def think_renderer():
+    """A ``PromptRenderer`` over the tiny tokenizer (no model directory) with the thinking
+    generation prompt the data tasks render with."""
+    from data_gen.fit import PromptRenderer
+    from recallm.tiny import build_tiny_tokenizer
+    from recallm.tokens import ensure_think_generation_prompt
+
+    tok = build_tiny_tokenizer()
+    ensure_think_generation_prompt(tok)
+    return PromptRenderer(tok)
 
 
 def save_tiny_encoder(directory: Path, tokenizer, *, cls_pooling: bool = False) -> str:

@@ -2,13 +2,15 @@
 
 Nothing here is real data: the texts are word salad from ``data_gen.text.words()``, deterministic
 from a seed, shaped like each release (HELMET's ``data/`` and ``prompts/`` after its download
-script, the raw Hugging Face data sets as JSON lines, RULER's SQuAD / HotpotQA / essay files).
+script, the raw Hugging Face data sets as JSON lines, RULER's SQuAD / HotpotQA / essay files),
+and the judge model the HELMET tests put behind the stub server (``judge_reply``).
 """
 
 from __future__ import annotations
 
 import json
 import random
+import re
 from pathlib import Path
 
 from data_gen.text import words
@@ -170,3 +172,36 @@ def write_ruler_data(root: Path, seed: int = 0) -> dict[str, Path]:
     essays.write_text(json.dumps({"text": "\n\n".join(f"Essay sentence number {i} is here. " + _text(rng, 10)
                                                           for i in range(400))}))  # fmt: skip
     return {"squad_path": squad, "hotpotqa_path": hotpotqa, "haystack_path": essays}
+
+
+def write_eval_data(root: Path) -> dict[str, Path]:
+    """HELMET's files (``helmet_dir``, ``dataset_root``) and RULER's (``squad_path``,
+    ``hotpotqa_path``, ``haystack_path``) under ``root``."""
+    helmet, hf = write_helmet_data(root)
+    return {"helmet_dir": helmet, "dataset_root": hf, **write_ruler_data(root / "ruler")}
+
+
+def judge_reply(path: str, body: dict) -> str:
+    """A judge model behind the stub: readable JSON verdicts, except for outputs saying "garble"."""
+    prompt = body["messages"][-1]["content"]
+    if "garble" in prompt:
+        return "I cannot decide."
+    if "Answer to grade:" in prompt:
+        graded = prompt.split("Answer to grade:")[1]
+        return 'Fine.\n{"fluency": 1, "correctness": 3}' if "hero" in graded else '{"fluency": 1, "correctness": 0}'
+    if "judge the fluency" in prompt:
+        return '{"fluency": 1}'
+    if "Key points:" in prompt:
+        return 'Point 1 is there. {"supported_key_points": [1], "recall": 1}'
+    if "Expert summary:" in prompt:
+        return '```json\n{"precision": 1, "sentence_count": 2}\n```'
+    if "Hypothesis:" in prompt:
+        premise = prompt.split("Premise: <<<")[1].split(">>>")[0]
+        hypothesis = prompt.split("Hypothesis: <<<")[1].split(">>>")[0]
+        return json.dumps({"entails": int(all(w in premise for w in re.findall(r"item\w+", hypothesis)))})
+    if "Reasoning:\n" in prompt:
+        for line in prompt.split("Reasoning:\n")[1].splitlines():
+            if "look" in line:
+                return json.dumps({"segment": int(line.split("]")[0].lstrip("["))})
+        return '{"segment": -1}'
+    return "?"

@@ -11,15 +11,12 @@ masks as the actor does); the resumed run continues at step 3. What verl lacks o
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 pytest.importorskip("vllm")
 pytest.importorskip("verl")
 
-from tests.test_grpo_cpu import MIX, check_spans, run_grpo, step_metrics  # noqa: E402
+from tests.grpo_runs import MIX, check_spans, grpo_command, run_grpo, step_metrics  # noqa: E402
 
 pytestmark = pytest.mark.slow
 RAY_START_TIMEOUT = "The current node timed out during startup"
@@ -40,41 +37,6 @@ def _report(metrics):
         print(f"step {step}: {shown}")
 
 
-def _command(model: Path, data: Path, ckpt: Path, rollouts: Path, steps: int) -> list[str]:
-    arr = "actor_rollout_ref"
-    return [
-        sys.executable,
-        "-m",
-        "recallm.cli.grpo",  # the tiny_cpu recipe: the CPU plugin; rollout.name=vllm adds recallm.grpo.vllm_cpu
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=512",
-        "data.max_response_length=48",
-        "data.shuffle=False",
-        f"{arr}.model.path={model}",
-        f"{arr}.model.enable_gradient_checkpointing=False",
-        f"{arr}.actor.ppo_mini_batch_size=4",
-        f"{arr}.actor.ppo_micro_batch_size_per_gpu=8",
-        f"{arr}.actor.optim.lr=1e-3",
-        f"{arr}.actor.entropy_coeff=0.01",  # a gradient every step: a stale engine would show in the gap
-        f"{arr}.rollout.name=vllm",
-        f"{arr}.rollout.n=4",
-        f"{arr}.rollout.max_num_seqs=16",
-        f"{arr}.rollout.max_num_batched_tokens=2048",
-        f"{arr}.rollout.agent.num_workers=1",
-        f"+{arr}.rollout.engine_kwargs.vllm.logits_processors=[tests.vllm_tier.span_bias:StartRecallBiasV1]",
-        "trainer.project_name=recallm_test",
-        "trainer.experiment_name=grpo_vllm_cpu",
-        f"trainer.default_local_dir={ckpt}",
-        f"trainer.rollout_data_dir={rollouts}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=2",
-        f"trainer.total_training_steps={steps}",
-    ]
-
-
 def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     from data_gen.generate import plan_from_config, run_plan
     from recallm.tiny import create_tiny
@@ -83,7 +45,7 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
 
-    first = _run(_command(model, data, ckpt, rollouts, 2), tmp_path)
+    first = _run(grpo_command(model, data, ckpt, rollouts, rollout="vllm", steps=2), tmp_path)
     assert first.returncode == 0, first.stdout[-8000:]
     assert "recallm.recall.vllm:RecallLogitsProcessorV1" in first.stdout  # the engine's arguments, as verl prints them
     assert '"architectures": ["Qwen2ForCausalLM"]' in first.stdout  # hf_overrides merged into verl's own
@@ -97,7 +59,7 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
         assert m["actor/grad_norm"] > 0
     assert (ckpt / "global_step_2" / "actor").is_dir()
 
-    second = _run(_command(model, data, ckpt, rollouts, 3), tmp_path)
+    second = _run(grpo_command(model, data, ckpt, rollouts, rollout="vllm", steps=3), tmp_path)
     assert second.returncode == 0, second.stdout[-8000:]
     assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
     metrics = step_metrics(second.stdout)

@@ -9,31 +9,23 @@ import pytest
 
 from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.models import ScriptedModel, approx_tokens
-from recallm.rlm.runner import RLM, RLMSettings
+from recallm.rlm.runner import RLM
 from recallm.rlm.sandbox import SandboxLimits
 from recallm.rlm.subcalls import SubCallSettings
-
-LIMITS = SandboxLimits(cpu_s=5, wall_s=1, memory_mb=512, kill_grace_s=0.5)
+from tests import rlm_helpers
 
 
 def repl(code: str, after: str = "") -> str:
-    return f"```repl\n{code}\n```\n{after}"
+    return rlm_helpers.repl(code, after, lead="")
 
 
-def make(root, sub=None, *, budget=None, subcalls=None, limits=LIMITS, **settings) -> RLM:
-    settings.setdefault("max_iterations", 6)
-    return RLM(
-        root if isinstance(root, ScriptedModel) else ScriptedModel(root),
-        sub,
-        settings=RLMSettings(**settings),
-        subcalls=subcalls or SubCallSettings(pool_size=8, timeout_s=5, retries=0),
-        sandbox=limits,
-        budget=budget or BudgetLimits(max_tokens=10**6, max_subcalls=100, max_wall_s=120),
-    )
+def make(root, sub=None, **kwargs) -> RLM:
+    kwargs.setdefault("max_wall_s", 120)
+    return rlm_helpers.make(root, sub, **kwargs)
 
 
 def turns_of(result, rlm="0"):
-    return [e for e in result.events if e["event"] == "turn" and e.get("rlm") == rlm]
+    return rlm_helpers.events_of(result, "turn", rlm)
 
 
 # --- 1. rlm_query_batched reserves per batch ------------------------------------------------------

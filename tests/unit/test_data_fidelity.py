@@ -23,12 +23,7 @@ from tests import data_fixtures
 
 @pytest.fixture(scope="module")
 def renderer():
-    from recallm.tiny import build_tiny_tokenizer
-    from recallm.tokens import ensure_think_generation_prompt
-
-    tok = build_tiny_tokenizer()
-    ensure_think_generation_prompt(tok)
-    return PromptRenderer(tok)
+    return data_fixtures.think_renderer()
 
 
 @pytest.fixture(scope="module")
@@ -89,23 +84,7 @@ def _paper(tmp_path, **changes):
 
 
 def test_paper_mixture_asks_for_dense_negatives(paths, tmp_path):
-    root = tmp_path / "root"
-    root.mkdir()
-    for task in (
-        "hotpotqa",
-        "2wikimqa",
-        "musique",
-        "nq",
-        "triviaqa",
-        "dapo_math",
-        "mcqa_math",
-        "banking77",
-        "massive",
-        "quality",
-        "msmarco",
-        "qampari",
-    ):
-        (root / task).symlink_to(paths[task])
+    root = data_fixtures.link_dataset_root(paths, tmp_path / "root")
     cfg = _paper(root)
     assert cfg["dense_model"] is None and cfg["val"]["lengths"][-2:] == [98304, 131072]  # the 96K cell
     with pytest.raises(

@@ -177,28 +177,10 @@ def test_val_params_point_validation_at_held_out_data():
 @pytest.fixture(scope="module")
 def dataset_root(tmp_path_factory):
     """Fixture copies of every public data set, laid out as the paper mixture expects."""
-    from tests.data_fixtures import write_all
+    from tests.data_fixtures import link_dataset_root, write_all
 
     base = tmp_path_factory.mktemp("datasets")
-    paths = write_all(base / "fixtures")
-    root = base / "root"
-    root.mkdir()
-    for task in (
-        "hotpotqa",
-        "2wikimqa",
-        "musique",
-        "nq",
-        "triviaqa",
-        "dapo_math",
-        "mcqa_math",
-        "banking77",
-        "massive",
-        "quality",
-        "msmarco",
-        "qampari",
-    ):
-        (root / task).symlink_to(paths[task])
-    return root
+    return link_dataset_root(write_all(base / "fixtures"), base / "root")
 
 
 @pytest.fixture(scope="module")

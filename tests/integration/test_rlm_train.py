@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from recallm.errors import RecallmError
+from tests import REPO_ROOT
 
 ROOMY = ("data.max_response_length=1024", "recallm.rlm.rlm.root_max_new_tokens=200")
 REPLIES = [
@@ -301,7 +302,7 @@ def test_two_grpo_steps_of_the_tiny_root_on_cpu_then_resume(tmp_path, tiny_dir):
 
 
 def test_the_slurm_file_launches_recallm_rlm_train():
-    slurm = Path(__file__).resolve().parents[1] / "slurm" / "rlm_train.sbatch"
+    slurm = REPO_ROOT / "slurm" / "rlm_train.sbatch"
     env = {**os.environ, "RECALLM_DRY_RUN": "1", "SLURM_GPUS_ON_NODE": "8", "RECALLM_REPO": str(slurm.parents[1])}
     out = subprocess.run(
         ["bash", str(slurm), "rlm_train=mrcr_qwen3_4b"], env=env, capture_output=True, text=True, check=True

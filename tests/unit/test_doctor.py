@@ -8,14 +8,14 @@ import json
 import re
 import tomllib
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 
 from recallm.doctor import GPU_PINS, MIN_DRIVER, EnvReport, gpu_problems, inspect_environment, report
+from tests import REPO_ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = REPO_ROOT
 
 
 def _pins(requirements, extra):

@@ -13,7 +13,7 @@ from data_gen.fit import PromptRenderer
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks import make_benchmarks
 from recallm.eval.types import Generation, Spec
-from tests.eval_fixtures import write_helmet_data, write_ruler_data
+from tests.eval_fixtures import judge_reply, write_eval_data
 from tests.openai_stub import OpenAIStub
 
 GEN = {"max_new_tokens": 8}
@@ -29,9 +29,7 @@ def renderer(tiny_dir):
 
 @pytest.fixture(scope="module")
 def data(tmp_path_factory):
-    root = tmp_path_factory.mktemp("helmet-data")
-    helmet, hf = write_helmet_data(root)
-    return {"helmet_dir": helmet, "dataset_root": hf, **write_ruler_data(root / "ruler")}
+    return write_eval_data(tmp_path_factory.mktemp("helmet-data"))
 
 
 def make(name, judge=None, seed=0, **cfg):
@@ -300,32 +298,6 @@ def test_ruler_essay_haystack_from_a_local_copy(data, renderer, tmp_path):
 # --------------------------------------------------------------------------- the judge
 
 
-def judge_reply(path: str, body: dict) -> str:
-    """A judge model behind the stub: readable JSON verdicts, except for outputs saying "garble"."""
-    prompt = body["messages"][-1]["content"]
-    if "garble" in prompt:
-        return "I cannot decide."
-    if "Answer to grade:" in prompt:
-        graded = prompt.split("Answer to grade:")[1]
-        return 'Fine.\n{"fluency": 1, "correctness": 3}' if "hero" in graded else '{"fluency": 1, "correctness": 0}'
-    if "judge the fluency" in prompt:
-        return '{"fluency": 1}'
-    if "Key points:" in prompt:
-        return 'Point 1 is there. {"supported_key_points": [1], "recall": 1}'
-    if "Expert summary:" in prompt:
-        return '```json\n{"precision": 1, "sentence_count": 2}\n```'
-    if "Hypothesis:" in prompt:
-        premise = prompt.split("Premise: <<<")[1].split(">>>")[0]
-        hypothesis = prompt.split("Hypothesis: <<<")[1].split(">>>")[0]
-        return json.dumps({"entails": int(all(w in premise for w in re.findall(r"item\w+", hypothesis)))})
-    if "Reasoning:\n" in prompt:
-        for line in prompt.split("Reasoning:\n")[1].splitlines():
-            if "look" in line:
-                return json.dumps({"segment": int(line.split("]")[0].lstrip("["))})
-        return '{"segment": -1}'
-    return "?"
-
-
 @pytest.fixture
 def judge():
     from recallm.eval.judge import make_judge
@@ -435,62 +407,6 @@ def _copy(example):
     from recallm.eval.types import Example
 
     return Example(example.spec, example.messages, example.prompt_text, example.prompt_tokens, dict(example.reference))
-
-
-# --------------------------------------------------------------------------- the CLI: the paper suite with a judge
-
-
-def model_and_judge(path: str, body: dict) -> str:
-    """The stub serves both: the evaluated model (right answers) and the judge (``judge_reply``)."""
-    if body.get("model") == "judge-m":
-        return judge_reply(path, body)
-    prompt = body["messages"][-1]["content"]
-    hero = re.search(r"who is the hero (\d+)\?", prompt)
-    if hero:
-        return f"Thinking.</think>\nAnswer: the hero{hero.group(1)}"
-    asked = re.search(r"what is nq question (\d+)\?$", prompt)
-    return f"</think>\nAnswer: nqanswer{asked.group(1) if asked else 'x'}"
-
-
-def test_the_paper_suite_through_the_cli_with_a_judge(data, tiny_dir, tmp_path, capsys):
-    from tests.test_eval_run import fail_cli, run_cli
-
-    stub = OpenAIStub(model_and_judge)
-    try:
-        common = (
-            "eval=paper",
-            "benchmarks=[helmet]",
-            "eval.benchmarks.helmet.lengths=[2048]",
-            "eval.benchmarks.helmet.per_cell=2",
-            "eval.benchmarks.helmet.tasks=[nq,narrativeqa]",
-            f"eval.benchmarks.helmet.helmet_dir={data['helmet_dir']}",
-            f"eval.benchmarks.helmet.dataset_root={data['dataset_root']}",
-            "+eval.benchmarks.helmet.task_params.narrativeqa.min_document_tokens=100",
-            f"eval.judge.base_url={stub.url}",
-            f"model_path={tiny_dir}",
-            "backend.name=openai",
-            f"backend.base_url={stub.url}",
-            "backend.served_model=stub",
-            "paper_model=RecaLLM-Qwen2.5-7B",
-            f"out_dir={tmp_path / 'run'}",
-        )
-        summary = run_cli(*common, "eval.judge.model=judge-m")
-        helmet = summary["benchmarks"]["helmet"]
-        assert helmet["by_task"]["nq"]["score"] == 1.0 and helmet["by_task"]["narrativeqa"]["score"] == 1.0
-        assert helmet["by_task"]["narrativeqa"]["judged"] == 1.0 and helmet["extra"]["judge"] == "judge-m"
-        assert summary["run"]["judge"] == "judge-m" and summary["run"]["paper_model"] == "RecaLLM-Qwen2.5-7B"
-        judged = [body for _, body in stub.requests if body["model"] == "judge-m"]
-        assert len(judged) == 2 and all(b["temperature"] == 0.0 for b in judged)  # one LongQA verdict each
-        evaluated = [body for _, body in stub.requests if body["model"] == "stub"]
-        assert all(b["temperature"] == 0.6 and b["top_p"] == 0.95 for b in evaluated)  # the paper's decoding
-        report = (tmp_path / "run" / "report.md").read_text()
-        assert "LongQA, Summ and the citation NLI judged by judge-m" in report
-        fingerprint = json.loads((tmp_path / "run" / "run.json").read_text())["fingerprint"]
-        assert fingerprint["benchmarks"]["helmet"]["settings"]["judge"]["model"] == "judge-m"
-        err = fail_cli(capsys, *common, "eval.judge.model=other-judge")  # another judge: other scores
-        assert "holds results of another configuration" in err and "judge" in err
-    finally:
-        stub.close()
 
 
 def test_records_of_another_layout_are_one_line(data, renderer, tmp_path):

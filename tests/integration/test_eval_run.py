@@ -178,7 +178,7 @@ def test_length_extension_hook_wraps_generate(tiny_dir):
     backend = HFBackend(
         tiny_dir,
         tokenizer,
-        length_extension="tests.test_eval_run:record_extension",
+        length_extension="tests.integration.test_eval_run:record_extension",
         length_extension_kwargs={"cap": 3},
     )
     prompts = ["one two three four five six", "one two"]

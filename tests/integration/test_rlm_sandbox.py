@@ -4,7 +4,7 @@ Every behaviour is checked with each isolation that works here (bubblewrap, reca
 namespaces, none); those that need isolation (network, filesystem view, other processes) run
 with the isolating kinds only. Kinds that do not work here are skipped with the probe's reason.
 The hostile cases (escapes, process trees, whole-tree caps, a forging REPL) are in
-``tests/adversarial/test_sandbox.py``.
+``tests/integration/adversarial/test_sandbox.py``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import socket
-import time
+import threading
 
 import pytest
 
@@ -15,28 +16,7 @@ from recallm.rlm.runner import RLM, RLMSettings
 from recallm.rlm.sandbox import SandboxLimits
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.trajectory import load_trajectory, root_conversation
-
-LIMITS = SandboxLimits(cpu_s=5, wall_s=1, memory_mb=512, kill_grace_s=0.5)
-
-
-def repl(code: str, after: str = "") -> str:
-    return f"Let me work.\n```repl\n{code}\n```\n{after}"
-
-
-def make(root, sub=None, *, budget=None, subcalls=None, limits=LIMITS, **settings) -> RLM:
-    settings.setdefault("max_iterations", 6)
-    return RLM(
-        root if isinstance(root, ScriptedModel) else ScriptedModel(root),
-        sub,
-        settings=RLMSettings(**settings),
-        subcalls=subcalls or SubCallSettings(pool_size=8, timeout_s=5, retries=0),
-        sandbox=limits,
-        budget=budget or BudgetLimits(max_tokens=10**6, max_subcalls=100, max_wall_s=60),
-    )
-
-
-def events_of(result, kind, rlm="0"):
-    return [e for e in result.events if e["event"] == kind and e.get("rlm") == rlm]
+from tests.rlm_helpers import LIMITS, events_of, make, repl, wait_for
 
 
 def test_code_runs_variables_persist_and_the_root_never_sees_the_context():
@@ -110,12 +90,18 @@ def test_iteration_limit_returns_the_stored_answer_when_the_final_call_gives_non
 
 
 def test_batched_sub_calls_overlap_in_time_and_respect_the_pool():
-    sub = ScriptedModel(lambda m: m[-1]["content"].upper(), latency_s=0.3)
+    together = threading.Barrier(8, timeout=60)  # opens only when all eight calls are in flight at once
+
+    def upper(messages):
+        together.wait()
+        return messages[-1]["content"].upper()
+
+    sub = ScriptedModel(upper, latency_s=0.3)
     code = "out = llm_query_batched(['p%d' % i for i in range(8)])\nprint(out)"
     result = make([repl(code, "FINAL_VAR(out)")], sub).run("ctx")
-    assert result.answer == str([f"P{i}" for i in range(8)])
+    assert result.answer == str([f"P{i}" for i in range(8)])  # every call passed the barrier: not one after another
+    assert not together.broken and len(sub.calls) == 8
     assert max(c.start for c in sub.calls) < min(c.end for c in sub.calls)  # all eight in flight together
-    assert events_of(result, "turn")[0]["cells"][0]["elapsed"] < 1.5  # 2.4 s one after another
     subcalls = events_of(result, "subcall")
     assert sorted(e["index"] for e in subcalls) == list(range(8))
     assert all(e["latency_s"] >= 0.3 and e["completion_tokens"] >= 1 and e["attempts"] == 1 for e in subcalls)
@@ -185,11 +171,12 @@ def test_transient_sub_call_errors_are_retried_and_timeouts_enforced():
     result = make([repl("r = llm_query('x')", "FINAL_VAR(r)")], ScriptedModel(flaky), subcalls=fast_retries).run("c")
     assert result.answer == "finally" and events_of(result, "subcall")[0]["attempts"] == 3
 
-    slow = ScriptedModel(["late"], latency_s=1.0)
+    slow = ScriptedModel(["late"], latency_s=60.0)  # it would answer after a minute (a hang guard)
     timeouts = SubCallSettings(pool_size=4, timeout_s=0.2, retries=1, backoff_s=0.01)
-    start = time.monotonic()
     result = make([repl("r = llm_query_batched(['x'])\nprint(r)"), "FINAL(x)"], slow, subcalls=timeouts).run("c")
-    assert time.monotonic() - start < 2.0
+    # the run never waited for the slow answer: both attempts were cancelled at their timeout
+    wait_for(lambda: slow.cancelled == 2, "both timed-out attempts cancelled")
+    assert slow.started == 2 and not slow.calls
     record = events_of(result, "subcall")[0]
     assert record["attempts"] == 2 and "no answer within 0.2s" in record["error"]
     assert "[llm_query error: failed after 2 attempt(s): TimeoutError" in events_of(result, "turn")[0]["observation"]
@@ -229,16 +216,20 @@ def test_token_budget_ends_the_run():
 def test_wall_budget_ends_a_run_that_would_hang():
     budget = BudgetLimits(max_tokens=None, max_subcalls=None, max_wall_s=1.5)
     slow_cells = SandboxLimits(cpu_s=60, wall_s=30, memory_mb=512, kill_grace_s=0.5)
-    start = time.monotonic()
     result = make([repl("answer = 'early'\nwhile True:\n    pass")], budget=budget, limits=slow_cells).run("c")
-    assert time.monotonic() - start < 4
+    # the cell was stopped at the task's remaining wall time (at most 1.5 s), not at its own 30 s
+    cell = events_of(result, "turn")[0]["cells"][0]
+    limit = re.search(r"(?:wall-clock limit of |wall-clock budget \()([0-9.]+)s", cell["error"])
+    assert cell["timed_out"] and limit and float(limit.group(1)) <= 1.5, cell["error"]
     assert (result.outcome, result.answer) == ("budget_exhausted", "early")
     assert "max_wall_s=1.5s" in result.reason
 
     stuck_root = ScriptedModel(["FINAL(too late)"], latency_s=30)
-    start = time.monotonic()
     result = make(stuck_root, budget=BudgetLimits(max_wall_s=1.0)).run("c")
-    assert time.monotonic() - start < 3 and result.outcome == "budget_exhausted" and result.answer is None
+    assert result.outcome == "budget_exhausted" and result.answer is None
+    # the root's call was cancelled when the wall budget ran out: it never answered
+    wait_for(lambda: stuck_root.cancelled == 1, "the stuck root call cancelled")
+    assert stuck_root.started == 1 and not stuck_root.calls
 
 
 def test_a_failing_or_unreachable_root_backend_is_a_clear_outcome():
@@ -334,43 +325,21 @@ def test_batched_recursive_queries_start_concurrent_children_and_fall_back_at_th
 
 
 def test_an_openai_compatible_root_with_its_key_from_the_environment(monkeypatch):
-    import json
-    import threading
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+    from tests.openai_stub import OpenAIStub
 
-    seen = []
+    def respond(path, body):
+        turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
+        content = ["```repl\nanswer = len(context)\n```", "FINAL_VAR(answer)"][min(turn, 1)]
+        return {"choices": [{"message": {"content": content}, "finish_reason": "stop"}],
+                "usage": {"completion_tokens": 7}}  # fmt: skip
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):  # the ping
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b'{"data": []}')
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append((self.headers.get("Authorization"), body))
-            turn = sum(1 for m in body["messages"] if m["role"] == "assistant")
-            content = ["```repl\nanswer = len(context)\n```", "FINAL_VAR(answer)"][min(turn, 1)]
-            reply = {"choices": [{"message": {"content": content}, "finish_reason": "stop"}],
-                     "usage": {"completion_tokens": 7}}  # fmt: skip
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    stub = OpenAIStub(respond, models=())
     try:
         monkeypatch.setenv("RLM_TEST_KEY", "sk-test-123")
         cfg = {
             "name": "openai",
             "served_model": "stub",
-            "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+            "base_url": stub.url,
             "api_key_env": "RLM_TEST_KEY",
             "timeout": 10,
             "retries": 0,
@@ -379,12 +348,13 @@ def test_an_openai_compatible_root_with_its_key_from_the_environment(monkeypatch
         root = make_model(cfg, "root")
         result = RLM(root, settings=RLMSettings(max_iterations=3), sandbox=LIMITS).run("twelve chars")
         assert (result.answer, result.outcome, result.turns) == ("12", "final", 2)
+        seen = [(call["auth"], call["body"]) for call in stub.calls if call["method"] == "POST"]
         assert [auth for auth, _ in seen] == ["Bearer sk-test-123"] * 2
         assert seen[0][1]["model"] == "stub" and seen[0][1]["messages"][0]["role"] == "system"
         assert result.events[-2]["completion_tokens"] == 7
         root.close()
     finally:
-        server.shutdown()
+        stub.close()
 
 
 def test_a_reply_cut_off_at_the_token_limit_is_not_an_answer():

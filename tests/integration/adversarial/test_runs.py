@@ -14,7 +14,7 @@ import threading
 import pytest
 
 from recallm.errors import RecallmError
-from tests.adversarial.fsync_spy import RenameSpy
+from tests.fsync_spy import RenameSpy
 
 MIX = {
     "seed": 0,

@@ -4,14 +4,10 @@ with a checkpoint, then an automatic resume that does a third."""
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import re
-import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -20,7 +16,8 @@ from recallm.errors import RecallmError
 from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env, cpu_overrides
 from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator
 from recallm.recall import find_spans
-from recallm.tokens import END_RECALL, START_RECALL, RecallTokenIds, load_tokenizer
+from recallm.tokens import RecallTokenIds, load_tokenizer
+from tests.grpo_runs import MIX, check_spans, grpo_command, run_grpo, step_metrics
 
 PROMPTS = [
     "find the value of key 2 in the list below\n1: bazo\n2: kelu\n3: mifa\n4: zuno",
@@ -298,112 +295,6 @@ print("ok")
 
 
 # --- two real runs of verl.trainer.main_ppo -----------------------------------------------------
-
-MIX = {
-    "seed": 0,
-    "tolerance": 0.1,
-    "store_prompt_text": True,
-    "train": {
-        "lengths": [256, 384],
-        "entries": [
-            {
-                "task": "kv_retrieval",
-                "count": 12,
-                "params": {"key_type": "toy", "value_type": "toy", "formats": ["lines"]},
-            },
-            {
-                "task": "math_retrieval",
-                "count": 12,
-                "params": {
-                    "key_type": "toy",
-                    "value_type": "toy",
-                    "formats": ["lines"],
-                    "problem_types": ["arithmetic"],
-                },
-            },
-        ],
-    },
-}
-
-_METRIC = re.compile(r"([\w/@.\-]+):(?:np\.\w+\()?([-+0-9.eE]+|nan|inf)\)?")
-
-
-def step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines ``step:N - key:value - ...`` as {N: {key: value}}."""
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        m = re.search(r"(?:^|\s)step:(\d+) - ", line)
-        if not m:
-            continue
-        steps[int(m.group(1))] = {k: float(v) for k, v in _METRIC.findall(line[m.start() :])}
-    return steps
-
-
-def grpo_command(model: Path, data: Path, ckpt: Path, rollouts: Path, *extra: str) -> list[str]:
-    """``recallm-grpo`` (the launcher: tiny_cpu recipe, CPU plugin, reward manager, external_lib, metrics)."""
-    arr = "actor_rollout_ref"
-    return [
-        sys.executable,
-        "-m",
-        "recallm.cli.grpo",
-        f"data.train_files={data}",
-        f"data.val_files={data}",
-        "data.train_batch_size=4",
-        "data.max_prompt_length=512",
-        "data.max_response_length=48",
-        "data.shuffle=False",
-        f"{arr}.model.path={model}",
-        f"{arr}.model.enable_gradient_checkpointing=False",
-        f"{arr}.actor.ppo_mini_batch_size=4",
-        f"{arr}.actor.ppo_micro_batch_size_per_gpu=8",
-        f"{arr}.actor.optim.lr=1e-3",
-        f"{arr}.actor.entropy_coeff=0.01",  # a gradient every step: a stale rollout model would show
-        f"{arr}.rollout.n=4",
-        f"+{arr}.rollout.engine_kwargs.hf_cpu.force_every=8",
-        f"+{arr}.rollout.engine_kwargs.hf_cpu.force_length=6",
-        "trainer.project_name=recallm_test",
-        "trainer.experiment_name=grpo_cpu",
-        f"trainer.default_local_dir={ckpt}",
-        f"trainer.rollout_data_dir={rollouts}",
-        "trainer.val_before_train=False",
-        "trainer.test_freq=-1",
-        "trainer.save_freq=2",
-        "trainer.total_training_steps=2",
-        *extra,
-    ]
-
-
-def run_grpo(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, **cpu_env(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("RAY_ADDRESS", None)  # a local Ray cluster of its own, shut down when the driver exits
-    proc = subprocess.Popen(
-        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
-    )
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)  # the driver and the Ray processes it started
-        out, _ = proc.communicate()
-        pytest.fail(f"verl did not finish in {timeout}s:\n{out[-5000:]}")
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
-def check_spans(rollouts: Path, step: int) -> int:
-    """Spans in the dumped rollouts (text decoded without special tokens: a token-level copy is
-    still a text-level one) are verbatim copies of their context; returns how many there are."""
-    count = 0
-    for line in (rollouts / f"{step}.jsonl").read_text().splitlines():
-        row = json.loads(line)
-        context, output = row["input"], row["output"]
-        for m in re.finditer(re.escape(START_RECALL) + r"(.*?)(?:" + re.escape(END_RECALL) + r"|$)", output, re.S):
-            span = m.group(1)
-            assert START_RECALL not in span
-            assert span in context + output[: m.start()], (span, output)
-            count += 1
-    return count
 
 
 @pytest.mark.slow

@@ -13,7 +13,7 @@ from data_gen.base import make_task
 from data_gen.datasets import io
 from data_gen.datasets.common import DOC_FORMATS
 from data_gen.datasets.negatives import Corpus, bm25_index, dense_index, negative_stream
-from data_gen.fit import DraftTooLong, PromptRenderer, build_row
+from data_gen.fit import DraftTooLong, build_row
 from data_gen.generate import draft_row
 from recallm.errors import RecallmError
 from tests import data_fixtures
@@ -47,12 +47,7 @@ QUALITY_LONGEST = 9000  # tokens: above the prompt of every fixture article (the
 
 @pytest.fixture(scope="module")
 def renderer():
-    from recallm.tiny import build_tiny_tokenizer
-    from recallm.tokens import ensure_think_generation_prompt
-
-    tok = build_tiny_tokenizer()
-    ensure_think_generation_prompt(tok)
-    return PromptRenderer(tok)
+    return data_fixtures.think_renderer()
 
 
 @pytest.fixture(scope="module")
@@ -302,25 +297,7 @@ def test_mixed_and_excluded_negatives():
 
 @pytest.fixture(scope="module")
 def dense_model(tmp_path_factory, renderer):
-    from transformers import BertConfig, BertModel
-
-    d = tmp_path_factory.mktemp("encoder")
-    tok = renderer.tokenizer
-    config = BertConfig(
-        vocab_size=len(tok),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=512,
-        pad_token_id=tok.pad_token_id,
-    )
-    import torch
-
-    torch.manual_seed(0)
-    BertModel(config).save_pretrained(d)
-    tok.save_pretrained(d)
-    return str(d)
+    return data_fixtures.save_tiny_encoder(tmp_path_factory.mktemp("encoder"), renderer.tokenizer)
 
 
 def test_dense_negatives(paths, renderer, config, dense_model):

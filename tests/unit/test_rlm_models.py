@@ -4,23 +4,14 @@ user configured and report their own token usage."""
 
 from __future__ import annotations
 
-import json
 import threading
-import time
 
 import pytest
 
 from recallm.cancel import Cancelled, CancelToken
 from recallm.rlm.models import make_model
-
-
-def _wait_for(predicate, what: str, limit_s: float = 120.0) -> None:
-    """Poll until ``predicate()`` (a readiness wait, not a timing assertion)."""
-    end = time.monotonic() + limit_s
-    while not predicate():
-        if time.monotonic() > end:
-            raise AssertionError(f"never happened: {what}")
-        time.sleep(0.005)
+from tests.openai_stub import OpenAIStub
+from tests.rlm_helpers import wait_for
 
 
 @pytest.fixture
@@ -68,7 +59,7 @@ def test_concurrent_requests_to_an_in_process_model_are_one_generate_call(hf_mod
     threads += [threading.Thread(target=ask, args=(i,)) for i in range(1, 8)]
     for t in threads[1:]:
         t.start()
-    _wait_for(lambda: model.queued() == 7, "seven queued requests")
+    wait_for(lambda: model.queued() == 7, "seven queued requests")
     gate.set()
     for t in threads:
         t.join()
@@ -96,7 +87,7 @@ def test_a_cancelled_queued_request_never_reaches_the_engine(hf_model):
     first.wait()
     b = threading.Thread(target=ask, args=("b", token))
     b.start()
-    _wait_for(lambda: model.queued() == 1, "b queued")
+    wait_for(lambda: model.queued() == 1, "b queued")
     token.cancel("the caller gave up")
     b.join()  # returns at once, while `a` is still being generated
     assert isinstance(outcome["b"], Cancelled) and "a" not in outcome
@@ -105,50 +96,31 @@ def test_a_cancelled_queued_request_never_reaches_the_engine(hf_model):
     assert batches == [1] and outcome["a"].completion_tokens >= 1
 
 
-def _server(reply_usage: dict | None):
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+def _server(reply_usage: dict | None) -> OpenAIStub:
+    """The shared stub answering ``FINAL(4)``, with ``reply_usage`` as its usage (None: none)."""
+    reply = {"choices": [{"message": {"content": "FINAL(4)"}, "finish_reason": "stop"}]}
+    if reply_usage is not None:
+        reply["usage"] = reply_usage
+    return OpenAIStub(lambda path, body: reply, models=())
 
-    seen: list[dict] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
-
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b'{"data": []}')
-
-        def do_POST(self):
-            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-            seen.append(body)
-            reply = {"choices": [{"message": {"content": "FINAL(4)"}, "finish_reason": "stop"}]}
-            if reply_usage is not None:
-                reply["usage"] = reply_usage
-            data = json.dumps(reply).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, seen
+def _last_body(stub: OpenAIStub) -> dict:
+    return stub.requests[-1][1]
 
 
 def test_an_openai_server_gets_only_what_the_user_configured_and_reports_usage():
     """Before: every request carried temperature=0.0 and max_tokens (reasoning models reject
     both), and prompt tokens were counted locally even when the server reported them."""
-    server, seen = _server({"prompt_tokens": 123, "completion_tokens": 7})
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    stub = _server({"prompt_tokens": 123, "completion_tokens": 7})
+    url = stub.url
     try:
         bare = make_model({"name": "openai", "served_model": "o", "base_url": url, "api_key_env": None}, "root")
         reply = bare.complete([{"role": "user", "content": "2+2?"}], max_new_tokens=None)
         assert (reply.text, reply.prompt_tokens, reply.completion_tokens) == ("FINAL(4)", 123, 7)
-        assert set(seen[-1]) == {"model", "messages"}
+        assert set(_last_body(stub)) == {"model", "messages"}
         capped = bare.complete([{"role": "user", "content": "2+2?"}], max_new_tokens=50)
-        assert seen[-1]["max_tokens"] == 50 and "temperature" not in seen[-1] and capped.prompt_tokens == 123
+        seen = _last_body(stub)
+        assert seen["max_tokens"] == 50 and "temperature" not in seen and capped.prompt_tokens == 123
         configured = make_model(
             {
                 "name": "openai",
@@ -161,22 +133,22 @@ def test_an_openai_server_gets_only_what_the_user_configured_and_reports_usage()
             "sub",
         )
         configured.complete([{"role": "user", "content": "hi"}], max_new_tokens=64)
-        assert seen[-1]["temperature"] == 0.6 and seen[-1]["max_completion_tokens"] == 64
-        assert "max_tokens" not in seen[-1]
+        assert _last_body(stub)["temperature"] == 0.6 and _last_body(stub)["max_completion_tokens"] == 64
+        assert "max_tokens" not in _last_body(stub)
         bare.close()
         configured.close()
     finally:
-        server.shutdown()
+        stub.close()
 
 
 def test_without_server_usage_tokens_are_counted_locally():
-    server, _ = _server(None)
+    stub = _server(None)
     try:
         model = make_model(
             {
                 "name": "openai",
                 "served_model": "o",
-                "base_url": f"http://127.0.0.1:{server.server_address[1]}/v1",
+                "base_url": stub.url,
                 "api_key_env": None,
             },  # fmt: skip
             "root",
@@ -185,7 +157,7 @@ def test_without_server_usage_tokens_are_counted_locally():
         assert reply.prompt_tokens >= 10 and reply.completion_tokens >= 1
         model.close()
     finally:
-        server.shutdown()
+        stub.close()
 
 
 # --- a call already running really stops (issue 17, item 3) ---------------------------------------
@@ -269,42 +241,27 @@ def test_only_the_cancelled_row_of_an_hf_batch_stops(endless_hf):
 
 
 def _holding_server():
-    """A server that reads a request and then holds it (no answer) until the client closes the
-    connection or ``release`` is set; ``got`` is set when a request arrived, ``closed`` when the
-    client hung up on a held request."""
+    """The shared stub, reading a request and then holding it (no answer) until the client closes
+    the connection or ``release`` is set; ``got`` is set when a request arrived, ``closed`` when
+    the client hung up on a held request."""
     import select
-    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
     got, closed, release = threading.Event(), threading.Event(), threading.Event()
     answered: list[int] = []
 
-    class Handler(BaseHTTPRequestHandler):
-        def log_message(self, *args):
-            pass
+    def hold(path: str, body: dict):
+        got.set()
+        connection = stub.connection()
+        while not release.is_set():  # "generating": watch the connection meanwhile
+            readable, _, _ = select.select([connection], [], [], 0.05)
+            if readable and not connection.recv(1, 2):  # MSG_PEEK: EOF, the client hung up
+                closed.set()
+                return None
+        answered.append(1)
+        return {"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}]}
 
-        def do_GET(self):
-            self.send_response(200)
-            self.end_headers()
-            self.wfile.write(b'{"data": []}')
-
-        def do_POST(self):
-            self.rfile.read(int(self.headers["Content-Length"]))
-            got.set()
-            while not release.is_set():  # "generating": watch the connection meanwhile
-                readable, _, _ = select.select([self.connection], [], [], 0.05)
-                if readable and not self.connection.recv(1, 2):  # MSG_PEEK: EOF, the client hung up
-                    closed.set()
-                    return
-            data = json.dumps({"choices": [{"message": {"content": "late"}, "finish_reason": "stop"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            answered.append(1)
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, got, closed, release, answered
+    stub = OpenAIStub(hold, models=())
+    return stub, got, closed, release, answered
 
 
 def test_a_cancelled_server_request_is_aborted_in_flight_and_charged_its_prompt():
@@ -313,8 +270,8 @@ def test_a_cancelled_server_request_is_aborted_in_flight_and_charged_its_prompt(
     from recallm.rlm.budget import Budget, BudgetLimits
     from recallm.rlm.subcalls import CallPool
 
-    server, got, closed, release, answered = _holding_server()
-    url = f"http://127.0.0.1:{server.server_address[1]}/v1"
+    stub, got, closed, release, answered = _holding_server()
+    url = stub.url
     try:
         model = make_model(
             {"name": "openai", "served_model": "o", "base_url": url, "api_key_env": None, "timeout": 60}, "sub"
@@ -346,4 +303,4 @@ def test_a_cancelled_server_request_is_aborted_in_flight_and_charged_its_prompt(
         model.close()
     finally:
         release.set()
-        server.shutdown()
+        stub.close()

@@ -1,22 +1,18 @@
 """recallm-annotate: teacher traces -> <recall> rewrites -> aligned spans -> SFT JSONL and a report.
 
 Teacher and annotator are a stub OpenAI-compatible server on 127.0.0.1 (or a plain function)
-answering with canned text built from each row: a quote copied exactly, one misspelled within
-the fuzzy bound, one beyond it, one that is nowhere in the prompt, a wrong answer...
+answering with canned text built from each row (``tests/annotate_fixtures.py``): a quote copied
+exactly, one misspelled within the fuzzy bound, one beyond it, one that is nowhere in the prompt,
+a wrong answer... The command line itself: tests/integration/test_data_annotate_cli.py.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import random
 import re
 import socket
-import subprocess
-import sys
-import threading
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
@@ -34,182 +30,16 @@ from data_gen.annotate import (
     split_trace,
 )
 from recallm.errors import RecallmError
+from tests import annotate_fixtures
+from tests.annotate_fixtures import KEY_ENV, SECRET, annotated, check_examples, read_jsonl, teacher_trace
 
-KEY_ENV = "RECALLM_TEST_ANNOTATE_KEY"
-SECRET = "sk-test-0123456789-do-not-leak"
-
-
-# --------------------------------------------------------------------------- rows and canned text
-
-
-@pytest.fixture(scope="module")
-def tokenizer(tiny_dir):
-    from recallm.tokens import load_tokenizer
-
-    return load_tokenizer(tiny_dir)
-
-
-@pytest.fixture(scope="module")
-def rows(tokenizer):
-    from data_gen.base import make_task
-    from data_gen.fit import PromptRenderer, build_row
-
-    task, renderer, out = make_task("kv_retrieval"), PromptRenderer(tokenizer), []
-    for seed in range(8):
-        rng = random.Random(seed)
-        out.append(build_row(task, task.draft(rng), renderer, 384, rng))
-    assert len({r.question for r in out}) == len(out)
-    return out
-
-
-def _misspell(text: str, n: int) -> str:
-    """``text`` with ``n`` characters of its end replaced by '#' (never in a KV prompt)."""
-    chars = list(text)
-    for k in range(n):
-        chars[len(chars) - 2 - 2 * k] = "#"
-    return "".join(chars)
-
-
-def teacher_trace(row, kind: str) -> str:
-    value = row.answers[0]
-    answer = {"wrong": "zzzzzzzz", "noanswer": None}.get(kind, value)
-    lines = [
-        f"I need to answer this: {row.question}",
-        f"Looking through the data, the entry for that key gives the value {value}.",
-        f"So the value is {value}.",
-    ]
-    if answer is not None:
-        lines.append(f"Answer: {answer}")
-    return "\n".join(lines)
-
-
-def annotated(row, kind: str) -> str:
-    value, gold = row.answers[0], row.gold[0]["text"]
-    limit = Checks().max_dist(len(gold))
-    quote = {
-        "exact": gold,
-        "fuzzy": _misspell(gold, 1),
-        "far": _misspell(gold, limit + 2),
-        "hopeless": "the harbour lights were purple that evening",
-    }.get(kind, gold)
-    if kind == "nospan":
-        return teacher_trace(row, kind)
-    if kind == "changed":
-        return f"Completely different reasoning: <recall>{gold}</recall> was chosen at random.\nAnswer: {value}"
-    return (
-        f"I need to answer this: {row.question}\n"
-        f"Looking through the data, <recall>{quote}</recall> gives the value {value}.\n"
-        f"So the value is {value}.\nAnswer: {value}"
-    )
-
-
-def check_examples(records, tokenizer, rows):
-    """Every span of every kept example copies a contiguous run of its prompt's ids."""
-    from recallm.tokens import RecallTokenIds
-
-    ids = RecallTokenIds.from_tokenizer(tokenizer)
-    texts = {r.prompt_text for r in rows}
-    for rec in records:
-        assert rec["source"] == "annotated" and rec["prompt_text"] in texts
-        prompt, completion = rec["prompt_ids"], rec["completion_ids"]
-        assert completion[-1] == tokenizer.eos_token_id
-        starts = [i for i, t in enumerate(completion) if t == ids.start]
-        assert len(starts) == len(rec["spans"]) >= 1
-        for (i, j), s in zip(rec["spans"], starts, strict=True):
-            e = completion.index(ids.end, s)
-            copied = completion[s + 1 : e]
-            assert copied == prompt[i:j]  # a contiguous sub-sequence of the prompt ids, at the recorded range
-            assert tokenizer.decode(copied) in rec["prompt_text"]
-        assert rec["completion"].endswith(f"</think>\nAnswer: {rec['answer']}{tokenizer.eos_token}")
-
-
-def read_jsonl(path):
-    return [json.loads(line) for line in open(path) if line.strip()]
-
-
-# --------------------------------------------------------------------------- stub server
-
-
-class Stub:
-    """A stub OpenAI-compatible server: ``plan`` maps a row index to (teacher kind, annotator kind);
-    ``fail_first`` answers the first N chat requests with HTTP 500."""
-
-    def __init__(self, rows, plan, *, fail_first=0, status=None, reasoning_rows=()):
-        self.rows, self.plan, self.fail_first, self.status = rows, plan, fail_first, status
-        self.reasoning_rows = set(reasoning_rows)
-        self.requests: list[dict] = []
-        self.lock = threading.Lock()
-        stub = self
-
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, *args):  # quiet
-                pass
-
-            def _send(self, status, payload):
-                body = json.dumps(payload).encode()
-                self.send_response(status)
-                self.send_header("Content-Type", "application/json")
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self):
-                stub.record("GET", self.path, self.headers, None)
-                self._send(200, {"data": [{"id": "teacher-m"}, {"id": "annotator-m"}]})
-
-            def do_POST(self):
-                body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
-                n = stub.record("POST", self.path, self.headers, body)
-                if stub.status is not None:
-                    return self._send(stub.status, {"error": {"message": "nope"}})
-                if n <= stub.fail_first:
-                    return self._send(500, {"error": {"message": "overloaded"}})
-                self._send(200, stub.answer(body))
-
-        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def record(self, method, path, headers, body) -> int:
-        with self.lock:
-            self.requests.append({"method": method, "path": path, "auth": headers.get("Authorization"), "body": body})
-            return sum(r["method"] == "POST" for r in self.requests)
-
-    def row_of(self, body) -> int:
-        content = "\n".join(m["content"] for m in body["messages"])
-        return next(i for i, r in enumerate(self.rows) if r.question in content)
-
-    def answer(self, body) -> dict:
-        index = self.row_of(body)
-        teacher_kind, annotator_kind = self.plan[index]
-        message = {"role": "assistant"}
-        if body["model"] == "teacher-m":
-            trace = teacher_trace(self.rows[index], teacher_kind)
-            if index in self.reasoning_rows:  # vLLM's reasoning parser: thinking apart from the content
-                reasoning, _, answer = trace.rpartition("\n")
-                message.update(reasoning_content=reasoning, content=answer)
-            else:
-                message["content"] = trace
-        else:
-            message["content"] = annotated(self.rows[index], annotator_kind)
-        return {"choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
-
-
-@pytest.fixture
-def stub_factory():
-    made = []
-
-    def make(*args, **kwargs):
-        made.append(Stub(*args, **kwargs))
-        return made[-1]
-
-    yield make
-    for s in made:
-        s.close()
+# the shared fixtures (tests/annotate_fixtures.py), named here for pytest
+parquet, rows, stub_factory, tokenizer = (
+    annotate_fixtures.parquet,
+    annotate_fixtures.rows,
+    annotate_fixtures.stub_factory,
+    annotate_fixtures.tokenizer,
+)
 
 
 def _endpoint(url, model, **kw):
@@ -366,10 +196,10 @@ def test_http_teacher_and_annotator_with_retries(rows, tokenizer, tmp_path, stub
         report = run_annotation(
             rows[:4], tokenizer, annotator=annotator, teacher=teacher, output_dir=tmp_path, val_fraction=0.0, workers=4
         )
-    posts = [r for r in stub.requests if r["method"] == "POST"]
+    posts = [r for r in stub.calls if r["method"] == "POST"]
     assert len(posts) == 4 + 3 + 1  # 4 teacher calls, 3 annotator calls, 1 retry after the first 500
     assert {r["path"] for r in posts} == {"/v1/chat/completions"}
-    assert all(r["auth"] == f"Bearer {SECRET}" for r in stub.requests)  # the key is sent...
+    assert all(r["auth"] == f"Bearer {SECRET}" for r in stub.calls)  # the key is sent...
     assert {r["body"]["temperature"] for r in posts if r["body"]["model"] == "teacher-m"} == {0.7}
     teacher_body = next(r["body"] for r in posts if r["body"]["model"] == "teacher-m")
     assert "Answer: <answer>" in teacher_body["messages"][-1]["content"]
@@ -389,7 +219,7 @@ def test_chat_client_failures(stub_factory, rows, monkeypatch):
     with ChatClient(_endpoint(stub.url, "teacher-m", retries=2), "teacher", sleep=lambda s: None) as client:
         with pytest.raises(ChatError, match=r"gave up after 3 attempt\(s\): HTTP 503"):
             client.complete(messages)
-    assert len(stub.requests) == 3 and stub.requests[0]["auth"] is None
+    assert len(stub.calls) == 3 and stub.calls[0]["auth"] is None
     for status, error, pattern in [
         (400, ChatError, r"HTTP 400"),
         (401, RecallmError, rf"refused the request \(HTTP 401\): check the key in \${KEY_ENV}"),
@@ -405,15 +235,6 @@ def test_chat_client_failures(stub_factory, rows, monkeypatch):
 
 
 # --------------------------------------------------------------------------- config and CLI
-
-
-@pytest.fixture(scope="module")
-def parquet(rows, tmp_path_factory):
-    from data_gen.io import row_record, write_parquet
-
-    path = tmp_path_factory.mktemp("annotate-in") / "rows.parquet"
-    write_parquet([row_record(r, i, "train") for i, r in enumerate(rows)], path)
-    return path
 
 
 def _config(parquet, model, out, url, **over):
@@ -454,7 +275,7 @@ def test_bad_config_fails_before_any_request(
     stub = stub_factory(rows, {})
     with pytest.raises(RecallmError, match=pattern):
         annotate_from_config(_config(parquet, tiny_dir, tmp_path / "out", stub.url, **over))
-    assert stub.requests == []
+    assert stub.calls == []
     assert not (tmp_path / "out").exists()
 
 
@@ -477,71 +298,8 @@ def test_teacher_file_config_and_endpoint_down(parquet, tiny_dir, tmp_path, stub
     assert AnnotateSettings.from_config(cfg).teacher is None
     report = annotate_from_config(cfg)
     assert report["kept"] == 2 and report["rows"] == 8 and report["rows_with_traces"] == 2
-    assert {r["body"]["model"] for r in stub.requests if r["method"] == "POST"} == {"annotator-m"}
+    assert {r["body"]["model"] for r in stub.calls if r["method"] == "POST"} == {"annotator-m"}
     assert report["settings"]["teacher"] == f"file {traces}"
-
-
-def _cli(*args, cwd, env_extra=None):
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", **(env_extra or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "recallm.cli.annotate", *args],
-        capture_output=True,
-        text=True,
-        cwd=cwd,
-        env=env,
-        timeout=120,
-    )
-
-
-def test_cli_end_to_end(parquet, tiny_dir, tmp_path, stub_factory, rows, tokenizer):
-    plan = {i: ("ok", "exact") for i in range(6)} | {3: ("ok", "hopeless"), 6: ("wrong", "exact"), 7: ("ok", "fuzzy")}
-    stub = stub_factory(rows, plan, fail_first=2)
-    out = tmp_path / "out"
-    proc = _cli(
-        f"input={parquet}",
-        f"tokenizer={tiny_dir}",
-        f"output_dir={out}",
-        f"teacher.base_url={stub.url}",
-        "teacher.model=teacher-m",
-        "annotator.model=annotator-m",
-        f"teacher.api_key_env={KEY_ENV}",
-        "teacher.backoff=0.01",
-        "annotator.backoff=0.01",
-        "val_fraction=0.2",
-        "progress=false",
-        cwd=tmp_path,
-        env_extra={KEY_ENV: SECRET},
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert "kept 6, dropped 2" in proc.stdout and "unaligned_span" in proc.stdout
-    report = json.loads((out / "report.json").read_text())
-    assert report["kept"] == 6 and report["dropped_by_reason"]["wrong_answer"] == 1
-    assert report["splits"] == {"train": 5, "val": 1}
-    assert report["settings"]["annotator"] == f"annotator-m @ {stub.url}"  # interpolated from teacher.base_url
-    check_examples(read_jsonl(out / "train.jsonl") + read_jsonl(out / "val.jsonl"), tokenizer, rows)
-    assert all(r["auth"] == f"Bearer {SECRET}" for r in stub.requests)
-    everything = (
-        proc.stdout
-        + proc.stderr
-        + "".join(p.read_text(errors="replace") for p in tmp_path.rglob("*") if p.is_file() and p.suffix != ".parquet")
-    )
-    assert SECRET not in everything
-
-
-@pytest.mark.parametrize(
-    "args, pattern",
-    [
-        (["output_dir={tmp}/o", "checks.min_similarity=1.5"], r"^error: checks.min_similarity must be in \[0.0, 1.0\]"),
-        ([], r"^error: missing required config value\(s\): output_dir$"),
-    ],
-)
-def test_cli_bad_config_is_one_line(parquet, tiny_dir, tmp_path, args, pattern):
-    args = [a.format(tmp=tmp_path) for a in args]
-    proc = _cli(f"input={parquet}", f"tokenizer={tiny_dir}", "teacher.model=t", *args, cwd=tmp_path)
-    assert proc.returncode == 2, proc.stdout + proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and re.search(pattern, lines[0]), proc.stderr
-    assert "Traceback" not in proc.stderr
 
 
 # --------------------------------------------------------------------------- the paper's annotator prompt and split

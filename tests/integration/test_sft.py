@@ -190,7 +190,7 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
 
 def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir, caplog):
     """A partial or corrupt newer checkpoint is moved aside with a warning and the newest intact one is
-    used (tests/adversarial/test_checkpoints.py has every kind of damage); resume=<dir> of a damaged
+    used (tests/integration/adversarial/test_checkpoints.py has every kind of damage); resume=<dir> of a damaged
     one is an error."""
     run_sft(
         _cfg(

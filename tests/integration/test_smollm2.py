@@ -157,7 +157,7 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
 
 
 def test_one_grpo_step_through_verl(smollm2_data, smollm2_dir, tmp_path):
-    from tests.test_grpo_cpu import check_spans, grpo_command, run_grpo, step_metrics
+    from tests.grpo_runs import check_spans, grpo_command, run_grpo, step_metrics
 
     ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(

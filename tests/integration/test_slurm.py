@@ -11,9 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from tests import REPO_ROOT
 from tests.slurm_harness import FakeCluster, alive
 
-SLURM = Path(__file__).resolve().parents[1] / "slurm"
+SLURM = REPO_ROOT / "slurm"
 SCRIPTS = sorted(p.name for p in SLURM.glob("*.sbatch"))
 MINE = ["sft.sbatch", "grpo.sbatch", "grpo_multinode.sbatch"]
 JOB = "123457"
@@ -326,30 +327,25 @@ def test_wait_for_cluster_polls_until_every_gpu_is_there():
     dead = {"Alive": False, "Resources": {"GPU": 4.0}}
     ray = FakeRay([[node], [node, dead], [node, {"Alive": True, "Resources": {"CPU": 8.0}}], [node, node]])
     now = [0.0]
-    view = wait_for_cluster(
-        "192.0.2.10:20000",
-        2,
-        8,
-        timeout=100,
-        poll=1,
-        ray_module=ray,
-        clock=lambda: now[0],
-        sleep=lambda s: now.__setitem__(0, now[0] + s),
-    )
-    assert (view.nodes, view.gpus) == (2, 8.0) and ray.inits == 2 and now[0] == 4.0
-    ray = FakeRay([[node]])
-    now = [0.0]
-    with pytest.raises(RecallmError, match=r"did not reach 2 node\(s\) and 8 GPU\(s\) within 10 s; last seen: 1 node"):
-        wait_for_cluster(
+
+    def wait(ray, timeout):
+        """2 nodes and 8 GPUs, polled every second on a fake clock that ``sleep`` advances."""
+        now[0] = 0.0
+        return wait_for_cluster(
             "192.0.2.10:20000",
             2,
             8,
-            timeout=10,
+            timeout=timeout,
             poll=1,
             ray_module=ray,
             clock=lambda: now[0],
             sleep=lambda s: now.__setitem__(0, now[0] + s),
         )
+
+    view = wait(ray, 100)
+    assert (view.nodes, view.gpus) == (2, 8.0) and ray.inits == 2 and now[0] == 4.0
+    with pytest.raises(RecallmError, match=r"did not reach 2 node\(s\) and 8 GPU\(s\) within 10 s; last seen: 1 node"):
+        wait(FakeRay([[node]]), 10)
 
 
 def test_environment_is_not_leaked_into_the_checkout():

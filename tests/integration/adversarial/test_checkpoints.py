@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 
 from recallm.errors import RecallmError
 from recallm.paths import config_dir
-from tests.adversarial.fsync_spy import RenameSpy
+from tests.fsync_spy import RenameSpy
 
 MIX = {
     "seed": 0,

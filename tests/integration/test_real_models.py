@@ -1,6 +1,6 @@
 """Real checkpoints' quirks, built locally: the pad-token rule, a Llama-3.1-style tokenizer without a
 pad token through create-model -> SFT -> generate, GGUF header ids. (SmolLM2 itself:
-tests/test_smollm2.py.)"""
+tests/integration/test_smollm2.py.)"""
 
 from __future__ import annotations
 

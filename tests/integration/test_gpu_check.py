@@ -8,12 +8,13 @@ import importlib.util
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests import REPO_ROOT
+
+ROOT = REPO_ROOT
 
 
 def _module():
@@ -60,7 +61,7 @@ def test_dry_mode_end_to_end(tmp_path):
 
 def test_sft_step_config_runs_through_run_sft(tiny_dir, tmp_path):
     """The config the device check hands to torchrun: one step of the stage-2 recipe (plain Trainer here;
-    DeepSpeed ZeRO-2 on CPUs is covered by tests/test_sft.py)."""
+    DeepSpeed ZeRO-2 on CPUs is covered by tests/integration/test_sft.py)."""
     gpu_check = _module()
     cfg = gpu_check.sft_step_config(tiny_dir, tmp_path, torch.device("cpu"), "none")
     assert json.loads(cfg.read_text())["deepspeed"] is None
