@@ -10,13 +10,15 @@ call watches its token:
   condition or an event (it runs at once if the token is already set);
 * models - ``ChatModel.complete(..., cancel=token)``: a scripted model stops its sleep, an
   in-process engine drops a request that has not started and stops generating one that has (HF:
-  its batch row ends at the next token; a batch whose every request is cancelled stops), a
+  its batch row ends at the next token; a batch whose every request is cancelled stops; vLLM:
+  the request is aborted in the engine, ``LLMEngine.abort_request``, before its next step), a
   server client does not send a request that has not left and aborts one in flight (its
   connection is closed, which vLLM and other servers take as an abort).
 
 A cancelled call that already spent tokens raises ``Cancelled`` carrying them
-(``prompt_tokens``, ``completion_tokens``), and the pool charges them: an HF row charges its
-prompt and the tokens it generated before it stopped; an aborted server request charges its
+(``prompt_tokens``, ``completion_tokens``), and the pool charges them: an HF row or an aborted
+vLLM request charges its prompt and the tokens it generated before it stopped (vLLM: those of
+the engine steps seen before the abort); an aborted server request charges its
 prompt (counted locally) and no completion tokens - the server does not report how many it
 generated before it saw the connection close, so that part is a lower bound.
 

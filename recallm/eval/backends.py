@@ -13,7 +13,10 @@ recall spans judged by the matcher (``recallm.recall.find_spans``: verbatim or n
 * ``VLLMBackend`` - ``vllm.LLM`` with the V1 recall processor
   (``recallm.recall.vllm.V1_PROCESSOR_FQCN``) and ``hf_overrides`` from
   ``recallm.modeling.vllm_hf_overrides``; per-request opt-out when unconstrained. GPU nodes only;
-  vLLM is imported when the backend is built.
+  vLLM is imported when the backend is built. It drives ``LLM.llm_engine`` (vLLM's
+  ``LLMEngine``: ``add_request`` / ``step`` / ``abort_request``) itself rather than calling
+  ``LLM.generate``, so that a request cancelled while it runs is aborted in the engine
+  (``cancelled``, as for HF; see ``drive_engine``).
 * ``OpenAIBackend`` - a server through ``recallm.clients.ChatClient``: chat completions of the
   messages (``api=chat``) or text completions of the rendered prompt (``api=completions``).
   Continuations (a ``prefix``) always use text completions of ``prompt_text + prefix``. The
@@ -37,6 +40,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import itertools
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
@@ -56,6 +60,7 @@ __all__ = [
     "LengthExtension",
     "load_object",
     "check_model_dir",
+    "drive_engine",
     "make_backend",
 ]
 
@@ -369,6 +374,7 @@ class VLLMBackend(Backend):
             )
         kwargs.update(dict(engine_kwargs or {}))
         self.llm = LLM(**kwargs)
+        self._request_ids = itertools.count()
         self.max_model_len = int(self.llm.llm_engine.model_config.max_model_len)
         self.eos_ids: set[int] = set()
         for value in (tokenizer.eos_token_id, getattr(config, "eos_token_id", None), _generation_eos(model_path)):
@@ -380,8 +386,14 @@ class VLLMBackend(Backend):
     def describe(self) -> dict[str, Any]:
         return {"backend": self.name, "recall_constrained": self.recall_constrained}
 
-    def generate(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> list[Generation]:
+    #: ``generate`` takes ``cancelled`` (used by ``recallm.rlm.models.BackendModel``)
+    stops_cancelled = True
+
+    def _engine_inputs(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> tuple[list, list]:
+        """vLLM's engine inputs (prompt token ids) and sampling parameters, one of each per request."""
         from vllm import SamplingParams
+        from vllm.inputs import tokens_input
+        from vllm.sampling_params import RequestOutputKind
 
         from recallm.recall.vllm import EXTRA_ARG
 
@@ -393,12 +405,13 @@ class VLLMBackend(Backend):
                 raise RecallmError(
                     f"a prompt of {len(ids)} tokens does not fit vLLM's max_model_len={self.max_model_len}"
                 )
-            prompts.append({"prompt_token_ids": ids})
+            prompts.append(tokens_input(ids))
             sampling: dict[str, Any] = {
                 "max_tokens": min(request.max_new_tokens, room),
                 "temperature": settings.temperature,
                 "top_p": settings.top_p,
                 "skip_special_tokens": False,
+                "output_kind": RequestOutputKind.DELTA,  # every step's new tokens: a stopped request's count
             }
             if settings.top_k:
                 sampling["top_k"] = settings.top_k
@@ -407,18 +420,95 @@ class VLLMBackend(Backend):
             if self.recall is not None and not self.recall_constrained:
                 sampling["extra_args"] = {EXTRA_ARG: False}
             params.append(SamplingParams(**sampling))
-        outputs = self.llm.generate(prompts, params, use_tqdm=False)
+        return prompts, params
+
+    def generate(
+        self,
+        requests: Sequence[TextRequest],
+        settings: GenerationSettings,
+        *,
+        cancelled: Sequence[Callable[[], bool]] | None = None,
+    ) -> list[Generation]:
+        """All requests go to the engine together. ``cancelled``: one predicate per request,
+        polled before every engine step; a request whose predicate turns true is aborted in the
+        engine (``LLMEngine.abort_request``) and returned as ``Generation("", n, "cancelled")``
+        with ``n`` the tokens it had generated (one cancelled before it was added: ``n`` = 0)."""
+        prompts, params = self._engine_inputs(requests, settings)
+        ids = [f"recallm-{next(self._request_ids)}" for _ in requests]
+        done = drive_engine(self.llm.llm_engine, ids, prompts, params, cancelled)
         results = []
-        for prompt, output in zip(prompts, outputs, strict=True):
-            completion = output.outputs[0]
-            tokens = list(completion.token_ids)
+        for request_id, prompt in zip(ids, prompts, strict=True):
+            tokens, finish_reason = done[request_id]
+            if finish_reason == "cancelled":
+                results.append(Generation("", len(tokens), "cancelled"))
+                continue
             body = tokens[:-1] if tokens and tokens[-1] in self.eos_ids else tokens
-            reason = "length" if completion.finish_reason == "length" else "stop"
+            reason = "length" if finish_reason == "length" else "stop"
             text = self.tokenizer.decode(body, skip_special_tokens=False)
             results.append(
                 Generation(text, len(tokens), reason, _token_spans(prompt["prompt_token_ids"], body, self.recall))
             )
         return results
+
+
+def drive_engine(
+    engine,
+    request_ids: Sequence[str],
+    prompts: Sequence[Any],
+    params: Sequence[Any],
+    cancelled: Sequence[Callable[[], bool]] | None = None,
+) -> dict[str, tuple[list[int], str]]:
+    """Run requests to their end on a vLLM ``LLMEngine`` (``add_request``, ``step``,
+    ``abort_request``), aborting the cancelled ones. Returns ``{request_id: (token_ids,
+    finish_reason)}``; the reason is vLLM's (``stop``, ``length``, ...) or ``cancelled``.
+
+    ``params`` must ask for ``RequestOutputKind.DELTA`` outputs: each step's new tokens are
+    added up, so a request aborted part-way knows how many it generated (those of the steps
+    seen; a token the engine computed in the step under way when it was aborted is not
+    counted). Before every step each running request's ``cancelled`` predicate is polled;
+    those that turned true are aborted together, and the engine stops working on them. The
+    engine must have no other user meanwhile. Whatever ends the loop early (an exception, a
+    ``KeyboardInterrupt``) aborts what is still running, so no request is left in the engine.
+    """
+    stops = list(cancelled) if cancelled is not None else [lambda: False] * len(request_ids)
+    if not len(request_ids) == len(prompts) == len(params) == len(stops):
+        raise ValueError("drive_engine needs one prompt, one parameter set and one predicate per request")
+    tokens: dict[str, list[int]] = {rid: [] for rid in request_ids}
+    done: dict[str, tuple[list[int], str]] = {}
+    stop_of = dict(zip(request_ids, stops, strict=True))
+    live: set[str] = set()
+    try:
+        for rid, prompt, param in zip(request_ids, prompts, params, strict=True):
+            if stop_of[rid]():  # cancelled before it reached the engine
+                done[rid] = (tokens[rid], "cancelled")
+                continue
+            engine.add_request(rid, prompt, param)
+            live.add(rid)
+        while live:
+            stopped = [rid for rid in request_ids if rid in live and stop_of[rid]()]
+            if stopped:
+                engine.abort_request(stopped)
+                for rid in stopped:
+                    live.discard(rid)
+                    done[rid] = (tokens[rid], "cancelled")
+                if not live:
+                    break
+            for output in engine.step():
+                rid = output.request_id
+                if rid not in live:
+                    continue
+                completion = output.outputs[0]
+                tokens[rid].extend(completion.token_ids)
+                if output.finished:
+                    live.discard(rid)
+                    done[rid] = (tokens[rid], str(completion.finish_reason))
+    finally:
+        if live:  # ended early: leave nothing running in the engine
+            try:
+                engine.abort_request(sorted(live))
+            except Exception:  # the engine itself failed; what ended the loop is the error to report
+                log.exception("could not abort %d vLLM requests", len(live))
+    return done
 
 
 def _generation_eos(model_path) -> Any:

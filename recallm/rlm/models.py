@@ -5,9 +5,9 @@
 limit: a server gets none (its own default), a local engine uses its section's
 ``max_new_tokens``. ``cancel`` (a ``recallm.cancel.CancelToken``) tells the model its caller
 gave up: a request that has not started is dropped (``Cancelled``); one already running is
-stopped (HF: its batch row ends at the next token; a server: the HTTP request is aborted) and
-raises ``Cancelled`` carrying the tokens it spent (see ``recallm.cancel``); vLLM's offline
-engine runs a started batch to its end (charged). Implementations:
+stopped (HF: its batch row ends at the next token; vLLM's in-process engine: the request is
+aborted in the engine before its next step; a server: the HTTP request is aborted) and raises
+``Cancelled`` carrying the tokens it spent (see ``recallm.cancel``). Implementations:
 
 * ``BackendModel`` - an in-process engine of ``recallm.eval.backends`` (``hf``: transformers
   ``generate``, optionally a RecaLLM model with constrained recall; ``vllm``). Messages are
@@ -342,12 +342,12 @@ class BackendModel(ChatModel):
         self.tokenizer = tokenizer if tokenizer is not None and hasattr(tokenizer, "apply_chat_template") else None
         self.settings = settings
         self.name = label or backend.name
-        if getattr(backend, "stops_cancelled", False):  # HF: a running request stops at its next token
+        if getattr(backend, "stops_cancelled", False):  # hf, vllm: a running request stops at its next token/step
 
             def generate(requests: list, stops: list) -> list:
                 return backend.generate(requests, settings, cancelled=stops)
 
-        else:  # vLLM's offline engine: a started batch runs to its end
+        else:  # a backend that cannot stop a running request: a started batch runs to its end (charged)
 
             def generate(requests: list, stops: list) -> list:
                 return backend.generate(requests, settings)

@@ -171,6 +171,8 @@ def test_overrides_compose_and_user_overrides_win():
     env = cpu_env({"VERL_USE_EXTERNAL_MODULES": "a.b,recallm.grpo.cpu.plugin", "OMP_NUM_THREADS": "3"})
     assert env["VERL_USE_EXTERNAL_MODULES"] == f"{PLUGIN_MODULE},a.b"
     assert env["OMP_NUM_THREADS"] == "3" and env["VERL_PLATFORM"] == "cpu"
+    assert env["RAY_worker_register_timeout_seconds"] == "600"  # slow worker starts are waited for
+    assert cpu_env({"RAY_worker_register_timeout_seconds": "90"})["RAY_worker_register_timeout_seconds"] == "90"
 
 
 def test_step_speedups_and_their_baseline(monkeypatch):

@@ -171,4 +171,8 @@ def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         # Ray's `uv run` runtime-env hook breaks on verl's working_dir=None (verl sets it too)
         "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
         "RAY_USAGE_STATS_ENABLED": "0",
+        # a Ray worker (verl + vLLM imports) that has not registered within Ray's 60 s is restarted, and
+        # after 5 tries its actor is unschedulable (ActorUnschedulableError): seen for verl's vLLM server
+        # on a loaded 2-core machine. A CPU run waits for its workers instead.
+        "RAY_worker_register_timeout_seconds": environ.get("RAY_worker_register_timeout_seconds", "600"),
     }
