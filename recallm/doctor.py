@@ -28,7 +28,7 @@ from typing import Any
 __all__ = ["GPU_PINS", "MIN_DRIVER", "EnvReport", "inspect_environment", "gpu_problems", "report"]
 
 #: Versions a GPU node must have: verl 0.9.1's ``vllm`` extra (vllm, torch, transformers) and its
-#: ``fsdp`` extra (flash-attn, built for CUDA 13.0 and torch 2.11). ``tests/test_doctor.py`` checks
+#: ``fsdp`` extra (flash-attn, built for CUDA 13.0 and torch 2.11). ``tests/unit/test_doctor.py`` checks
 #: them against verl's own metadata and ``pyproject.toml``.
 GPU_PINS: dict[str, str] = {
     "verl": "0.9.1",

@@ -14,7 +14,7 @@ RL experiment:
   about the same subject that it does not ask about ("not the ...", "I already have the ...",
   "only the second is missing", "the remaining one"), in frames shared by every label that put
   the asked thing first, last or in the middle, once or twice. Spotting the attribute phrases
-  therefore tells little (a keyword rule scores 0.27-0.38, tests/test_rlm_tasks.py); the
+  therefore tells little (a keyword rule scores 0.27-0.38, tests/unit/test_rlm_tasks.py); the
   generator's own grammar (``label_of``) reads every question exactly. Queries: how many instances have label L (a number, partial credit
   ``0.75 ** |error|``); is label A more common, less common or the same frequency as label B;
   which label is the most common. Linear information per query.

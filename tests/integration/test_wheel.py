@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # Runs inside the fresh venv: compose every primary config, every option of every group with each
 # primary config that uses it, GRPO's config (verl's ppo_trainer + ours) and the RLM trainer's.
