@@ -33,7 +33,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q -n 2 tests/unit   # two workers: the 2-core machine
 
 test-integration: $(STAMP)
 	$(PY) -m pytest -q tests/integration

@@ -138,7 +138,15 @@ def test_interrupted_pipeline_resumes_stage_by_stage(tmp_path):
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path)], env=env, stdout=subprocess.PIPE, text=True)
+    # Ctrl-C's default action in the runner, as in a terminal: a suite started in the background by a
+    # non-interactive shell (`nohup make test &`) inherits SIGINT ignored, and so would the runner
+    proc = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path)],
+        env=env,
+        stdout=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
     deadline = time.time() + 60
     while not (tmp_path / "slow.started").exists():
         assert time.time() < deadline and proc.poll() is None, "the slow job never started"
