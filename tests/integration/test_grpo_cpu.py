@@ -173,6 +173,8 @@ def test_overrides_compose_and_user_overrides_win():
     assert env["OMP_NUM_THREADS"] == "3" and env["VERL_PLATFORM"] == "cpu"
     assert env["RAY_worker_register_timeout_seconds"] == "600"  # slow worker starts are waited for
     assert cpu_env({"RAY_worker_register_timeout_seconds": "90"})["RAY_worker_register_timeout_seconds"] == "90"
+    assert env["RAY_worker_niceness"] == "0"  # Ray's default 15 lets anything beside the run starve it
+    assert cpu_env({"RAY_worker_niceness": "10"})["RAY_worker_niceness"] == "10"
 
 
 def test_step_speedups_and_their_baseline(monkeypatch):

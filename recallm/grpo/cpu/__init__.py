@@ -175,4 +175,8 @@ def cpu_env(environ: Mapping[str, str] | None = None) -> dict[str, str]:
         # after 5 tries its actor is unschedulable (ActorUnschedulableError): seen for verl's vLLM server
         # on a loaded 2-core machine. A CPU run waits for its workers instead.
         "RAY_worker_register_timeout_seconds": environ.get("RAY_worker_register_timeout_seconds", "600"),
+        # Ray starts its workers at nice 15: on a CPU the trainer, the rollout and the reward are those
+        # workers, so anything else running beside them (another stage, a test) starves the whole run
+        # (seen: a GRPO step of 14 s made no progress for 6 minutes beside two SFT processes)
+        "RAY_worker_niceness": environ.get("RAY_worker_niceness", "0"),
     }
