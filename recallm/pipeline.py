@@ -32,6 +32,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -126,6 +127,18 @@ class Pipeline:
         return {j.name: bool(done.get(j.name, {}).get("done")) for s in self.stages for j in s.jobs}
 
     def run(self, *, redo: Sequence[str] = (), only: Sequence[str] | None = None, echo=print) -> dict[str, Any]:
+        """Run what is not done yet. Ctrl-C or SIGTERM (a scheduler's stop, `kill`) stops the running
+        jobs' process groups and saves the state: the jobs run in their own sessions, so a pipeline
+        that died without stopping them would leave them running."""
+        if threading.current_thread() is not threading.main_thread():
+            return self._run(redo, only, echo)
+        previous = signal.signal(signal.SIGTERM, _terminate)
+        try:
+            return self._run(redo, only, echo)
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+
+    def _run(self, redo: Sequence[str], only: Sequence[str] | None, echo) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "logs").mkdir(exist_ok=True)
         state = _state(self.run_dir)
@@ -232,6 +245,10 @@ class Pipeline:
                 job.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
             )
         return proc, log
+
+
+def _terminate(signum, frame) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
 
 
 def _stop(proc: subprocess.Popen) -> None:

@@ -134,7 +134,8 @@ print("FINISHED")
 """
 
 
-def test_interrupted_pipeline_resumes_stage_by_stage(tmp_path):
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_interrupted_pipeline_resumes_stage_by_stage(tmp_path, stop):
     script = tmp_path / "runner.py"
     script.write_text(RUNNER)
     env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -152,7 +153,7 @@ def test_interrupted_pipeline_resumes_stage_by_stage(tmp_path):
         assert time.time() < deadline and proc.poll() is None, "the slow job never started"
         time.sleep(0.1)
     time.sleep(0.5)  # the stage has run a measurable while (the pipeline records tenths of a second)
-    proc.send_signal(signal.SIGINT)  # Ctrl-C while the second stage runs
+    proc.send_signal(stop)  # Ctrl-C (or a scheduler's SIGTERM) while the second stage runs
     out, _ = proc.communicate(timeout=60)
     assert proc.returncode != 0 and "FINISHED" not in out
     state = json.loads((tmp_path / "run" / "pipeline.json").read_text())
