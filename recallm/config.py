@@ -194,7 +194,8 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
     doc). Unknown keys, values of the wrong kind and missing required fields are one-line
     ``RecallmError``s naming ``where``; so are values outside a field's ``metadata`` ``min``/``max``/
     ``choices`` (``field(default=1, metadata={"min": 1})``) and a ``RecallmError`` of the dataclass's
-    own checks (``__post_init__``), prefixed with ``where``."""
+    own checks (``__post_init__``), prefixed with ``where`` (``where.key must ...`` when the message
+    starts with a field's name, else ``where: message``)."""
     values = dataclass_values(cls, cfg, where)
     for f in dataclasses.fields(cls):
         value, key = values.get(f.name), f"{where}.{f.name}" if where else f.name
@@ -220,7 +221,11 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
         return cls(**values)
     except RecallmError as exc:
         message = str(exc)
-        raise RecallmError(message if message.startswith(where) else _key(where, message)) from None
+        if not where or message.startswith(where):
+            raise
+        names = {f.name for f in dataclasses.fields(cls)}
+        about_a_field = message.split(" ", 1)[0].split(".", 1)[0] in names  # "max_depth must be ..."
+        raise RecallmError(f"{where}.{message}" if about_a_field else f"{where}: {message}") from None
 
 
 def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:

@@ -74,6 +74,7 @@ BACKENDS = ("hf", "vllm", "openai", "rlm")  # rlm: a Recursive Language Model (r
 #: their factory's import path and imported only when chosen, so eval never imports them (ARCHITECTURE.md)
 PLUGIN_BACKENDS = {"rlm": "recallm.rlm.eval_backend:make_rlm_backend"}
 
+
 @dataclass(frozen=True)
 class EngineSettings:
     """How a model is run, by engine: the keys ``recallm-eval``'s ``backend`` section and an RLM's

@@ -607,5 +607,7 @@ def make_model(
 
     settings = _settings(section, role)
     check_model_dir(Path(str(path)), constrained=section.recall_constrained)
-    backend = make_backend(section.engine_values(), str(path), tokenizer if tokenizer is not None else _ApproxTokenizer())
+    backend = make_backend(
+        section.engine_values(), str(path), tokenizer if tokenizer is not None else _ApproxTokenizer()
+    )
     return BackendModel(backend, tokenizer, settings, label=f"{role}:{name}")
