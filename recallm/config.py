@@ -132,6 +132,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _section_type(hint: Any) -> Any:
+    """``X`` of a field annotated ``X`` or ``X | None``."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return hint
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
+
+
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
@@ -182,7 +193,7 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
             if not isinstance(value, Mapping):
                 raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
             values[name] = dict(value)
-        elif dataclasses.is_dataclass(nested := _hints(cls).get(name)):
+        elif dataclasses.is_dataclass(nested := _section_type(_hints(cls).get(name))):
             values[name] = typed(nested, value, _key(where, name))  # a nested section with its own schema
         else:
             raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
