@@ -37,6 +37,7 @@ __all__ = [
     "check_range",
     "dataclass_values",
     "typed",
+    "register_schema",
 ]
 
 T = TypeVar("T")
@@ -176,7 +177,9 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
         if kind in ("int", "float"):
             values[name] = as_number(value, _key(where, name), int if kind == "int" else float)
         elif kind == "str":
-            values[name] = str(value)
+            if isinstance(value, (Mapping, list, tuple)) or hasattr(value, "_metadata"):
+                raise RecallmError(f"{_key(where, name)} must be a string, got {_describe(value)}")
+            values[name] = str(value)  # a name or path that looks like a number on the command line
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise RecallmError(f"{_key(where, name)} must be true or false, got {_describe(value)}")
@@ -239,6 +242,29 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
         raise RecallmError(f"{where}.{message}" if about_a_field else f"{where}: {message}") from None
 
 
+def register_schema(name: str, cls: type, *, plus_keys: Sequence[str] = ()) -> None:
+    """Store settings dataclass ``cls`` in Hydra's ConfigStore as ``schema/<name>``: a YAML's defaults
+    list puts it under a section (``- /schema/<name>@<section>``), so the section has every field
+    with its default, and Hydra checks overrides against the field types. The node is writable
+    (a frozen dataclass would make it read-only, and Hydra could not merge the YAML onto it).
+    ``plus_keys``: fields left out of the node, set with ``+section.key=...`` (``typed`` still
+    reads them with their type)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if plus_keys:
+        hints = _hints(cls)
+        kept = [
+            (f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory))
+            for f in dataclasses.fields(cls)
+            if f.name not in plus_keys
+        ]
+        cls = dataclasses.make_dataclass(cls.__name__, kept)
+    node = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(node, None)
+    ConfigStore.instance().store(group="schema", name=name, node=node)
+
+
 def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
     if not (lo <= value < hi if hi_open else lo <= value <= hi):
         raise RecallmError(f"{name} must be in [{lo}, {hi}{')' if hi_open else ']'}, got {value}")
@@ -247,7 +273,11 @@ def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool 
 # ------------------------------------------------------------------------ command-line overrides
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    cause = str(exc.__cause__ or "").strip()
+    if cause and cause.splitlines()[0] not in line:  # Hydra's "Error merging override x=y": the cause says why
+        line = f"{line} ({cause.splitlines()[0]})"
+    return line
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -373,6 +403,24 @@ def _new_key(
     return False, ("", parts[0])
 
 
+def _explain(parsed: Sequence[Any], base: Any) -> None:
+    """Raise the first type problem of ``parsed`` overrides against the values of ``base`` (the config
+    without overrides), in ``check_overrides``' words; nothing if none is found."""
+    for override in parsed:
+        if override.is_delete() or override.package is not None:
+            continue
+        default = _lookup(base, override.key_or_group)
+        if default is _ABSENT:
+            continue
+        try:
+            value = override.value()
+        except Exception:  # noqa: BLE001  (a sweep or an odd value: Hydra's message stands)
+            continue
+        problem = _type_error(override.key_or_group, default, value)
+        if problem:
+            raise RecallmError(problem)
+
+
 def check_overrides(
     config_name: str,
     overrides: Sequence[str],
@@ -410,7 +458,11 @@ def check_overrides(
         except (HydraException, OmegaConfBaseException) as exc:
             raise RecallmError(f"bad override: {_first_line(exc)}") from None
 
-    cfg = _compose(overrides, True)
+    try:
+        cfg = _compose(overrides, True)
+    except RecallmError:
+        _explain(parsed, _compose([], False))  # a value of the wrong type for a schema's field: our words
+        raise
     choices = dict(cfg.hydra.runtime.choices)
     group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
     is_group = [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]

@@ -156,7 +156,7 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         "backend": {
             k: getattr(backend_settings, k)
             for k in _FINGERPRINT_BACKEND_KEYS
-            if k != "rlm" or backend_settings.rlm is not None  # (runs of other backends keep their fingerprint)
+            if k != "rlm" or backend_settings.rlm  # (runs of other backends keep their fingerprint)
         },
         "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},

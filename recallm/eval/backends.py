@@ -126,8 +126,9 @@ class BackendSettings(EngineSettings):
     """hf (transformers generate) | vllm (GPU nodes) | openai (any OpenAI-compatible server) | rlm"""
     seed: int = 0
     """vllm: the engine's seed"""
-    rlm: dict[str, Any] | None = None
-    """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``)"""
+    rlm: dict[str, Any] = field(default_factory=dict)
+    """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``; set with
+    ``+backend.rlm.<key>=...``)"""
 
     def __post_init__(self) -> None:
         if self.name not in BACKENDS:
