@@ -140,9 +140,6 @@ class TrainEntry:
     val_params: dict[str, Any] | None = None
     """dataset-backed tasks: what the validation rows change (their held-out split)"""
 
-    def __post_init__(self) -> None:
-        _non_negative(self, "count")
-
 
 @dataclass(frozen=True)
 class TrainSection:
@@ -212,11 +209,13 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
     skipped: list[str] = []
     val_sources: dict[int, tuple] = {}
     for n, raw in enumerate(mixture.train.entries):
-        at = f"{where}.train.entries[{n}]" if where else f"train.entries[{n}]"
+        at = f"train.entries[{n}]"
         if not isinstance(raw, Mapping) or "task" not in raw:
             raise RecallmError(f"{at} must be a mapping with a 'task', got {raw!r}")
         entry = typed(TrainEntry, raw, at)
         count = entry.count
+        if count < 0:
+            raise RecallmError(f"{at}: count must be a non-negative integer, got {count!r}")
         lengths = _lengths(entry.lengths if entry.lengths is not None else mixture.train.lengths, at)
         job = Job("train", entry.task, _params(entry.params), count, lengths)
         task = _task(job)

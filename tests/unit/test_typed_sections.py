@@ -112,9 +112,9 @@ def test_mixture_sections():
         ({"train": {"entries": [entry]}, "sed": 1}, r"^data has unknown keys \['sed'\]"),
         ({"train": {"entries": [entry]}, "seed": "zero"}, r"^data\.seed must be an integer, got 'zero'"),
         ({"train": {"entries": [entry], "length": 300}}, r"^data\.train has unknown keys \['length'\]"),
-        ({"train": {"entries": [{**entry, "cnt": 1}]}}, r"^data\.train\.entries\[0\] has unknown keys \['cnt'\]"),
+        ({"train": {"entries": [{**entry, "cnt": 1}]}}, r"^train\.entries\[0\] has unknown keys \['cnt'\]"),
         ({"train": {"entries": [{**entry, "count": "2"}]}}, None),  # a number written as a string is read
-        ({"train": {"entries": [{**entry, "count": 2.5}]}}, r"^data\.train\.entries\[0\]\.count must be an integer"),
+        ({"train": {"entries": [{**entry, "count": 2.5}]}}, r"^train\.entries\[0\]\.count must be an integer"),
         ({"train": {"entries": [entry]}, "val": {"per_cel": 1}}, r"^data\.val has unknown keys \['per_cel'\]"),
         ({"train": {"entries": [entry]}, "sft": {"count": "x"}}, r"^data\.sft\.count must be an integer, got 'x'"),
         ({"train": {"entries": [entry]}, "sft": {"val_fraction": 1}}, r"^data\.sft\.val_fraction must be in \[0, 1\)"),
