@@ -36,7 +36,7 @@ from data_gen.io import read_records, row_record, write_parquet
 from recallm.errors import RecallmError
 from recallm.io import lock_dir, write_json_atomic, write_jsonl, write_text_atomic
 
-__all__ = ["Job", "Plan", "plan_from_config", "run_plan", "summarize"]
+__all__ = ["Job", "Plan", "Mixture", "TrainEntry", "plan_from_config", "run_plan", "summarize"]
 
 log = logging.getLogger(__name__)
 SHARD_ROWS = 500
@@ -121,40 +121,117 @@ def _task(job: Job) -> Task:
     return make_task(job.task, **{k: _thaw(v) for k, v in job.params})
 
 
-def plan_from_config(cfg: Mapping) -> Plan:
-    """Validate a mixture config and turn it into jobs (raises ``RecallmError`` on any problem)."""
+def _non_negative(owner: object, *names: str) -> None:
+    for name in names:
+        value = getattr(owner, name)
+        if value < 0:
+            raise RecallmError(f"{name} must be a non-negative integer, got {value!r}")
+
+
+@dataclass(frozen=True)
+class TrainEntry:
+    """One of ``train.entries``: ``count`` rows of ``task`` (with ``params``) at ``lengths``."""
+
+    task: str
+    count: int = 0
+    lengths: Any = None
+    """an integer or ``[min, max]`` (default: ``train.lengths``)"""
+    params: dict[str, Any] | None = None
+    val_params: dict[str, Any] | None = None
+    """dataset-backed tasks: what the validation rows change (their held-out split)"""
+
+
+@dataclass(frozen=True)
+class TrainSection:
+    lengths: Any = None
+    """the entries' default lengths: an integer or ``[min, max]``"""
+    entries: list[Any] = field(default_factory=list)
+    """``TrainEntry`` mappings"""
+
+
+@dataclass(frozen=True)
+class ValSection:
+    lengths: list[Any] = field(default_factory=list)
+    per_cell: int = 0
+    """rows per (category, length) cell; 0: no validation cells"""
+    categories: Any = None
+    """None: every category present"""
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "per_cell")
+
+
+@dataclass(frozen=True)
+class SFTSection:
+    count: int = 0
+    """programmatic traces of the synthetic train tasks"""
+    val_fraction: float = 0.1
+
+    def __post_init__(self) -> None:
+        _non_negative(self, "count")
+        if not 0 <= self.val_fraction < 1:
+            raise RecallmError(f"val_fraction must be in [0, 1), got {self.val_fraction}")
+
+
+@dataclass(frozen=True)
+class Mixture:
+    """The schema of a mixture config (``configs/data/*.yaml``, the ``data`` section of
+    ``configs/data_gen.yaml``; read with ``recallm.config.typed``). The defaults live here."""
+
+    name: str | None = None
+    seed: int = 0
+    tolerance: float = DEFAULT_TOLERANCE
+    """prompts are fitted to length +- this fraction"""
+    store_prompt_text: bool = False
+    system_prompt: str | None = None
+    train: TrainSection = field(default_factory=TrainSection)
+    val: ValSection = field(default_factory=ValSection)
+    sft: SFTSection = field(default_factory=SFTSection)
+    dataset_root: str | None = None
+    """where dataset-backed tasks' local copies live (the entries' paths interpolate it)"""
+    dense_model: str | None = None
+    """an encoder directory the entries' dense negatives interpolate"""
+    wiki_corpus: str | None = None
+    """a chunked local Wikipedia the entries interpolate"""
+
+    def __post_init__(self) -> None:
+        if not 0 < self.tolerance < 0.5:
+            raise RecallmError(f"tolerance must be in (0, 0.5), got {self.tolerance}")
+
+
+def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
+    """Validate a mixture config (``Mixture``; ``where`` names its section in errors) and turn it into
+    jobs (raises ``RecallmError`` on any problem)."""
+    from recallm.config import typed
+
+    mixture = typed(Mixture, cfg, where)
     jobs: list[Job] = []
     skipped: list[str] = []
     val_sources: dict[int, tuple] = {}
-    train = cfg.get("train") or {}
-    default_lengths = train.get("lengths")
-    entries = train.get("entries") or []
-    for n, entry in enumerate(entries):
-        where = f"train.entries[{n}]"
-        if not isinstance(entry, Mapping) or "task" not in entry:
-            raise RecallmError(f"{where} must be a mapping with a 'task', got {entry!r}")
-        count = entry.get("count", 0)
-        if not isinstance(count, int) or count < 0:
-            raise RecallmError(f"{where}: count must be a non-negative integer, got {count!r}")
-        lengths = _lengths(entry.get("lengths", default_lengths), where)
-        job = Job("train", str(entry["task"]), _params(entry.get("params")), count, lengths)
+    for n, raw in enumerate(mixture.train.entries):
+        at = f"train.entries[{n}]"
+        if not isinstance(raw, Mapping) or "task" not in raw:
+            raise RecallmError(f"{at} must be a mapping with a 'task', got {raw!r}")
+        entry = typed(TrainEntry, raw, at)
+        count = entry.count
+        if count < 0:
+            raise RecallmError(f"{at}: count must be a non-negative integer, got {count!r}")
+        lengths = _lengths(entry.lengths if entry.lengths is not None else mixture.train.lengths, at)
+        job = Job("train", entry.task, _params(entry.params), count, lengths)
         task = _task(job)
         task.check_length(lengths[0])
         task.check_length(lengths[1])
         if count:
             jobs.append(job)
             # validation rows of dataset-backed tasks come from held-out data: `val_params` override
-            val_params = {**dict(_thaw(job.params) or {}), **(entry.get("val_params") or {})}
+            val_params = {**dict(_thaw(job.params) or {}), **(entry.val_params or {})}
             val_sources[len(jobs) - 1] = _params(val_params)
-    if not jobs and not (cfg.get("val") or {}).get("per_cell"):
+    per_cell = mixture.val.per_cell
+    if not jobs and not per_cell:
         raise RecallmError("the mixture has no rows to generate (every train count is 0 and val.per_cell is 0)")
-    val = cfg.get("val") or {}
-    per_cell = val.get("per_cell", 0)
-    if not isinstance(per_cell, int) or per_cell < 0:
-        raise RecallmError(f"val.per_cell must be a non-negative integer, got {per_cell!r}")
     if per_cell:
-        val_lengths = [_lengths(x, "val.lengths")[0] for x in (val.get("lengths") or [])]
-        wanted = val.get("categories")
+        val_lengths = [_lengths(x, "val.lengths")[0] for x in mixture.val.lengths]
+        wanted = mixture.val.categories
         by_category: dict[str, list[Job]] = defaultdict(list)
         for n, job in enumerate(jobs):
             val_job = Job(job.split, job.task, val_sources[n], job.count, job.lengths)
@@ -185,10 +262,7 @@ def plan_from_config(cfg: Mapping) -> Plan:
                     share = per_cell // len(reachable) + (i < per_cell % len(reachable))
                     if share:
                         jobs.append(Job(f"val/{category}_{length}", job.task, job.params, share, (length, length)))
-    sft = cfg.get("sft") or {}
-    sft_count = sft.get("count", 0)
-    if not isinstance(sft_count, int) or sft_count < 0:
-        raise RecallmError(f"sft.count must be a non-negative integer, got {sft_count!r}")
+    sft_count = mixture.sft.count
     if sft_count:
         traced = [j for j in jobs if j.split == "train" and type(_task(j)).trace is not Task.trace]
         if not traced:
@@ -198,19 +272,13 @@ def plan_from_config(cfg: Mapping) -> Plan:
         for i in range(sft_count - sum(shares)):  # the remainder, one each
             shares[i % len(shares)] += 1
         jobs += [Job("sft", j.task, j.params, n, j.lengths) for j, n in zip(traced, shares, strict=True) if n]
-    tolerance = float(cfg.get("tolerance", DEFAULT_TOLERANCE))
-    if not 0 < tolerance < 0.5:
-        raise RecallmError(f"tolerance must be in (0, 0.5), got {tolerance}")
-    val_fraction = float(sft.get("val_fraction", 0.1))
-    if not 0 <= val_fraction < 1:
-        raise RecallmError(f"sft.val_fraction must be in [0, 1), got {val_fraction}")
     return Plan(
         jobs=jobs,
-        seed=int(cfg.get("seed", 0)),
-        tolerance=tolerance,
-        store_prompt_text=bool(cfg.get("store_prompt_text", False)),
-        system_prompt=cfg.get("system_prompt"),
-        sft_val_fraction=val_fraction,
+        seed=mixture.seed,
+        tolerance=mixture.tolerance,
+        store_prompt_text=mixture.store_prompt_text,
+        system_prompt=mixture.system_prompt,
+        sft_val_fraction=mixture.sft.val_fraction,
         skipped=skipped,
     )
 

@@ -37,6 +37,7 @@ __all__ = [
     "check_range",
     "dataclass_values",
     "typed",
+    "register_schema",
 ]
 
 T = TypeVar("T")
@@ -132,6 +133,17 @@ def _hints(cls: type) -> dict[str, Any]:
     return typing.get_type_hints(cls)
 
 
+def _section_type(hint: Any) -> Any:
+    """``X`` of a field annotated ``X`` or ``X | None``."""
+    import types
+    import typing
+
+    if typing.get_origin(hint) not in (typing.Union, types.UnionType):
+        return hint
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    return args[0] if len(args) == 1 else hint
+
+
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
@@ -165,7 +177,9 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
         if kind in ("int", "float"):
             values[name] = as_number(value, _key(where, name), int if kind == "int" else float)
         elif kind == "str":
-            values[name] = str(value)
+            if isinstance(value, (Mapping, list, tuple)) or hasattr(value, "_metadata"):
+                raise RecallmError(f"{_key(where, name)} must be a string, got {_describe(value)}")
+            values[name] = str(value)  # a name or path that looks like a number on the command line
         elif kind == "bool":
             if not isinstance(value, bool):
                 raise RecallmError(f"{_key(where, name)} must be true or false, got {_describe(value)}")
@@ -182,7 +196,7 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
             if not isinstance(value, Mapping):
                 raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
             values[name] = dict(value)
-        elif dataclasses.is_dataclass(nested := _hints(cls).get(name)):
+        elif dataclasses.is_dataclass(nested := _section_type(_hints(cls).get(name))):
             values[name] = typed(nested, value, _key(where, name))  # a nested section with its own schema
         else:
             raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
@@ -194,7 +208,8 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
     doc). Unknown keys, values of the wrong kind and missing required fields are one-line
     ``RecallmError``s naming ``where``; so are values outside a field's ``metadata`` ``min``/``max``/
     ``choices`` (``field(default=1, metadata={"min": 1})``) and a ``RecallmError`` of the dataclass's
-    own checks (``__post_init__``), prefixed with ``where``."""
+    own checks (``__post_init__``), prefixed with ``where`` (``where.key must ...`` when the message
+    starts with a field's name, else ``where: message``)."""
     values = dataclass_values(cls, cfg, where)
     for f in dataclasses.fields(cls):
         value, key = values.get(f.name), f"{where}.{f.name}" if where else f.name
@@ -220,7 +235,34 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
         return cls(**values)
     except RecallmError as exc:
         message = str(exc)
-        raise RecallmError(message if message.startswith(where) else _key(where, message)) from None
+        if not where or message.startswith(where):
+            raise
+        names = {f.name for f in dataclasses.fields(cls)}
+        about_a_field = message.split(" ", 1)[0].split(".", 1)[0] in names  # "max_depth must be ..."
+        raise RecallmError(f"{where}.{message}" if about_a_field else f"{where}: {message}") from None
+
+
+def register_schema(name: str, cls: type, *, plus_keys: Sequence[str] = ()) -> None:
+    """Store settings dataclass ``cls`` in Hydra's ConfigStore as ``schema/<name>``: a YAML's defaults
+    list puts it under a section (``- /schema/<name>@<section>``), so the section has every field
+    with its default, and Hydra checks overrides against the field types. The node is writable
+    (a frozen dataclass would make it read-only, and Hydra could not merge the YAML onto it).
+    ``plus_keys``: fields left out of the node, set with ``+section.key=...`` (``typed`` still
+    reads them with their type)."""
+    from hydra.core.config_store import ConfigStore
+    from omegaconf import OmegaConf
+
+    if plus_keys:
+        hints = _hints(cls)
+        kept = [
+            (f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory))
+            for f in dataclasses.fields(cls)
+            if f.name not in plus_keys
+        ]
+        cls = dataclasses.make_dataclass(cls.__name__, kept)
+    node = OmegaConf.structured(cls)
+    OmegaConf.set_readonly(node, None)
+    ConfigStore.instance().store(group="schema", name=name, node=node)
 
 
 def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
@@ -231,7 +273,11 @@ def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool 
 # ------------------------------------------------------------------------ command-line overrides
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    line = text.splitlines()[0] if text else type(exc).__name__
+    cause = str(exc.__cause__ or "").strip()
+    if cause and cause.splitlines()[0] not in line:  # Hydra's "Error merging override x=y": the cause says why
+        line = f"{line} ({cause.splitlines()[0]})"
+    return line
 
 
 def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
@@ -357,6 +403,24 @@ def _new_key(
     return False, ("", parts[0])
 
 
+def _explain(parsed: Sequence[Any], base: Any) -> None:
+    """Raise the first type problem of ``parsed`` overrides against the values of ``base`` (the config
+    without overrides), in ``check_overrides``' words; nothing if none is found."""
+    for override in parsed:
+        if override.is_delete() or override.package is not None:
+            continue
+        default = _lookup(base, override.key_or_group)
+        if default is _ABSENT:
+            continue
+        try:
+            value = override.value()
+        except Exception:  # noqa: BLE001  (a sweep or an odd value: Hydra's message stands)
+            continue
+        problem = _type_error(override.key_or_group, default, value)
+        if problem:
+            raise RecallmError(problem)
+
+
 def check_overrides(
     config_name: str,
     overrides: Sequence[str],
@@ -394,7 +458,11 @@ def check_overrides(
         except (HydraException, OmegaConfBaseException) as exc:
             raise RecallmError(f"bad override: {_first_line(exc)}") from None
 
-    cfg = _compose(overrides, True)
+    try:
+        cfg = _compose(overrides, True)
+    except RecallmError:
+        _explain(parsed, _compose([], False))  # a value of the wrong type for a schema's field: our words
+        raise
     choices = dict(cfg.hydra.runtime.choices)
     group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
     is_group = [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]

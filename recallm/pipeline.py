@@ -39,10 +39,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.grpo.curves import METRICS_FILE
 
-__all__ = ["Job", "Stage", "Pipeline", "plan_experiment", "result_line"]
+__all__ = ["Job", "Stage", "Pipeline", "Experiment", "read_experiment", "plan_experiment", "result_line"]
 
 STATE_FILE = "pipeline.json"
 _HEARTBEAT_S = 30.0
@@ -278,6 +279,119 @@ def _minutes(seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- the experiment
+@dataclass(frozen=True)
+class ModelSpec:
+    """``experiment.model``: the model to train (one of ``path``, ``base``, ``fetch``; none: the tiny
+    default built with ``seed``)."""
+
+    path: str | None = None
+    """an existing RecaLLM model directory"""
+    base: str | None = None
+    """a base model directory to turn into a RecaLLM model (``recallm-create-model --base``)"""
+    fetch: str | None = None
+    """a known base model to fetch (``recallm-create-model --fetch``)"""
+    dtype: str = "auto"
+    plain_base: bool = False
+    """also build the plain base (variant ``base``: the untrained baseline)"""
+    seed: int = 0
+
+
+@dataclass(frozen=True)
+class VariantSpec:
+    """``experiment.variants.<name>``: what a variant changes."""
+
+    sft: list[Any] | None = None
+    """overrides of its SFT runs"""
+    grpo: list[Any] | None = None
+    """overrides of its GRPO run"""
+    sft_from: str | None = None
+    """start GRPO from this variant's SFT model (no SFT of its own)"""
+
+
+@dataclass(frozen=True)
+class GRPOStageSpec:
+    """``experiment.grpo`` (null: no GRPO)."""
+
+    recipe: str
+    val_file: str
+    overrides: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class EvalRunSpec:
+    """``experiment.eval.runs.<name>``: a variant's model and its decoding."""
+
+    variant: str | None = None
+    model: str = "final"
+    """final (after every stage) or sft (the SFT checkpoint)"""
+    recall_constrained: bool = True
+    overrides: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class EvalStageSpec:
+    """``experiment.eval``."""
+
+    suite: str
+    runs: dict[str, Any] | None = None
+    """name -> an ``EvalRunSpec``"""
+    batch_size: int = field(default=8, metadata={"min": 1})
+    overrides: list[Any] | None = None
+
+
+@dataclass(frozen=True)
+class ResultMetric:
+    """``experiment.result.metrics.<key>``: a cell of an evaluation summary (``run``, ``benchmark``,
+    ``length``, ``metric``), or a GRPO run's logged metric over its ``first`` or ``last`` steps
+    (``grpo``, ``metric``)."""
+
+    run: str | None = None
+    benchmark: str | None = None
+    length: int | None = None
+    grpo: str | None = None
+    first: int | None = None
+    last: int | None = None
+    metric: str | None = None
+    """default: ``correct`` (a summary cell) or ``critic/score/mean`` (a GRPO log)"""
+
+
+@dataclass(frozen=True)
+class ResultSpec:
+    metrics: dict[str, Any] | None = None
+    """key -> a ``ResultMetric``"""
+
+
+@dataclass(frozen=True)
+class Experiment:
+    """The schema of an experiment config (``configs/experiment/*.yaml``; read with
+    ``recallm.config.typed``). The defaults live here."""
+
+    name: str
+    model: ModelSpec
+    data: str
+    """the ``data`` option of ``recallm-data``"""
+    sft: str
+    """the ``sft`` recipe of ``recallm-sft``"""
+    variants: dict[str, Any]
+    """name -> a ``VariantSpec``"""
+    eval: EvalStageSpec
+    data_workers: int = field(default=1, metadata={"min": 1})
+    data_overrides: list[Any] | None = None
+    sft_overrides: list[Any] | None = None
+    parallel: int = field(default=2, metadata={"min": 1})
+    """jobs of one stage side by side"""
+    grpo: GRPOStageSpec | None = None
+    result: ResultSpec = field(default_factory=ResultSpec)
+
+
+def read_experiment(exp: Mapping[str, Any]) -> Experiment:
+    """An experiment config checked against its schema (one-line ``RecallmError``s)."""
+    for key in ("name", "model", "data", "sft", "variants", "eval"):
+        if key not in exp or exp[key] is None:
+            raise RecallmError(f"experiment: {key} is required")
+    return typed(Experiment, exp, "experiment")
+
+
 def _overrides(value, where: str) -> list[str]:
     if value is None:
         return []
@@ -292,32 +406,30 @@ def _overrides(value, where: str) -> list[str]:
 def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     """The stages of an experiment config (``configs/experiment/*.yaml``), checked up front."""
     run_dir = Path(run_dir).resolve()
-    for key in ("name", "model", "data", "sft", "variants", "eval"):
-        if key not in exp or exp[key] is None:
-            raise RecallmError(f"experiment: {key} is required")
-    variants = exp["variants"]
-    if not isinstance(variants, Mapping) or not variants:
+    spec_ = read_experiment(exp)
+    if not spec_.variants:
         raise RecallmError("experiment.variants must map variant names to their overrides")
-    model_cfg = exp["model"]
+    variants = {
+        name: typed(VariantSpec, value, f"experiment.variants.{name}") for name, value in spec_.variants.items()
+    }
+    model_cfg = spec_.model
     model_dir = run_dir / "model"
     stages: list[Stage] = []
     base_dir: Path | None = None  # the plain base (variant `base`: the untrained baseline)
-    sources = [k for k in ("path", "base", "fetch") if model_cfg.get(k)]
+    sources = [k for k in ("path", "base", "fetch") if getattr(model_cfg, k)]
     if len(sources) > 1:
         raise RecallmError(f"experiment.model: give one of path, base, fetch; got {', '.join(sources)}")
-    if model_cfg.get("path"):
-        model_dir = Path(str(model_cfg["path"])).resolve()
+    if model_cfg.path:
+        model_dir = Path(model_cfg.path).resolve()
         if not (model_dir / "config.json").is_file():
             raise RecallmError(f"experiment.model.path {model_dir} is not a model directory")
-    elif model_cfg.get("base") or model_cfg.get("fetch"):
+    elif model_cfg.base or model_cfg.fetch:
         source = (
-            ["--fetch", str(model_cfg["fetch"])]
-            if model_cfg.get("fetch")
-            else ["--base", str(Path(str(model_cfg["base"])).resolve())]
+            ["--fetch", model_cfg.fetch] if model_cfg.fetch else ["--base", str(Path(str(model_cfg.base)).resolve())]
         )
-        dtype = ["--dtype", str(model_cfg.get("dtype", "auto"))]
+        dtype = ["--dtype", model_cfg.dtype]
         jobs = [Job("model", [*_tool("recallm-create-model"), *source, *dtype, "--out", str(model_dir)], [model_dir], fresh=True)]
-        if model_cfg.get("plain_base"):
+        if model_cfg.plain_base:
             base_dir = run_dir / "base"
             argv = [*_tool("recallm-create-model"), *source, *dtype, "--plain", "--out", str(base_dir)]
             jobs.append(Job("model/base", argv, [base_dir], fresh=True))
@@ -329,26 +441,26 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             "--out",
             str(model_dir),
             "--seed",
-            str(model_cfg.get("seed", 0)),
+            str(model_cfg.seed),
         ]
         stages.append(Stage("model", [Job("model", argv, [model_dir], fresh=True)]))
     data_dir = run_dir / "data"
     data_argv = [
         *_tool("recallm-data"),
-        f"data={exp['data']}",
+        f"data={spec_.data}",
         f"tokenizer={model_dir}",
         f"out_dir={data_dir}",
-        f"workers={exp.get('data_workers', 1)}",
-        *_overrides(exp.get("data_overrides"), "experiment.data_overrides"),
+        f"workers={spec_.data_workers}",
+        *_overrides(spec_.data_overrides, "experiment.data_overrides"),
     ]
     stages.append(Stage("data", [Job("data", data_argv, [data_dir])]))
-    parallel = int(exp.get("parallel", 2))
+    parallel = spec_.parallel
     sft_common = [
-        f"sft={exp['sft']}",
+        f"sft={spec_.sft}",
         f"model.path={model_dir}",
         f"train_file={data_dir / 'sft' / 'train.jsonl'}",
         f"val_file={data_dir / 'sft' / 'val.jsonl'}",
-        *_overrides(exp.get("sft_overrides"), "experiment.sft_overrides"),
+        *_overrides(spec_.sft_overrides, "experiment.sft_overrides"),
     ]
     shared = _shared_sft(variants)
     for stage in ("embed", "full"):
@@ -356,13 +468,13 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         for name, variant in variants.items():
             if name in shared:
                 continue
-            extra = _overrides((variant or {}).get("sft"), f"experiment.variants.{name}.sft")
+            extra = _overrides(variant.sft, f"experiment.variants.{name}.sft")
             argv = [*_tool("recallm-sft"), *sft_common, f"stage={stage}", f"out_dir={run_dir / 'sft' / name}", *extra]
             jobs.append(Job(f"sft_{stage}/{name}", argv, [run_dir / "sft" / name / stage]))
         stages.append(Stage(f"sft_{stage}", jobs, parallel))
     final = {name: run_dir / "sft" / shared.get(name, name) / "full" / "final" for name in variants}
     sft_final = dict(final)
-    grpo = exp.get("grpo")
+    grpo = spec_.grpo
     metrics_logs: dict[str, Path] = {}
     if grpo:
         jobs, exports = [], []
@@ -370,15 +482,15 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             ckpt = run_dir / "grpo" / name
             argv = [
                 *_tool("recallm-grpo"),
-                f"grpo={grpo['recipe']}",
+                f"grpo={grpo.recipe}",
                 f"actor_rollout_ref.model.path={final[name]}",
                 f"data.train_files={data_dir / 'train.parquet'}",
-                f"data.val_files={data_dir / 'val' / str(grpo['val_file'])}",
+                f"data.val_files={data_dir / 'val' / grpo.val_file}",
                 f"trainer.default_local_dir={ckpt}",
-                f"trainer.experiment_name={exp['name']}-{name}",
+                f"trainer.experiment_name={spec_.name}-{name}",
                 "trainer.logger=[console,file]",  # per-step metrics in <ckpt>/metrics.jsonl (the report's curves)
-                *_overrides(grpo.get("overrides"), "experiment.grpo.overrides"),
-                *_overrides((variant or {}).get("grpo"), f"experiment.variants.{name}.grpo"),
+                *_overrides(grpo.overrides, "experiment.grpo.overrides"),
+                *_overrides(variant.grpo, f"experiment.variants.{name}.grpo"),
             ]
             jobs.append(Job(f"grpo/{name}", argv, [ckpt]))
             metrics_logs[name] = ckpt / METRICS_FILE
@@ -394,8 +506,8 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             final[name] = out
         stages.append(Stage("grpo", jobs, 1))  # one Ray cluster at a time
         stages.append(Stage("export", exports, 1))
-    ev = exp["eval"]
-    runs = ev.get("runs") or {}
+    ev = spec_.eval
+    runs = {name: typed(EvalRunSpec, value, f"experiment.eval.runs.{name}") for name, value in (ev.runs or {}).items()}
     if not runs:
         raise RecallmError("experiment.eval.runs must name at least one evaluation run")
     eval_jobs = []
@@ -403,8 +515,8 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     if base_dir is not None:
         evaluated["base"] = base_dir
     for run_name, spec in runs.items():
-        variant = (spec or {}).get("variant")
-        which = (spec or {}).get("model", "final")
+        variant = spec.variant
+        which = spec.model
         if which not in ("final", "sft"):
             raise RecallmError(
                 f"experiment.eval.runs.{run_name}.model must be final (after every stage) or sft (the SFT "
@@ -417,17 +529,17 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             )
         argv = [
             *_tool("recallm-eval"),
-            f"eval={ev['suite']}",
+            f"eval={ev.suite}",
             f"model_path={chosen[variant]}",
             f"out_dir={run_dir / 'eval' / run_name}",
             f"run_name={run_name}",
-            f"backend.recall_constrained={str(bool(spec.get('recall_constrained', True))).lower()}",
-            f"backend.batch_size={ev.get('batch_size', 8)}",
+            f"backend.recall_constrained={str(spec.recall_constrained).lower()}",
+            f"backend.batch_size={ev.batch_size}",
             f"eval.benchmarks.in_domain.data_dir={data_dir}",
             "report=false",
             "progress=true",
-            *_overrides(ev.get("overrides"), "experiment.eval.overrides"),
-            *_overrides((spec or {}).get("overrides"), f"experiment.eval.runs.{run_name}.overrides"),
+            *_overrides(ev.overrides, "experiment.eval.overrides"),
+            *_overrides(spec.overrides, f"experiment.eval.runs.{run_name}.overrides"),
         ]
         eval_jobs.append(Job(f"eval/{run_name}", argv, [run_dir / "eval" / run_name]))
     stages.append(Stage("eval", eval_jobs, parallel))
@@ -443,34 +555,34 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     return stages
 
 
-def _shared_sft(variants: Mapping[str, Any]) -> dict[str, str]:
+def _shared_sft(variants: Mapping[str, VariantSpec]) -> dict[str, str]:
     """``{variant: the variant whose SFT model it starts from}`` for variants with ``sft_from``
     (they differ in GRPO only: no SFT jobs of their own)."""
     shared = {}
     for name, variant in variants.items():
-        source = (variant or {}).get("sft_from")
+        source = variant.sft_from
         if source is None:
             continue
-        if source not in variants or (variants[source] or {}).get("sft_from") is not None:
+        if source not in variants or variants[source].sft_from is not None:
             raise RecallmError(
                 f"experiment.variants.{name}.sft_from must name a variant with its own SFT, got {source!r}"
             )
-        if (variant or {}).get("sft"):
+        if variant.sft:
             raise RecallmError(f"experiment.variants.{name}: sft_from and sft overrides exclude each other")
         shared[name] = str(source)
     return shared
 
 
-def _grpo_metric(ref: Mapping[str, Any], run_dir: Path, key: str) -> float:
+def _grpo_metric(ref: ResultMetric, run_dir: Path, key: str) -> float:
     """A GRPO run's logged metric averaged over its first or last ``n`` steps."""
     from recallm.grpo.curves import read_metrics, window_mean
 
-    path = Path(run_dir) / "grpo" / str(ref["grpo"]) / METRICS_FILE
-    first, last = ref.get("first"), ref.get("last")
+    path = Path(run_dir) / "grpo" / str(ref.grpo) / METRICS_FILE
+    first, last = ref.first, ref.last
     if (first is None) == (last is None):
         raise RecallmError(f"result {key}: give exactly one of first: <n> or last: <n> steps")
     try:
-        return window_mean(read_metrics(path), str(ref.get("metric", "critic/score/mean")), first=first, last=last)
+        return window_mean(read_metrics(path), ref.metric or "critic/score/mean", first=first, last=last)
     except RecallmError as exc:
         raise RecallmError(f"result {key}: {exc}") from None
 
@@ -479,17 +591,18 @@ def result_line(exp: Mapping[str, Any], run_dir: Path, state: Mapping[str, Any])
     """``RESULT k=v ...`` from the evaluation summaries and the GRPO runs' metric logs
     (``experiment.result``), and the total wall-clock minutes of the stages (every invocation
     counted)."""
-    spec = exp.get("result") or {}
+    spec = read_experiment(exp).result
     parts = []
-    for key, ref in (spec.get("metrics") or {}).items():
-        if "grpo" in ref:
+    for key, raw in (spec.metrics or {}).items():
+        ref = typed(ResultMetric, raw, f"experiment.result.metrics.{key}")
+        if ref.grpo is not None:
             parts.append(f"{key}={_grpo_metric(ref, run_dir, key):.3f}")
             continue
-        summary_path = Path(run_dir) / "eval" / str(ref["run"]) / "summary.json"
+        summary_path = Path(run_dir) / "eval" / str(ref.run) / "summary.json"
         try:
             summary = json.loads(summary_path.read_text())
-            cell = summary["benchmarks"][ref["benchmark"]]["by_length"][str(ref["length"])]["all"]
-            value = cell[ref.get("metric", "correct")]
+            cell = summary["benchmarks"][ref.benchmark]["by_length"][str(ref.length)]["all"]
+            value = cell[ref.metric or "correct"]
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
             raise RecallmError(
                 f"result {key}: cannot read it from {summary_path} ({type(exc).__name__}: {exc})"

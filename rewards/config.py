@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from recallm.errors import RecallmError
 
@@ -41,6 +42,8 @@ __all__ = [
     "ANSWER_METRICS",
     "RECALL_MODES",
     "CategoryReward",
+    "DataSourceOverride",
+    "RewardFile",
     "RewardConfig",
     "load_reward_config",
     "check_ground_truth",
@@ -103,24 +106,98 @@ class CategoryReward:
 
 
 @dataclass(frozen=True)
+class DataSourceOverride:
+    """``data_sources.<data_source>``: one data set's exceptions to its category's row (the keys of
+    ``CategoryReward``; an unset key keeps the category's value)."""
+
+    category: str | None = None
+    """required: the category whose row this changes (``RewardConfig`` checks it)"""
+    answer: str | None = None
+    recall: str | None = None
+    tau: float | None = None
+    top_k: int | None = None
+    free_spans: int | None = None
+    min_span_chars: int | None = None
+    ndcg_k: int | None = None
+    citation_k: int | None = None
+    ndcg_gain: str | None = None
+    citation_mode: str | None = None
+    citation_coverage_weight: float | None = None
+    citation_unrecalled_credit: float | None = None
+
+    def changes(self) -> dict[str, object]:
+        """The keys this override sets (``category`` aside)."""
+        values = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "category"}
+        return {k: v for k, v in values.items() if v is not None}
+
+
+# The sections of a reward YAML (``configs/reward/*.yaml``): read with ``recallm.config.typed``, so an
+# unknown key or a value of the wrong kind is one line naming it. They carry no defaults: a reward
+# recipe file states every value (with its source), and a partial mapping is merged onto
+# ``configs/reward/paper.yaml`` (``load_reward_config``) - the values are held there once.
+@dataclass(frozen=True)
+class WeightsSection:
+    format: float
+    additive: float
+    multiplicative: float
+    epsilon: float
+
+
+@dataclass(frozen=True)
+class FormatSection:
+    task_specific: bool
+    task_weight: float
+
+
+@dataclass(frozen=True)
+class DensitySection:
+    delta: float
+    half_life: float
+    per_tokens: int
+
+
+@dataclass(frozen=True)
+class OverlongSection:
+    enable: bool
+    max_response_length: int
+    buffer: int
+
+
+@dataclass(frozen=True)
+class RewardFile:
+    """The schema of a reward YAML."""
+
+    weights: WeightsSection
+    recall_reward: bool
+    format: FormatSection
+    density: DensitySection
+    overlong: OverlongSection
+    categories: dict[str, Any]
+    """name -> a ``CategoryReward`` row"""
+    data_sources: dict[str, Any] = field(default_factory=dict)
+    """data_source -> a ``DataSourceOverride``"""
+
+
+@dataclass(frozen=True)
 class RewardConfig:
-    """The whole reward: weights, penalties, overlong shaping, the category table."""
+    """The whole reward: weights, penalties, overlong shaping, the category table (built from a
+    reward YAML, ``RewardFile``, by ``from_mapping``)."""
 
     categories: Mapping[str, CategoryReward]
-    data_sources: Mapping[str, Mapping[str, object]] = field(default_factory=dict)
-    format_weight: float = 0.2
-    additive_weight: float = 0.4
-    multiplicative_weight: float = 0.4
-    epsilon: float = 0.01
-    density_delta: float = 4.0
-    density_half_life: float = 4.0
-    density_per_tokens: int = 1024
-    overlong_enable: bool = True
-    max_response_length: int = 4096
-    overlong_buffer: int = 1024
-    format_task_specific: bool = False  # add the reranking / citation answer-format terms
-    format_task_weight: float = 0.5  # their share of the format reward when on
-    recall_reward: bool = True  # False: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)
+    data_sources: Mapping[str, DataSourceOverride]
+    format_weight: float
+    additive_weight: float
+    multiplicative_weight: float
+    epsilon: float
+    density_delta: float
+    density_half_life: float
+    density_per_tokens: int
+    overlong_enable: bool
+    max_response_length: int
+    overlong_buffer: int
+    format_task_specific: bool  # add the reranking / citation answer-format terms
+    format_task_weight: float  # their share of the format reward when on
+    recall_reward: bool  # False: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)
 
     def __post_init__(self) -> None:
         if not 0 <= self.format_task_weight <= 1:
@@ -137,58 +214,51 @@ class RewardConfig:
                 f"overlong max_response_length must be >= 1 and buffer >= 0, got "
                 f"{self.max_response_length} and {self.overlong_buffer}"
             )
-        known = {f.name for f in fields(CategoryReward)}
         for source, override in self.data_sources.items():
-            category = override.get("category")
-            if category not in self.categories:
+            if override.category not in self.categories:
                 raise RecallmError(
                     f"data_sources.{source} must name its category (one of {', '.join(sorted(self.categories))}), "
-                    f"got {category!r}"
+                    f"got {override.category!r}"
                 )
-            bad = set(override) - known - {"category"}
-            if bad:
-                raise RecallmError(f"data_sources.{source} has unknown keys {sorted(bad)}")
-            replace(self.categories[category], **{k: v for k, v in override.items() if k != "category"})
+            replace(self.categories[override.category], **override.changes())
 
     @classmethod
     def from_mapping(cls, cfg: Mapping) -> RewardConfig:
-        """Build from a ``configs/reward/*.yaml``-shaped mapping (OmegaConf or plain dict)."""
-        cfg = _plain(cfg)
-        try:
-            weights, density, overlong = cfg.get("weights", {}), cfg.get("density", {}), cfg.get("overlong", {})
-            fmt = cfg.get("format") or {}
-            categories = {name: CategoryReward(**row) for name, row in (cfg.get("categories") or {}).items()}
-        except TypeError as exc:
-            raise RecallmError(f"bad reward config: {exc}") from exc
+        """Build from a ``configs/reward/*.yaml``-shaped mapping (OmegaConf or plain dict; the schema
+        is ``RewardFile``)."""
+        from recallm.config import typed
+
+        file = typed(RewardFile, _plain(cfg), "reward")
+        categories = {
+            name: typed(CategoryReward, row, f"reward.categories.{name}") for name, row in file.categories.items()
+        }
         if not categories:
             raise RecallmError("reward config has no categories")
+        data_sources = {
+            name: typed(DataSourceOverride, row, f"reward.data_sources.{name}")
+            for name, row in file.data_sources.items()
+        }
         return cls(
             categories=categories,
-            data_sources={k: dict(v) for k, v in (cfg.get("data_sources") or {}).items()},
-            format_weight=float(weights.get("format", 0.2)),
-            additive_weight=float(weights.get("additive", 0.4)),
-            multiplicative_weight=float(weights.get("multiplicative", 0.4)),
-            epsilon=float(weights.get("epsilon", 0.01)),
-            density_delta=float(density.get("delta", 4.0)),
-            density_half_life=float(density.get("half_life", 4.0)),
-            density_per_tokens=int(density.get("per_tokens", 1024)),
-            overlong_enable=bool(overlong.get("enable", True)),
-            max_response_length=int(overlong.get("max_response_length", 4096)),
-            overlong_buffer=int(overlong.get("buffer", 1024)),
-            format_task_specific=_flag(fmt.get("task_specific", False), "format.task_specific"),
-            format_task_weight=float(fmt.get("task_weight", 0.5)),
-            recall_reward=_flag(cfg.get("recall_reward", True), "recall_reward"),
+            data_sources=data_sources,
+            format_weight=file.weights.format,
+            additive_weight=file.weights.additive,
+            multiplicative_weight=file.weights.multiplicative,
+            epsilon=file.weights.epsilon,
+            density_delta=file.density.delta,
+            density_half_life=file.density.half_life,
+            density_per_tokens=file.density.per_tokens,
+            overlong_enable=file.overlong.enable,
+            max_response_length=file.overlong.max_response_length,
+            overlong_buffer=file.overlong.buffer,
+            format_task_specific=file.format.task_specific,
+            format_task_weight=file.format.task_weight,
+            recall_reward=file.recall_reward,
         )
 
     def for_row(self, category: str, data_source: str | None = None) -> CategoryReward:
         """The settings of one row: its category's, with its data source's exceptions."""
         return _row_settings(self, category, data_source)
-
-
-def _flag(value, name: str) -> bool:
-    if isinstance(value, bool):
-        return value
-    raise RecallmError(f"{name} must be true or false, got {value!r}")
 
 
 def _row_settings(config: RewardConfig, category: str, data_source: str | None) -> CategoryReward:
@@ -201,11 +271,11 @@ def _row_settings(config: RewardConfig, category: str, data_source: str | None) 
     override = config.data_sources.get(data_source) if data_source else None
     if not override:
         return row
-    if override["category"] != category:
+    if override.category != category:
         raise RecallmError(
-            f"data_source {data_source!r} belongs to category {override['category']!r}, but the row says {category!r}"
+            f"data_source {data_source!r} belongs to category {override.category!r}, but the row says {category!r}"
         )
-    return replace(row, **{k: v for k, v in override.items() if k != "category"})
+    return replace(row, **override.changes())
 
 
 def _plain(cfg) -> dict:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.config import check_value, typed
+from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.io import check_out_dir
 from recallm.tiny import resolve_model
@@ -102,7 +102,9 @@ def check(cfg: DictConfig) -> None:
         return
     check_out_dir(settings.out_dir, "out_dir")
     check_out_dir(settings.models_dir, "models_dir")
-    check_value(cfg, "backend.batch_size", int, min=1)  # (the backend section: recallm.eval.backends)
+    from recallm.eval.backends import BackendSettings
+
+    BackendSettings.from_mapping(cfg.get("backend"))  # the backend section's schema (recallm.eval.backends)
     if settings.tokenizer_path is not None and not Path(settings.tokenizer_path).is_dir():
         raise RecallmError(f"tokenizer_path {settings.tokenizer_path} is not a directory")
 
@@ -113,32 +115,30 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
     if cfg.mode == "report":
         return run_report(cfg)
     from data_gen.fit import PromptRenderer
-    from recallm.eval.backends import BACKENDS, check_model_dir, make_backend
+    from recallm.eval.backends import BackendSettings, check_model_dir, make_backend
     from recallm.eval.benchmarks import make_benchmarks
     from recallm.eval.report import build_report
     from recallm.eval.runner import preflight, prepare_out_dir, run_eval
     from recallm.tokens import load_tokenizer
 
     suite = OmegaConf.to_container(cfg.eval, resolve=True)
-    backend_cfg = OmegaConf.to_container(cfg.backend, resolve=True)
+    backend_settings = BackendSettings.from_mapping(OmegaConf.to_container(cfg.backend, resolve=True))
     reward_cfg = OmegaConf.to_container(cfg.reward, resolve=True)
     only = cfg.benchmarks
     if only is not None:
         only = OmegaConf.to_container(only, resolve=True) if OmegaConf.is_list(only) else [str(only)]
-    if backend_cfg.get("name") not in BACKENDS:
-        raise RecallmError(f"unknown backend {backend_cfg.get('name')!r}; expected one of {', '.join(BACKENDS)}")
     from recallm.eval.judge import make_judge
 
     judge = make_judge(suite.get("judge"))
     benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg, judge=judge)
     specs = [s for b in benchmarks for s in b.specs()]
     model_path = resolve_model(str(cfg.model_path), Path(cfg.models_dir))
-    constrained = bool(backend_cfg.get("recall_constrained", True))
-    if backend_cfg["name"] in ("hf", "vllm"):
+    constrained = backend_settings.recall_constrained
+    if backend_settings.name in ("hf", "vllm"):
         info = check_model_dir(model_path, constrained=constrained)
         positions = info["max_position_embeddings"]
         longest = max(s.length for s in specs)
-        if positions and longest > positions and not backend_cfg.get("length_extension"):
+        if positions and longest > positions and not backend_settings.length_extension:
             raise RecallmError(
                 f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
                 "backend.length_extension)"
@@ -154,9 +154,9 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         "model_path": str(model_path.resolve()) if model_path.exists() else str(model_path),
         "tokenizer": str(Path(cfg.tokenizer_path).resolve()) if cfg.tokenizer_path else None,
         "backend": {
-            k: backend_cfg.get(k)
+            k: getattr(backend_settings, k)
             for k in _FINGERPRINT_BACKEND_KEYS
-            if k != "rlm" or backend_cfg.get("rlm") is not None  # (runs of other backends keep their fingerprint)
+            if k != "rlm" or backend_settings.rlm  # (runs of other backends keep their fingerprint)
         },
         "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
@@ -166,18 +166,18 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
     run_info = {
         "name": cfg.run_name or out_dir.name,
         "model_path": str(cfg.model_path),
-        "backend": backend_cfg["name"],
+        "backend": backend_settings.name,
         "recall_constrained": constrained,
         "suite": suite.get("name"),
         "paper_model": cfg.paper_model,
         "judge": judge.model if judge is not None else None,
     }
     print(
-        f"evaluating {model_path} ({backend_cfg['name']}) on {', '.join(b.name for b in benchmarks)}: "
+        f"evaluating {model_path} ({backend_settings.name}) on {', '.join(b.name for b in benchmarks)}: "
         f"{len(specs)} examples into {out_dir}"
     )
-    backend = make_backend(backend_cfg, model_path, tokenizer)
-    if backend_cfg["name"] == "rlm":  # where model code ran: the report flags it unless it was bubblewrap
+    backend = make_backend(backend_settings, model_path, tokenizer)
+    if backend_settings.name == "rlm":  # where model code ran: the report flags it unless it was bubblewrap
         run_info["rlm_isolation"] = backend.rlm.isolation.as_dict()
     try:
         summary = run_eval(
@@ -185,7 +185,7 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
             backend,
             renderer,
             out_dir,
-            batch_size=int(backend_cfg.get("batch_size", 4)),
+            batch_size=backend_settings.batch_size,
             fingerprint=fingerprint,
             run_info=run_info,
             progress=bool(cfg.progress),

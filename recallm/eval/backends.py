@@ -45,6 +45,7 @@ import logging
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -53,6 +54,8 @@ from recallm.eval.types import Generation, GenerationSettings, SpanStats, TextRe
 
 __all__ = [
     "BACKENDS",
+    "EngineSettings",
+    "BackendSettings",
     "Backend",
     "HFBackend",
     "VLLMBackend",
@@ -70,6 +73,75 @@ BACKENDS = ("hf", "vllm", "openai", "rlm")  # rlm: a Recursive Language Model (r
 #: backends built in a layer above eval (the RLM runs its models through eval's backends): named by
 #: their factory's import path and imported only when chosen, so eval never imports them (ARCHITECTURE.md)
 PLUGIN_BACKENDS = {"rlm": "recallm.rlm.eval_backend:make_rlm_backend"}
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """How a model is run, by engine: the keys ``recallm-eval``'s ``backend`` section and an RLM's
+    model sections (``recallm.rlm.models.ModelSection``) share. The defaults live here."""
+
+    recall_constrained: bool = True
+    """false: recall spans are not constrained (the paper's "no logit masking" ablation)"""
+    batch_size: int = field(default=4, metadata={"min": 1})
+    """examples per generation batch; results are flushed once per batch"""
+    # hf
+    dtype: str = "auto"
+    """auto | float32 | bfloat16 | float16 (hf; vllm takes its own names too)"""
+    device: str = "auto"
+    """auto (cuda if available) | cpu | cuda:N"""
+    length_extension: str | None = None
+    """``pkg.module:factory``: an inference-time length-extension hook (module doc)"""
+    length_extension_kwargs: dict[str, Any] = field(default_factory=dict)
+    force_recall_every: int | None = field(default=None, metadata={"min": 1})
+    """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
+    force_recall_length: int = field(default=8, metadata={"min": 1})
+    # vllm
+    tensor_parallel_size: int = field(default=1, metadata={"min": 1})
+    gpu_memory_utilization: float = field(default=0.9, metadata={"min": 0, "max": 1})
+    max_model_len: int | None = field(default=None, metadata={"min": 1})
+    engine_kwargs: dict[str, Any] = field(default_factory=dict)
+    """more ``vllm.LLM(...)`` arguments"""
+    # openai
+    base_url: str = "http://127.0.0.1:8000/v1"
+    served_model: str | None = None
+    """the model name the server serves (required for openai)"""
+    api: str = field(default="chat", metadata={"choices": ("chat", "completions")})
+    """chat (chat completions of the messages) | completions (the rendered prompt)"""
+    api_key_env: str | None = "OPENAI_API_KEY"
+    """NAME of the environment variable holding the key (not needed for a local server)"""
+    timeout: float = field(default=3600.0, metadata={"min": 0})
+    concurrency: int = field(default=16, metadata={"min": 1})
+    retries: int = field(default=4, metadata={"min": 0})
+    backoff: float = field(default=2.0, metadata={"min": 0})
+    extra_body: dict[str, Any] = field(default_factory=dict)
+    """more request fields"""
+
+
+@dataclass(frozen=True)
+class BackendSettings(EngineSettings):
+    """The ``backend`` section of ``configs/eval.yaml`` (``recallm.config.typed``: this class is its
+    schema, and holds its defaults)."""
+
+    name: str = "hf"
+    """hf (transformers generate) | vllm (GPU nodes) | openai (any OpenAI-compatible server) | rlm"""
+    seed: int = 0
+    """vllm: the engine's seed"""
+    rlm: dict[str, Any] = field(default_factory=dict)
+    """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``; set with
+    ``+backend.rlm.<key>=...``)"""
+
+    def __post_init__(self) -> None:
+        if self.name not in BACKENDS:
+            raise RecallmError(f"backend.name: unknown backend {self.name!r}; expected one of {', '.join(BACKENDS)}")
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping[str, Any] | BackendSettings | None, where: str = "backend") -> BackendSettings:
+        if isinstance(cfg, BackendSettings):
+            return cfg
+        from recallm.config import typed
+
+        return typed(cls, cfg, where)
+
 
 #: ``ext(*, input_ids, attention_mask, prompt_lengths, max_new_tokens) -> ContextManager[Mapping | None]``
 LengthExtension = Callable[..., contextlib.AbstractContextManager]
@@ -575,56 +647,54 @@ class OpenAIBackend(Backend):
             return list(pool.map(lambda r: self._one(r, settings), requests))
 
 
-def make_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> Backend:
-    """Build the backend that ``cfg`` (the ``backend`` section of ``configs/eval.yaml``) names."""
-    name = cfg.get("name")
-    if name not in BACKENDS:
-        raise RecallmError(f"unknown backend {name!r}; expected one of {', '.join(BACKENDS)}")
-    constrained = bool(cfg.get("recall_constrained", True))
+def make_backend(cfg: Mapping[str, Any] | BackendSettings, model_path: str | Path, tokenizer) -> Backend:
+    """Build the backend that ``cfg`` (the ``backend`` section of ``configs/eval.yaml``, read as
+    ``BackendSettings``) names."""
+    settings = BackendSettings.from_mapping(cfg)
+    name = settings.name
     if name in PLUGIN_BACKENDS:
         module, _, factory = PLUGIN_BACKENDS[name].partition(":")
-        return getattr(importlib.import_module(module), factory)(cfg, model_path, tokenizer)
+        return getattr(importlib.import_module(module), factory)(settings, model_path, tokenizer)
     if name == "hf":
         return HFBackend(
             model_path,
             tokenizer,
-            recall_constrained=constrained,
-            batch_size=int(cfg.get("batch_size", 4)),
-            dtype=str(cfg.get("dtype", "auto")),
-            device=str(cfg.get("device", "auto")),
-            length_extension=cfg.get("length_extension"),
-            length_extension_kwargs=cfg.get("length_extension_kwargs") or {},
-            force_recall_every=cfg.get("force_recall_every"),
-            force_recall_length=int(cfg.get("force_recall_length", 8)),
+            recall_constrained=settings.recall_constrained,
+            batch_size=settings.batch_size,
+            dtype=settings.dtype,
+            device=settings.device,
+            length_extension=settings.length_extension,
+            length_extension_kwargs=settings.length_extension_kwargs,
+            force_recall_every=settings.force_recall_every,
+            force_recall_length=settings.force_recall_length,
         )
     if name == "vllm":
         return VLLMBackend(
             model_path,
             tokenizer,
-            recall_constrained=constrained,
-            dtype=str(cfg.get("dtype", "auto")),
-            tensor_parallel_size=int(cfg.get("tensor_parallel_size", 1)),
-            gpu_memory_utilization=float(cfg.get("gpu_memory_utilization", 0.9)),
-            max_model_len=cfg.get("max_model_len"),
-            seed=int(cfg.get("seed", 0) or 0),
-            engine_kwargs=cfg.get("engine_kwargs") or {},
+            recall_constrained=settings.recall_constrained,
+            dtype=settings.dtype,
+            tensor_parallel_size=settings.tensor_parallel_size,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            max_model_len=settings.max_model_len,
+            seed=settings.seed,
+            engine_kwargs=settings.engine_kwargs,
         )
     from recallm.clients import EndpointConfig
 
-    served = cfg.get("served_model")
-    if not served:
+    if not settings.served_model:
         raise RecallmError("backend=openai needs backend.served_model (the model name the server serves)")
     endpoint = EndpointConfig.from_mapping(
         {
-            "base_url": cfg.get("base_url"),
-            "model": served,
-            "api_key_env": cfg.get("api_key_env"),
-            "timeout": cfg.get("timeout", 600),
-            "concurrency": cfg.get("concurrency", 8),
-            "retries": cfg.get("retries", 4),
-            "backoff": cfg.get("backoff", 2.0),
-            "extra_body": cfg.get("extra_body") or {},
+            "base_url": settings.base_url,
+            "model": settings.served_model,
+            "api_key_env": settings.api_key_env,
+            "timeout": settings.timeout,
+            "concurrency": settings.concurrency,
+            "retries": settings.retries,
+            "backoff": settings.backoff,
+            "extra_body": settings.extra_body,
         },
         "backend",
     )
-    return OpenAIBackend(endpoint, tokenizer, api=str(cfg.get("api", "chat")))
+    return OpenAIBackend(endpoint, tokenizer, api=settings.api)

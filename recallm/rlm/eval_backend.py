@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,7 +32,7 @@ from typing import Any
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.eval.backends import Backend
+from recallm.eval.backends import Backend, BackendSettings
 from recallm.eval.types import Generation, GenerationSettings, TextRequest
 from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.models import make_model
@@ -125,9 +125,9 @@ class RLMBackend(Backend):
             return list(pool.map(self._one, requests))
 
 
-def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) -> RLMBackend:
+def make_rlm_backend(cfg: BackendSettings, model_path: str | Path, tokenizer) -> RLMBackend:
     """The ``rlm`` backend of ``recallm-eval`` from its ``backend`` section (module doc)."""
-    section = typed(RLMBackendSection, cfg.get("rlm"), "backend.rlm")
+    section = typed(RLMBackendSection, cfg.rlm, "backend.rlm")
     settings = RLMSettings.from_mapping(section.rlm, "backend.rlm.rlm")
     subcalls = SubCallSettings.from_mapping(section.subcalls, "backend.rlm.subcalls")
     sandbox = SandboxLimits.from_mapping(section.sandbox, "backend.rlm.sandbox")
@@ -137,9 +137,9 @@ def make_rlm_backend(cfg: Mapping[str, Any], model_path: str | Path, tokenizer) 
     if not root_cfg.get("name"):
         root_cfg = {
             "name": "hf",
-            "recall_constrained": bool(cfg.get("recall_constrained", False)),
-            "dtype": cfg.get("dtype", "auto"),
-            "device": cfg.get("device", "auto"),
+            "recall_constrained": cfg.recall_constrained,
+            "dtype": cfg.dtype,
+            "device": cfg.device,
             "batch_size": 16,  # concurrent requests (sub-calls) are generated together
             **{k: v for k, v in root_cfg.items() if k != "name"},
         }

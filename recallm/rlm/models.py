@@ -46,12 +46,13 @@ import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recallm.cancel import Cancelled, CancelToken
 from recallm.errors import RecallmError
+from recallm.eval.backends import EngineSettings
 from recallm.tokens import THINK_START
 
 __all__ = [
@@ -62,39 +63,54 @@ __all__ = [
     "ScriptedModel",
     "CallRecord",
     "MODEL_KINDS",
+    "ModelSection",
     "make_model",
     "approx_tokens",
 ]
 
 MODEL_KINDS = ("hf", "vllm", "openai", "scripted")
-_SAMPLING_KEYS = ("temperature", "top_p", "top_k", "seed")
-_OWN_KEYS = {"name", "model_path", "tokenizer_path", "max_new_tokens", "max_tokens_key", *_SAMPLING_KEYS}
-_SCRIPTED_KEYS = {"replies", "latency_s", "continuation"}
 _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
-#: the keys of recallm-eval's `backend` section that a model section may carry (configs/eval.yaml)
-_BACKEND_KEYS = {
-    "recall_constrained",
-    "batch_size",
-    "dtype",
-    "device",
-    "length_extension",
-    "length_extension_kwargs",
-    "force_recall_every",
-    "force_recall_length",
-    "tensor_parallel_size",
-    "gpu_memory_utilization",
-    "max_model_len",
-    "engine_kwargs",
-    "base_url",
-    "served_model",
-    "api",
-    "api_key_env",
-    "timeout",
-    "concurrency",
-    "retries",
-    "backoff",
-    "extra_body",
-}
+
+
+@dataclass(frozen=True)
+class ModelSection(EngineSettings):
+    """The schema of a model section (``configs/rlm.yaml``'s ``root`` and ``sub``, ``backend.rlm.root``
+    of ``recallm-eval``; ``recallm.config.typed``): how the model is run (the fields of
+    ``recallm.eval.backends.EngineSettings``, the keys of ``recallm-eval``'s ``backend`` section),
+    plus the keys below. The defaults live here and in ``EngineSettings``."""
+
+    name: str | None = field(default=None, metadata={"choices": MODEL_KINDS})
+    """hf | vllm | openai | scripted (required)"""
+    recall_constrained: bool = False
+    """hf/vllm: constrained recall (a RecaLLM model)"""
+    batch_size: int = field(default=16, metadata={"min": 1})
+    """hf: concurrent requests generated together (at most this many per batch)"""
+    timeout: float = field(default=600.0, metadata={"min": 0})
+    model_path: str | None = None
+    """hf/vllm: a model directory, or ``tiny`` (default: the caller's)"""
+    tokenizer_path: str | None = None
+    """openai: a local tokenizer for exact token counts (None: 4 characters per token)"""
+    max_new_tokens: int | None = field(default=None, metadata={"min": 1})
+    """the limit of calls that have none of their own (hf/vllm: None is 1024; a server: none sent)"""
+    max_tokens_key: str = field(default="max_tokens", metadata={"choices": _MAX_TOKENS_KEYS})
+    """openai: max_completion_tokens for OpenAI's reasoning models"""
+    temperature: float | None = None
+    """None: not sent to a server (its default); greedy for hf/vllm"""
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+    # scripted
+    replies: list[str] | None = None
+    """scripted: the replies, by the conversation's turn"""
+    latency_s: float = field(default=0.0, metadata={"min": 0})
+    continuation: str = ""
+
+    def engine_values(self) -> dict[str, Any]:
+        """The ``backend`` section of this model (``recallm.eval.backends.make_backend``)."""
+        import dataclasses
+
+        engine = {f.name for f in dataclasses.fields(EngineSettings)}
+        return {"name": self.name, **{k: v for k, v in dataclasses.asdict(self).items() if k in engine}}
 
 
 def approx_tokens(text: str) -> int:
@@ -507,51 +523,48 @@ class OpenAIChatModel(ChatModel):
         self.client.close()
 
 
-def _settings(cfg: Mapping[str, Any], role: str):
+def _settings(section: ModelSection, role: str):
     from recallm.eval.types import GenerationSettings
 
-    values = {k: cfg[k] for k in _SAMPLING_KEYS if cfg.get(k) is not None}
-    values["max_new_tokens"] = cfg.get("max_new_tokens") or 1024
+    values = {k: getattr(section, k) for k in ("temperature", "top_p", "top_k", "seed")}
+    values = {k: v for k, v in values.items() if v is not None}
+    values["max_new_tokens"] = section.max_new_tokens or 1024
     return GenerationSettings.from_mapping(values, role)
 
 
-def _openai_model(cfg: Mapping[str, Any], role: str, tokenizer) -> OpenAIChatModel:
+def _openai_model(section: ModelSection, role: str, tokenizer) -> OpenAIChatModel:
     from recallm.clients import ChatClient, EndpointConfig
-    from recallm.config import as_number
 
-    if not cfg.get("served_model"):
+    if not section.served_model:
         raise RecallmError(f"{role}.served_model is required for openai (the model name the server serves)")
-    key = cfg.get("max_tokens_key") or "max_tokens"
-    if key not in _MAX_TOKENS_KEYS:
-        raise RecallmError(f"{role}.max_tokens_key must be one of {', '.join(_MAX_TOKENS_KEYS)}, got {key!r}")
     endpoint = EndpointConfig.from_mapping(
         {
-            "base_url": cfg.get("base_url"),
-            "model": cfg["served_model"],
-            "api_key_env": cfg.get("api_key_env"),
+            "base_url": section.base_url,
+            "model": section.served_model,
+            "api_key_env": section.api_key_env,
             "temperature": None,  # sent per request, and only when configured (below)
             "max_tokens": None,
-            "timeout": cfg.get("timeout", 600),
-            "concurrency": cfg.get("concurrency", 16),
-            "retries": cfg.get("retries", 4),
-            "backoff": cfg.get("backoff", 2.0),
-            "extra_body": cfg.get("extra_body") or {},
+            "timeout": section.timeout,
+            "concurrency": section.concurrency,
+            "retries": section.retries,
+            "backoff": section.backoff,
+            "extra_body": section.extra_body,
         },
         role,
     )
-    options: dict[str, Any] = {}
-    for name, kind in (("temperature", float), ("top_p", float), ("top_k", int), ("seed", int)):
-        if cfg.get(name) is not None:
-            options[name] = as_number(cfg[name], f"{role}.{name}", kind)
-    limit = cfg.get("max_new_tokens")
+    options = {
+        name: getattr(section, name)
+        for name in ("temperature", "top_p", "top_k", "seed")
+        if getattr(section, name) is not None
+    }
     return OpenAIChatModel(
         ChatClient(endpoint, role),
         options=options,
-        max_tokens_key=key,
-        api=str(cfg.get("api") or "chat"),
+        max_tokens_key=section.max_tokens_key,
+        api=section.api,
         tokenizer=tokenizer,
         label=f"{role}:openai",
-        max_new_tokens=None if limit is None else as_number(limit, f"{role}.max_new_tokens", int),
+        max_new_tokens=section.max_new_tokens,
     )
 
 
@@ -563,43 +576,38 @@ def make_model(
     tokenizer=None,
     model_path: str | Path | None = None,
 ) -> ChatModel:
-    """The model a config section names (module doc). ``role`` names the section in errors;
-    ``tokenizer`` / ``model_path`` are used when the section gives none (``recallm-eval``)."""
-    cfg = dict(cfg or {})
-    name = cfg.get("name")
-    if name not in MODEL_KINDS:
-        raise RecallmError(f"{role}.name must be one of {', '.join(MODEL_KINDS)}, got {name!r}")
-    known = _OWN_KEYS | _BACKEND_KEYS | _SCRIPTED_KEYS
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise RecallmError(f"{role} has unknown keys {unknown}; known: {sorted(known)}")
+    """The model a config section names (module doc; ``ModelSection`` is its schema). ``role`` names
+    the section in errors; ``tokenizer`` / ``model_path`` are used when the section gives none
+    (``recallm-eval``)."""
+    from recallm.config import typed
+
+    section = typed(ModelSection, cfg, role)
+    name = section.name
+    if name is None:
+        raise RecallmError(f"{role}.name must be one of {', '.join(MODEL_KINDS)}, got None")
     if name == "scripted":
-        replies = cfg.get("replies")
-        if not isinstance(replies, Sequence) or isinstance(replies, str) or not replies:
+        if not section.replies:
             raise RecallmError(f"{role}.replies must be a non-empty list of reply strings for a scripted model")
-        return ScriptedModel(
-            replies, latency_s=float(cfg.get("latency_s") or 0.0), continuation=str(cfg.get("continuation") or "")
-        )
-    path = cfg.get("model_path") or model_path
+        return ScriptedModel(section.replies, latency_s=section.latency_s, continuation=section.continuation)
+    path = section.model_path or model_path
     if name in ("hf", "vllm"):
         if not path:
             raise RecallmError(f"{role}.model_path is required for {name} (a model directory, or `tiny`)")
         from recallm.tiny import resolve_model
 
         path = resolve_model(str(path), Path(models_dir))
-    tokenizer_path = cfg.get("tokenizer_path") or (path if name in ("hf", "vllm") else None)
+    tokenizer_path = section.tokenizer_path or (path if name in ("hf", "vllm") else None)
     if tokenizer_path:
         from recallm.tokens import load_tokenizer
 
         tokenizer = load_tokenizer(Path(tokenizer_path))
     if name == "openai":
-        return _openai_model(cfg, role, tokenizer)
+        return _openai_model(section, role, tokenizer)
     from recallm.eval.backends import check_model_dir, make_backend
 
-    settings = _settings(cfg, role)
-    backend_cfg = {k: v for k, v in cfg.items() if k in _BACKEND_KEYS}
-    backend_cfg["name"] = name
-    backend_cfg.setdefault("recall_constrained", False)
-    check_model_dir(Path(str(path)), constrained=bool(backend_cfg["recall_constrained"]))
-    backend = make_backend(backend_cfg, str(path), tokenizer if tokenizer is not None else _ApproxTokenizer())
+    settings = _settings(section, role)
+    check_model_dir(Path(str(path)), constrained=section.recall_constrained)
+    backend = make_backend(
+        section.engine_values(), str(path), tokenizer if tokenizer is not None else _ApproxTokenizer()
+    )
     return BackendModel(backend, tokenizer, settings, label=f"{role}:{name}")

@@ -196,3 +196,37 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and "progres" in err and err.count("\n") == 1, err
     assert len(seen) == 3
+
+
+# ------------------------------------------------------------- schemas registered with Hydra (ConfigStore)
+def test_registered_schemas_give_every_key_and_refuse_with_one_line():
+    from recallm.config import check_overrides
+
+    rlm = _compose("rlm", ["rlm.max_depth=2", "root.timeout=30", "sandbox.wall_s=5"])
+    assert rlm["rlm"]["max_depth"] == 2 and rlm["rlm"]["root_max_new_tokens"] == 256  # the YAML's choice
+    assert rlm["rlm"]["max_iterations"] == 20 and rlm["sub"]["recall_constrained"] is True  # default; YAML's
+    assert rlm["root"]["timeout"] == 30 and rlm["budget"]["max_subcalls"] == 1000
+    assert _compose("eval")["backend"]["batch_size"] == 4
+    cases = [
+        ("eval", ["backend.batch_size=abc"], r"^backend\.batch_size must be an integer, got 'abc'$"),
+        ("rlm", ["rlm.max_depth=x"], r"^rlm\.max_depth must be an integer, got 'x'$"),
+        ("rlm", ["root.nme=1"], r"root\.nme.*Key 'nme' not in 'ModelSection'"),
+        ("rlm", ["+budget.max_token=1"], r"unknown setting budget\.max_token"),
+    ]
+    for primary, overrides, pattern in cases:
+        with pytest.raises(RecallmError, match=pattern) as err:
+            check_overrides(primary, overrides)
+        assert "\n" not in str(err.value)
+    assert check_overrides("eval", ["backend.name=rlm", "+backend.rlm.root.name=scripted"], open_keys=("backend.rlm",))
+
+
+def test_hf_cpu_settings_schema():
+    from recallm.grpo.cpu.hf_generate import HFCPUSettings
+
+    assert HFCPUSettings.from_engine_kwargs({"batch_wait_ms": 5}).batch_wait_ms == 5.0
+    with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu has unknown keys \['thread'\]"):
+        HFCPUSettings.from_engine_kwargs({"thread": 2})
+    with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu\.recall must be true or false, got 'on'"):
+        HFCPUSettings.from_engine_kwargs({"recall": "on"})
+    with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu\.max_batch_size must be an integer, got 'x'"):
+        HFCPUSettings.from_engine_kwargs({"max_batch_size": "x"})

@@ -8,10 +8,11 @@ its json_kv alone), any synthetic data_gen task at new lengths.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark, BenchmarkSettings, Followup
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, BenchmarkSettings, Followup
 from recallm.eval.benchmarks.helmet import Helmet, HelmetJsonKV
 from recallm.eval.benchmarks.in_domain import InDomain
 from recallm.eval.benchmarks.lost_in_thought import LostInThought
@@ -19,24 +20,42 @@ from recallm.eval.benchmarks.ruler import Ruler
 from recallm.eval.benchmarks.synthetic import SyntheticTask
 from recallm.eval.types import parse_length
 
-__all__ = ["BENCHMARKS", "Benchmark", "BenchmarkSettings", "Followup", "make_benchmarks"]
+__all__ = [
+    "BENCHMARKS",
+    "Benchmark",
+    "BenchmarkOptions",
+    "BenchmarkSettings",
+    "Followup",
+    "SuiteSettings",
+    "make_benchmarks",
+]
 
 BENCHMARKS: dict[str, type[Benchmark]] = {
     cls.name: cls for cls in (LostInThought, InDomain, Ruler, Helmet, HelmetJsonKV, SyntheticTask)
 }
 
-_SUITE_KEYS = (
-    "name",
-    "seed",
-    "tolerance",
-    "answer_region",
-    "system_prompt",
-    "generation",
-    "benchmarks",
-    "judge",
-    "fit_lengths",
-    "data_root",  # where the local copies live (the suite's paths interpolate it)
-)
+
+@dataclass(frozen=True)
+class SuiteSettings:
+    """The schema of a benchmark suite, the ``eval`` section (``configs/eval/<suite>.yaml``; read with
+    ``recallm.config.typed``). The suite-wide defaults are ``BenchmarkSettings``'."""
+
+    name: str | None = None
+    seed: int = BenchmarkSettings.seed
+    tolerance: float = BenchmarkSettings.tolerance
+    """prompts are fitted to length +- this fraction"""
+    answer_region: str = BenchmarkSettings.answer_region
+    system_prompt: str | None = None
+    generation: dict[str, Any] | None = None
+    """required: every benchmark's generation settings (``recallm.eval.types.GenerationSettings``)"""
+    benchmarks: dict[str, Any] = field(default_factory=dict)
+    """name -> the benchmark's section (its ``Options`` schema)"""
+    judge: dict[str, Any] | None = None
+    """``recallm.eval.judge.make_judge``"""
+    fit_lengths: Any = None
+    """``{nominal length: fitted prompt length}`` (``parse_fit_lengths``)"""
+    data_root: str | None = None
+    """where the local copies live (the suite's paths interpolate it)"""
 
 
 def parse_fit_lengths(value: Any) -> dict[int, int]:
@@ -54,10 +73,10 @@ def make_benchmarks(
     """The benchmarks of ``suite`` that are enabled (or, with ``only``, exactly those named).
     ``judge``: a ``recallm.eval.judge.Judge`` (default: the one ``suite["judge"]`` describes, or
     none)."""
-    unknown_keys = sorted(set(suite) - set(_SUITE_KEYS))
-    if unknown_keys:
-        raise RecallmError(f"eval suite has unknown keys {unknown_keys}; known: {list(_SUITE_KEYS)}")
-    configs = dict(suite.get("benchmarks") or {})
+    from recallm.config import typed
+
+    settings_ = typed(SuiteSettings, suite, "eval")
+    configs = settings_.benchmarks
     known = ", ".join(BENCHMARKS)
     for name in configs:
         if name not in BENCHMARKS:
@@ -70,22 +89,22 @@ def make_benchmarks(
         if len(set(names)) != len(names):
             raise RecallmError(f"benchmarks repeat: {names}")
     else:
-        names = [name for name, cfg in configs.items() if (cfg or {}).get("enabled", True)]
+        names = [name for name, cfg in configs.items() if (cfg or {}).get("enabled", BenchmarkOptions.enabled)]
     if not names:
         raise RecallmError("no benchmark to run: enable one in eval.benchmarks or name them with benchmarks=[...]")
-    if not suite.get("generation"):
+    if not settings_.generation:
         raise RecallmError("eval.generation is required (max_new_tokens, temperature, top_p)")
     if judge is None:
         from recallm.eval.judge import make_judge
 
-        judge = make_judge(suite.get("judge"))
+        judge = make_judge(settings_.judge)
     settings = BenchmarkSettings(
-        seed=int(suite.get("seed", 0) or 0),
-        answer_region=str(suite.get("answer_region", "after_think")),
-        tolerance=float(suite.get("tolerance", 0.05)),
-        generation=dict(suite["generation"]),
+        seed=settings_.seed,
+        answer_region=settings_.answer_region,
+        tolerance=settings_.tolerance,
+        generation=settings_.generation,
         reward_config=reward_config,
         judge=judge,
-        fit_lengths=parse_fit_lengths(suite.get("fit_lengths")),
+        fit_lengths=parse_fit_lengths(settings_.fit_lengths),
     )
     return [BENCHMARKS[name](configs.get(name) or {}, settings) for name in names]

@@ -14,7 +14,7 @@ import hashlib
 import random
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from typing import Any, ClassVar
 
 from data_gen.base import Draft, Row, Task
@@ -23,9 +23,24 @@ from recallm.errors import RecallmError
 from recallm.eval.scoring import ANSWER_REGIONS
 from recallm.eval.types import Example, Generation, GenerationSettings, Score, Spec, parse_length
 
-__all__ = ["Benchmark", "BenchmarkSettings", "Followup", "EvalTask", "example_seed"]
+__all__ = ["Benchmark", "BenchmarkOptions", "BenchmarkSettings", "Followup", "EvalTask", "example_seed"]
 
-COMMON_KEYS = ("enabled", "lengths", "per_cell", "generation")
+
+@dataclass(frozen=True)
+class BenchmarkOptions:
+    """The schema of ``eval.benchmarks.<name>`` (``recallm.config.typed``): the keys every benchmark
+    has; a benchmark's ``Options`` subclass adds its own, with their defaults."""
+
+    enabled: bool = True
+    lengths: Any = None
+    """target prompt lengths in tokens: integers or ``4K``-style strings (one or a list)"""
+    per_cell: int | None = field(default=None, metadata={"min": 1})
+    """examples per task and length"""
+    generation: dict[str, Any] | None = None
+    """keys that override the suite's generation settings, e.g. ``max_new_tokens``"""
+
+
+COMMON_KEYS = tuple(f.name for f in fields(BenchmarkOptions))
 
 
 @dataclass(frozen=True)
@@ -80,36 +95,35 @@ def example_seed(*parts: Any) -> int:
 
 
 class Benchmark(ABC):
-    """One benchmark (see module doc). Subclasses set ``name``, ``options`` (their own config
-    keys with defaults) and ``min_length``, and write ``specs``, ``build`` and ``score``.
-
-    Config keys every benchmark has: ``enabled``; ``lengths`` (target prompt lengths in tokens:
-    integers or ``4K``-style strings); ``per_cell`` (examples per task and length);
-    ``generation`` (keys that override the suite's generation settings, e.g. ``max_new_tokens``).
+    """One benchmark (see module doc). Subclasses set ``name``, ``Options`` (the schema of their
+    config section: a ``BenchmarkOptions`` subclass with their own keys and defaults) and
+    ``min_length``, and write ``specs``, ``build`` and ``score``. ``self.cfg`` holds the values of
+    the benchmark's own keys (``BenchmarkOptions``' common keys aside).
     """
 
     name: ClassVar[str]
-    options: ClassVar[Mapping[str, Any]] = {}
+    Options: ClassVar[type[BenchmarkOptions]] = BenchmarkOptions
     min_length: ClassVar[int] = 128
     needs_lengths: ClassVar[bool] = True
 
     def __init__(self, cfg: Mapping[str, Any], settings: BenchmarkSettings) -> None:
-        cfg = dict(cfg or {})
-        unknown = sorted(set(cfg) - set(COMMON_KEYS) - set(self.options))
-        if unknown:
-            raise RecallmError(
-                f"benchmark {self.name}: unknown keys {unknown}; known: {sorted(set(COMMON_KEYS) | set(self.options))}"
-            )
+        from recallm.config import typed
+
+        options = typed(self.Options, cfg, f"eval.benchmarks.{self.name}")
         self.settings = settings
-        self.cfg = {**self.options, **{k: v for k, v in cfg.items() if k in self.options}}
-        self.lengths = self._lengths(cfg.get("lengths"))
-        per_cell = cfg.get("per_cell")
-        if per_cell is not None and (isinstance(per_cell, bool) or not isinstance(per_cell, int) or per_cell < 1):
-            raise RecallmError(f"benchmark {self.name}: per_cell must be a positive integer, got {per_cell!r}")
-        self.per_cell = per_cell
+        self.cfg = self.own_options(options)
+        self.lengths = self._lengths(options.lengths)
+        self.per_cell = options.per_cell
         generation = dict(settings.generation or {})
-        generation.update(dict(cfg.get("generation") or {}))
+        generation.update(options.generation or {})
         self.generation = GenerationSettings.from_mapping(generation, f"benchmark {self.name}: generation")
+
+    @classmethod
+    def own_options(cls, options: BenchmarkOptions | None = None) -> dict[str, Any]:
+        """The benchmark's own keys (the common ones aside) -> their values in ``options`` (default:
+        the defaults)."""
+        options = options if options is not None else cls.Options()
+        return {f.name: getattr(options, f.name) for f in fields(options) if f.name not in COMMON_KEYS}
 
     def _lengths(self, value) -> list[int]:
         if value is None:

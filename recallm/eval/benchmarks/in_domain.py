@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import re
 from collections import OrderedDict
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from data_gen.fit import PromptRenderer
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark, score_with_reward
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, score_with_reward
 from recallm.eval.types import Example, Generation, Score, Spec
 
 __all__ = ["InDomain", "find_cells"]
@@ -60,6 +61,16 @@ def find_cells(data_dir: Path) -> dict[tuple[str, int], Path]:
     return cells
 
 
+@dataclass(frozen=True)
+class InDomainOptions(BenchmarkOptions):
+    """The schema of ``eval.benchmarks.in_domain`` (``InDomain``'s options)."""
+
+    data_dir: str | None = None
+    """required: a ``recallm-data`` out_dir"""
+    categories: Any = None
+    """a category or a list of them (None: every category found)"""
+
+
 class InDomain(Benchmark):
     """See module doc. Options: ``data_dir`` (a ``recallm-data`` out_dir), ``categories`` (null:
     every category found). ``lengths`` null: every length found; ``per_cell`` null: every row."""
@@ -67,7 +78,7 @@ class InDomain(Benchmark):
     name = "in_domain"
     min_length = 1
     needs_lengths = False
-    options = {"data_dir": None, "categories": None}
+    Options = InDomainOptions
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)

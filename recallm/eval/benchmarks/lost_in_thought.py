@@ -36,13 +36,14 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.base import Draft, Piece, check_choice
 from data_gen.fit import PromptRenderer, build_row
 from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark, EvalTask, Followup
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask, Followup
 from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, value_follows
 from recallm.eval.types import Example, Generation, Score, Spec
 from recallm.tokens import THINK_END
@@ -85,6 +86,23 @@ REASONING_QUESTION = {
 LOCATORS = ("judge", "string")
 
 
+@dataclass(frozen=True)
+class LostInThoughtOptions(BenchmarkOptions):
+    """The schema of ``eval.benchmarks.lost_in_thought`` (``LostInThought``'s options)."""
+
+    formats: Any = field(default_factory=lambda: list(KV_FORMATS))
+    query_positions: Any = field(default_factory=lambda: ["beginning", "end"])
+    problem_types: Any = field(default_factory=lambda: list(PROBLEM_TYPES))
+    key_type: str = "int"
+    value_type: str = "alnum"
+    key_digits: int = 5
+    near_keys: int = 6
+    injection: bool = True
+    injection_template: str = "\nLooking up key {key} in the dictionary: {prefix}"
+    injection_max_new_tokens: int = field(default=32, metadata={"min": 1})
+    injection_examples: int = field(default=200, metadata={"min": 1})
+
+
 class LostInThought(Benchmark):
     """See module doc. Options: ``formats``, ``query_positions`` (beginning / end), ``problem_types``,
     ``key_type`` (int / toy), ``value_type``, ``key_digits``, ``near_keys``, ``injection`` (on/off),
@@ -92,19 +110,7 @@ class LostInThought(Benchmark):
 
     name = "lost_in_thought"
     min_length = 128
-    options = {
-        "formats": list(KV_FORMATS),
-        "query_positions": ["beginning", "end"],
-        "problem_types": list(PROBLEM_TYPES),
-        "key_type": "int",
-        "value_type": "alnum",
-        "key_digits": 5,
-        "near_keys": 6,
-        "injection": True,
-        "injection_template": "\nLooking up key {key} in the dictionary: {prefix}",
-        "injection_max_new_tokens": 32,
-        "injection_examples": 200,
-    }
+    Options = LostInThoughtOptions
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
@@ -125,10 +131,6 @@ class LostInThought(Benchmark):
         template = str(c["injection_template"])
         if "{prefix}" not in template:
             raise RecallmError("lost_in_thought.injection_template must contain {prefix}")
-        if int(c["injection_max_new_tokens"]) < 1:
-            raise RecallmError("lost_in_thought.injection_max_new_tokens must be >= 1")
-        if int(c["injection_examples"]) < 1:
-            raise RecallmError("lost_in_thought.injection_examples must be >= 1")
         self._pairs: OrderedDict[tuple[int, int], dict[str, Example]] = OrderedDict()
         self._task = EvalTask(self.name, "reasoning_retrieval", min_tokens=self.min_length)
 

@@ -43,13 +43,14 @@ import random
 import string
 from collections import Counter
 from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.base import Draft, Piece
 from data_gen.fit import PromptRenderer, build_row
 from data_gen.text import cities, first_names, haystack, number_str, uuid_str, words
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark, EvalTask
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask
 from recallm.eval.scoring import answer_region, ruler_postprocess, string_match_all, string_match_part
 from recallm.eval.types import Example, Generation, Score, Spec
 
@@ -235,14 +236,26 @@ def _cwe_vocabulary() -> list[str]:
     return sorted(w for w in pool if w.isalpha() and len(w) >= 4)  # short words would match by accident
 
 
+@dataclass(frozen=True)
+class RulerOptions(BenchmarkOptions):
+    """The schema of ``eval.benchmarks.ruler`` (``Ruler``'s options)."""
+
+    tasks: Any = field(default_factory=lambda: list(RULER_TASKS))
+    """a task name or a list of them"""
+    task_params: dict[str, Any] = field(default_factory=dict)
+    """per task: overrides of its parameters (checked against the task's table, ``_check_params``)"""
+    haystack_path: str | None = None
+    squad_path: str | None = None
+    hotpotqa_path: str | None = None
+
+
 class Ruler(Benchmark):
     """See module doc. Options: ``tasks`` (default: all thirteen), ``task_params`` (per-task
     overrides), ``haystack_path`` (the essays; null: generated), ``squad_path``, ``hotpotqa_path``."""
 
     name = "ruler"
     min_length = 256
-    options = {"tasks": list(RULER_TASKS), "task_params": {}, "haystack_path": None, "squad_path": None,
-               "hotpotqa_path": None}  # fmt: skip
+    Options = RulerOptions
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)

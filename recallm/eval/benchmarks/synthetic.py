@@ -13,14 +13,35 @@ of each at every length: a mixture benchmark, e.g. the SmolLM2 experiment's retr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
 
 from data_gen.fit import PromptRenderer
+from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark, score_with_reward
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, score_with_reward
 from recallm.eval.types import Example, Generation, Score, Spec
 
 __all__ = ["SyntheticTask"]
+
+
+@dataclass(frozen=True)
+class SyntheticEntry:
+    """One of ``eval.benchmarks.synthetic.tasks``."""
+
+    task: str
+    """a registered ``data_gen`` task name"""
+    params: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class SyntheticOptions(BenchmarkOptions):
+    """The schema of ``eval.benchmarks.synthetic`` (``SyntheticTask``'s options): ``task`` and
+    ``params``, or ``tasks`` (a list of ``SyntheticEntry``)."""
+
+    task: str | None = None
+    params: dict[str, Any] = field(default_factory=dict)
+    tasks: list[Any] | None = None
 
 
 class SyntheticTask(Benchmark):
@@ -28,7 +49,7 @@ class SyntheticTask(Benchmark):
 
     name = "synthetic"
     min_length = 16
-    options = {"task": None, "params": {}, "tasks": None}
+    Options = SyntheticOptions
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
@@ -46,13 +67,10 @@ class SyntheticTask(Benchmark):
             raise RecallmError(f"benchmark synthetic: tasks must be a non-empty list of {{task, params}}, got {entries!r}")
         self.reward_config = load_reward_config(settings.reward_config)
         self.tasks = {}
-        for entry in entries:
-            if not isinstance(entry, Mapping) or not entry.get("task") or set(entry) - {"task", "params"}:
-                raise RecallmError(f"benchmark synthetic: each of tasks must be {{task, params}}, got {entry!r}")
-            params = entry.get("params") or {}
-            if not isinstance(params, Mapping):
-                raise RecallmError(f"benchmark synthetic: params must be a mapping, got {params!r}")
-            task = make_task(str(entry["task"]), **dict(params))
+        for i, raw in enumerate(entries):
+            entry = typed(SyntheticEntry, raw, f"eval.benchmarks.synthetic.tasks[{i}]")
+            params = entry.params
+            task = make_task(entry.task, **params)
             if task.name in self.tasks:
                 raise RecallmError(f"benchmark synthetic: task {task.name!r} is listed twice")
             for length in self.lengths:

@@ -22,7 +22,7 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,8 @@ __all__ = ["HFCPUSettings", "HFGenerator"]
 
 log = logging.getLogger(__name__)
 
+#: where the settings live in the GRPO config (named in every error)
+SECTION = "actor_rollout_ref.rollout.engine_kwargs.hf_cpu"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
 
 
@@ -71,38 +73,25 @@ class HFCPUSettings:
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
-            raise RecallmError(f"hf_cpu.dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
+            raise RecallmError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.attn_implementation not in ("sdpa", "eager"):
-            raise RecallmError(f"hf_cpu.attn_implementation must be sdpa or eager, got {self.attn_implementation!r}")
+            raise RecallmError(f"attn_implementation must be sdpa or eager, got {self.attn_implementation!r}")
         for name, low in (("force_every", 1), ("force_length", 1), ("threads", 1), ("max_batch_size", 1)):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
-                raise RecallmError(f"hf_cpu.{name} must be an integer >= {low}, got {value!r}")
+                raise RecallmError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.batch_wait_ms < 0:
-            raise RecallmError(f"hf_cpu.batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
+            raise RecallmError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
         if self.recall is not None and not isinstance(self.recall, bool):
-            raise RecallmError(f"hf_cpu.recall must be true, false or null, got {self.recall!r}")
+            raise RecallmError(f"recall must be true, false or null, got {self.recall!r}")
 
     @classmethod
     def from_engine_kwargs(cls, values: Mapping[str, Any] | None) -> HFCPUSettings:
-        """Build from the ``engine_kwargs.hf_cpu`` mapping (unknown keys are an error)."""
-        if values is None:
-            return cls()
-        if hasattr(values, "items") and not isinstance(values, dict):  # an OmegaConf DictConfig
-            from omegaconf import OmegaConf
+        """Build from the ``engine_kwargs.hf_cpu`` mapping (``recallm.config.typed``: this class is its
+        schema; unknown keys and values of the wrong kind are one line naming the key)."""
+        from recallm.config import typed
 
-            values = OmegaConf.to_container(values, resolve=True)
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(values) - known)
-        if unknown:
-            raise RecallmError(
-                f"unknown key(s) in actor_rollout_ref.rollout.engine_kwargs.hf_cpu: {', '.join(unknown)}; "
-                f"known: {', '.join(sorted(known))}"
-            )
-        values = dict(values)
-        if values.get("batch_wait_ms") is not None:
-            values["batch_wait_ms"] = float(values["batch_wait_ms"])
-        return cls(**values)
+        return typed(cls, values, SECTION)
 
 
 class HFGenerator:

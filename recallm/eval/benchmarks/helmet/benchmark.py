@@ -43,12 +43,13 @@ import json
 import logging
 from collections import OrderedDict
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.fit import PromptRenderer
 from data_gen.text import uuid_str
 from recallm.errors import RecallmError
-from recallm.eval.benchmarks.base import Benchmark
+from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions
 from recallm.eval.benchmarks.helmet.tasks import (
     CATEGORIES,
     TASKS,
@@ -98,6 +99,19 @@ class _Pool:
         return self.kept[index]
 
 
+@dataclass(frozen=True)
+class HelmetOptions(BenchmarkOptions):
+    """The schema of ``eval.benchmarks.helmet`` (``Helmet``'s options)."""
+
+    tasks: Any = field(default_factory=lambda: list(TASKS))
+    """a task name or a list of them"""
+    task_params: dict[str, Any] = field(default_factory=dict)
+    """per task: ``path``, ``demo_path``, ``keypoints_path``, ``per_cell``, ``shots`` and the task's own options"""
+    helmet_dir: str | None = None
+    dataset_root: str | None = None
+    haystack_path: str | None = None
+
+
 class Helmet(Benchmark):
     """See module doc. Options: ``tasks`` (default: all 21), ``task_params`` (per task: ``path``,
     ``demo_path``, ``keypoints_path``, ``per_cell``, ``shots`` and the task's own options),
@@ -107,8 +121,7 @@ class Helmet(Benchmark):
 
     name = "helmet"
     min_length = 256
-    options = {"tasks": list(TASKS), "task_params": {}, "helmet_dir": None, "dataset_root": None,
-               "haystack_path": None}  # fmt: skip
+    Options = HelmetOptions
 
     def __init__(self, cfg, settings) -> None:
         super().__init__(cfg, settings)
@@ -540,11 +553,11 @@ class HelmetJsonKV(Helmet):
     """HELMET's JSON key-value retrieval alone (``json_kv`` of the Recall category); no options."""
 
     name = "helmet_json_kv"
-    options: dict[str, Any] = {}
+    Options = BenchmarkOptions
 
     def __init__(self, cfg, settings) -> None:
         Benchmark.__init__(self, cfg, settings)
-        self.cfg = {**Helmet.options, "tasks": ["json_kv"]}
+        self.cfg = {**Helmet.own_options(), "tasks": ["json_kv"]}
         self.task_names = ["json_kv"]
         self.tasks = {"json_kv": TASKS["json_kv"]}
         self.params = {"json_kv": {}}
