@@ -14,6 +14,11 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+# the config schemas eval.yaml and rlm.yaml put under their sections, for tests that compose() directly
+from recallm.cli.schemas import register as _register_schemas  # noqa: E402
+
+_register_schemas()
+
 
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):

@@ -97,6 +97,9 @@ def hydra_command(
     flags = dict(flags or {})
 
     def main(argv: list[str] | None = None) -> int | None:
+        from recallm.cli.schemas import register
+
+        register()  # the config schemas the shipped YAML puts under its sections
         args = list(sys.argv[1:] if argv is None else argv)
         if subcommands and args[:1] and args[0] in subcommands:
             return _exit(subcommands[args[0]](args[1:]))

@@ -28,7 +28,10 @@ _COMPOSE_ALL = textwrap.dedent(
     from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
     import recallm
+    from recallm.cli.schemas import register
     from recallm.paths import config_dir
+
+    register()
 
     configs = config_dir()
     composed = []

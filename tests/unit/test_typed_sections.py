@@ -174,7 +174,7 @@ def _defaults(cls) -> dict:
 
 
 def test_yaml_sections_with_a_schema_restate_no_default():
-    """A section whose schema Hydra knows (``hydra_plugins/recallm_schemas``) sets only what it
+    """A section whose schema Hydra knows (``recallm/cli/schemas.py``) sets only what it
     changes: a value equal to the dataclass default would be a second copy of it."""
     from recallm.eval.backends import BackendSettings
     from recallm.rlm.budget import BudgetLimits

@@ -1,8 +1,9 @@
-"""RecaLLM's config schemas, registered in Hydra's ConfigStore (group ``schema``).
+"""RecaLLM's config schemas, registered in Hydra's ConfigStore (group ``schema``) by :func:`register`.
 
-Hydra imports every module of the ``hydra_plugins`` namespace when it starts (its plugin discovery),
-so the schemas are registered before any config is composed: by a command, by ``compose()`` in a
-test, or inside an installed wheel. A shipped YAML puts a schema under one of its sections through
+Every command registers them before it composes its config (``recallm.cli.common.hydra_command``);
+code that calls Hydra's ``compose()`` on ``eval.yaml`` or ``rlm.yaml`` itself calls :func:`register`
+first (the tests' ``conftest.py`` does, for every test). They are registered here, in the CLI layer,
+because the schemas come from the recipes (eval, rlm) that the layers below must not import. A shipped YAML puts a schema under one of its sections through
 its defaults list (``- /schema/rlm_settings@rlm``) and then sets only the values it chooses; every
 other key of the section exists with the dataclass's default, so ``rlm.max_depth=2`` works without
 ``+``, and Hydra refuses a key the dataclass does not have or a value of the wrong type
@@ -11,8 +12,14 @@ other key of the section exists with the dataclass's default, so ``rlm.max_depth
 
 from __future__ import annotations
 
+_registered = False
 
-def _register() -> None:
+
+def register() -> None:
+    """Register every schema (idempotent)."""
+    global _registered
+    if _registered:
+        return
     from recallm.config import register_schema
     from recallm.eval.backends import BackendSettings
     from recallm.rlm.budget import BudgetLimits
@@ -28,6 +35,4 @@ def _register() -> None:
     register_schema("rlm_subcalls", SubCallSettings)
     register_schema("rlm_sandbox", SandboxLimits)
     register_schema("rlm_budget", BudgetLimits)
-
-
-_register()
+    _registered = True
