@@ -132,7 +132,7 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     command = [
         python or sys.executable,
         "-m",
-        "vllm.entrypoints.cli.main",
+        "recallm.serve",  # vLLM's own CLI, in a process that knows the recallm_<base> configs (below)
         "serve",
         str(settings.model),
         "--host",
@@ -148,3 +148,19 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
         command += ["--logits-processors", *processors]
     command += extra
     return command
+
+
+def _vllm_cli() -> int | None:
+    """``python -m recallm.serve serve <model> ...``: vLLM's CLI (``vllm serve``) after registering
+    the ``recallm_<base>`` configs with transformers. vLLM reads the checkpoint's config with
+    ``AutoConfig`` before ``--hf-overrides`` apply, and ``import recallm`` no longer registers them
+    (it loads no torch), so the plain ``vllm serve`` process refused ``model type recallm_qwen2``."""
+    from vllm.entrypoints.cli.main import main as vllm_main
+
+    import recallm.modeling  # noqa: F401  (registers the recallm_<base> configs)
+
+    return vllm_main()
+
+
+if __name__ == "__main__":
+    sys.exit(_vllm_cli())

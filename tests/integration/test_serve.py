@@ -4,6 +4,8 @@ tests/vllm_tier/test_serve.py)."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
 
 import pytest
@@ -19,10 +21,13 @@ def _option(command, name):
 
 def test_command_serves_the_base_architecture_with_the_processor(tiny_dir):
     command = serve_command(ServeSettings(tiny_dir, port=8123), ["--max-model-len", "1024", "--dtype=float32"])
-    assert command[:5] == [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(tiny_dir)]
+    assert command[:5] == [sys.executable, "-m", "recallm.serve", "serve", str(tiny_dir)]
     assert _option(command, "--port") == "8123" and _option(command, "--host") == "127.0.0.1"
     assert _option(command, "--served-model-name") == tiny_dir.name
-    assert json.loads(_option(command, "--hf-overrides")) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    assert json.loads(_option(command, "--hf-overrides")) == {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+    }
     assert _option(command, "--logits-processors") == PROCESSOR
     assert command[-3:] == ["--max-model-len", "1024", "--dtype=float32"]  # vLLM's own options pass through
 
@@ -73,7 +78,7 @@ def test_cli_errors_are_one_line(tiny_base_dir, tiny_dir, tmp_path, capsys, monk
         assert exc.value.code == 2 and len(err) == 1 and message in err[0], err
     assert main([str(tiny_dir), "--print-command", "--max-model-len", "512"]) == 0
     out = capsys.readouterr().out
-    assert "vllm.entrypoints.cli.main serve" in out and out.strip().endswith("--max-model-len 512")
+    assert "-m recallm.serve serve" in out and out.strip().endswith("--max-model-len 512")
     import importlib.util
 
     real = importlib.util.find_spec
@@ -86,3 +91,26 @@ def test_cli_errors_are_one_line(tiny_base_dir, tiny_dir, tmp_path, capsys, monk
 def test_served_hf_overrides_accepts_mappings():
     assert served_hf_overrides({"a": 1}, {"model_type": "qwen2"}) == {"a": 1, "model_type": "qwen2"}
     assert served_hf_overrides(None, {"model_type": "qwen2"}) == {"model_type": "qwen2"}
+
+
+def test_the_served_process_knows_the_recallm_configs_before_vllm_reads_them(tmp_path, tiny_dir):
+    """The command runs vLLM's CLI in a process where ``AutoConfig`` knows ``recallm_<base>``: a
+    stand-in ``vllm`` package records what its CLI's ``main`` sees (vLLM reads the checkpoint's
+    config with AutoConfig before ``--hf-overrides`` apply; a plain ``vllm serve`` refused it)."""
+    cli = tmp_path / "fake" / "vllm" / "entrypoints" / "cli"
+    cli.mkdir(parents=True)
+    for d in (cli, cli.parent, cli.parent.parent):
+        (d / "__init__.py").write_text("")
+    (cli / "main.py").write_text(
+        "import sys\n"
+        "from transformers import AutoConfig\n"
+        "def main():\n"
+        "    config = AutoConfig.from_pretrained(sys.argv[2])\n"
+        "    print('MODEL_TYPE', config.model_type, sys.argv[1])\n"
+        "    return 0\n"
+    )
+    command = serve_command(ServeSettings(tiny_dir, port=8123))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "fake"), os.environ.get("PYTHONPATH", "")])}
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "MODEL_TYPE recallm_qwen2 serve" in done.stdout
