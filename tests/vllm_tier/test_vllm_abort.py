@@ -70,12 +70,12 @@ def _reset(state, on_step=lambda n: None):
 
 
 def _request(backend, text, limit):
-    from recallm.eval.types import GenRequest
+    from recallm.eval.types import TextRequest
 
     prompt = backend.tokenizer.apply_chat_template(
         [{"role": "user", "content": text}], tokenize=False, add_generation_prompt=True
     )
-    return GenRequest(prompt, None, limit)
+    return TextRequest(prompt, None, limit)
 
 
 def test_a_cancelled_request_is_aborted_in_the_engine(backend):
