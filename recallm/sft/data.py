@@ -10,6 +10,8 @@ Options of the recipe that act here:
 
 * ``strip_spans`` — drop every recall span (``<|start_recall|>`` ... ``<|end_recall|>``) from
   the completions: the no-recall ablation trains on the same data, traces without spans;
+  ``strip_spans_fraction`` < 1 strips only that share of the examples (a seeded draw per record),
+  a model that recalls on some prompts and answers from memory on others;
 * ``curriculum`` — order the training draws by prompt length: a schedule of points
   ``{at, lo, hi}`` (progress fraction of the run -> a window of length quantiles, linearly
   interpolated); draw ``i`` of ``n`` is uniform over the examples whose length rank lies in
@@ -23,6 +25,7 @@ Options of the recipe that act here:
 from __future__ import annotations
 
 import logging
+import random
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -148,17 +151,27 @@ def curriculum_order(lengths: list[int], draws: int, schedule, seed: int = 0) ->
 
 
 def load_sft_file(
-    path: str | Path, tokenizer, *, max_length: int, vocab_size: int, strip_spans: tuple[int, int] | None = None
+    path: str | Path,
+    tokenizer,
+    *,
+    max_length: int,
+    vocab_size: int,
+    strip_spans: tuple[int, int] | None = None,
+    strip_fraction: float = 1.0,
+    seed: int = 0,
 ) -> tuple[SFTDataset, dict]:
     """Read an SFT JSONL file into a dataset (see module doc); returns it and counts.
-    ``strip_spans``: the (start, end) recall token ids whose spans are removed from completions."""
+    ``strip_spans``: the (start, end) recall token ids whose spans are removed from completions;
+    ``strip_fraction``: the share of records stripped (each record drawn with ``random.Random(seed)``
+    in file order, so the same file and seed strip the same records)."""
     path = Path(path)
+    draw = random.Random(seed)
     if not path.exists():
         raise RecallmError(
             f"SFT data file {path} does not exist; create it with `recallm-data` (programmatic traces) "
             "or `recallm-annotate` (annotated traces)"
         )
-    examples, dropped, tokens = [], 0, 0
+    examples, dropped, tokens, stripped = [], 0, 0, 0
     checked = False
     for number, record in iter_jsonl(path, "SFT data file"):
         try:
@@ -173,8 +186,10 @@ def load_sft_file(
                     "with this model's tokenizer"
                 )
             checked = True
-        if strip_spans is not None:
-            completion = strip_recall_spans(completion, *strip_spans)
+        if strip_spans is not None and draw.random() < strip_fraction:
+            plain = strip_recall_spans(completion, *strip_spans)
+            stripped += plain != completion
+            completion = plain
         ids = prompt + completion
         if not completion or max(ids) >= vocab_size or min(ids) < 0:
             raise RecallmError(f"{path}:{number}: token ids out of range for a vocabulary of {vocab_size}")
@@ -187,4 +202,7 @@ def load_sft_file(
         raise RecallmError(f"{path}: no example fits max_length={max_length} ({dropped} longer)")
     if dropped:
         log.warning("%s: dropped %d examples longer than max_length=%d", path, dropped, max_length)
-    return SFTDataset(examples), {"examples": len(examples), "dropped_too_long": dropped, "tokens": tokens}
+    stats = {"examples": len(examples), "dropped_too_long": dropped, "tokens": tokens}
+    if strip_spans is not None:
+        stats["stripped"] = stripped
+    return SFTDataset(examples), stats

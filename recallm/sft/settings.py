@@ -92,6 +92,8 @@ class SFTRecipe:
     """logits only where the loss is (the completion): skips lm_head over the prompt"""
     strip_spans: bool = False
     """train on the traces without their recall spans (the no-recall ablation)"""
+    strip_spans_fraction: float = field(default=1.0, metadata={"min": 0, "max": 1})
+    """with ``strip_spans``: the share of examples stripped (a seeded draw per record; 1.0: all)"""
     curriculum: Any = None
     """[{at, lo, hi}, ...]: order draws by prompt length (``recallm.sft.data.check_curriculum``)"""
     position_skip: int | None = None

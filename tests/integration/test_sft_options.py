@@ -95,6 +95,26 @@ def test_strip_spans_makes_the_plain_traces(toy_sft, model_and_tokenizer):
         assert len(a["input_ids"]) - len(b["input_ids"]) == 6  # markers + "k", ":", " ", "v"
 
 
+def test_strip_spans_fraction_strips_a_seeded_share(toy_sft, model_and_tokenizer):
+    model, tokenizer = model_and_tokenizer
+    ids = (model.config.recall_start_token_id, model.config.recall_end_token_id)
+    vocab = model.config.vocab_size
+
+    def with_spans(fraction, seed):
+        data, stats = load_sft_file(
+            toy_sft, tokenizer, max_length=1024, vocab_size=vocab, strip_spans=ids, strip_fraction=fraction, seed=seed
+        )
+        kept = [ids[0] in r["input_ids"] for r in data.records]
+        assert stats["stripped"] == kept.count(False)
+        return kept
+
+    assert not any(with_spans(1.0, 0)) and all(with_spans(0.0, 0))
+    half = with_spans(0.5, 0)
+    assert 0 < sum(half) < len(half)  # 24 records: some keep their spans, some lose them
+    assert with_spans(0.5, 0) == half  # the same file and seed strip the same records
+    assert with_spans(0.5, 1) != half
+
+
 def test_curriculum_order_follows_the_windows():
     rng = random.Random(0)
     lengths = [rng.randint(10, 1000) for _ in range(500)]

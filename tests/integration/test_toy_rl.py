@@ -34,6 +34,9 @@ def test_toy_rl_plan(tmp_path):
     jobs = {j.name: j for s in stages for j in s.jobs}
     # the control shares the recall variant's SFT model: one SFT, two GRPO runs from the same start
     assert [j.name for j in stages[3].jobs] == ["sft_full/recall"]
+    # the start: a short SFT on a mix of traces with and without their recall spans
+    sft_argv = jobs["sft_full/recall"].argv
+    assert {"sft.strip_spans=true", "sft.strip_spans_fraction=0.5", "sft.full.steps=2000"} <= set(sft_argv)
     sft_final = run / "sft" / "recall" / "full" / "final"
     for variant in ("recall", "no_recall_reward"):
         argv = jobs[f"grpo/{variant}"].argv
