@@ -141,8 +141,11 @@ def test_sub_calls_of_a_cell_that_is_killed_are_cancelled():
     """The task's wall budget ends a cell waiting on a 60 s sub-call: the call is cancelled (the
     model sees it and stops) instead of running on after the task ended."""
     sub = ScriptedModel(["never"], latency_s=60.0)
-    budget = BudgetLimits(max_tokens=None, max_subcalls=None, max_wall_s=2.0)
-    result = make([repl("answer = 'stored'\nr = llm_query('q')")], sub, budget=budget).run("c")
+    # the budget must outlast the REPL's start and the cell's first line on a loaded machine (2 s did
+    # not, under load), and end long before the 60 s call would
+    budget = BudgetLimits(max_tokens=None, max_subcalls=None, max_wall_s=6.0)
+    subcalls = SubCallSettings(pool_size=8, timeout_s=120, retries=0)  # only the budget ends the call
+    result = make([repl("answer = 'stored'\nr = llm_query('q')")], sub, budget=budget, subcalls=subcalls).run("c")
     assert (result.outcome, result.answer) == ("budget_exhausted", "stored")
     assert sub.cancelled == 1 and not sub.calls  # cancelled, never completed
 

@@ -15,7 +15,8 @@ from recallm.rlm.show import render_html, write_html
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.trajectory import append_event, load_trajectory
 
-LIMITS = SandboxLimits(cpu_s=5, wall_s=2, memory_mb=512)
+# no cell here is meant to time out: a generous wall clock, so a loaded machine cannot cut one
+LIMITS = SandboxLimits(cpu_s=5, wall_s=30, memory_mb=512)
 
 
 def run(tmp_path, name, replies, *, sub=None, score=None, **settings):
