@@ -255,10 +255,11 @@ def register_schema(
     with its default, and Hydra checks overrides against the field types. The node is writable
     (a frozen dataclass would make it read-only, and Hydra could not merge the YAML onto it).
     ``plus_keys``: fields left out of the node, set with ``+section.key=...`` (``typed`` still
-    reads them with their type). ``sections``: fields whose node something else fills — a config
-    group or another registered schema — registered untyped (``Any``): Hydra merges that node in as
-    it is (a ``dict`` or dataclass field would refuse it); ``typed`` still reads them with their
-    declared type after composition."""
+    reads them with their type). ``sections``: fields registered untyped (``Any``), ``typed`` still
+    reading them with their declared type after composition: those whose node something else fills
+    — a config group or another registered schema, which Hydra then merges in as it is (a ``dict``
+    or dataclass field would refuse it) — and mappings that default to null (OmegaConf cannot set
+    a mapping, ``curves={a:x}``, on a null ``dict | None`` node)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 

@@ -45,7 +45,8 @@ def register() -> None:
     # each app's own keys (`- /schema/<app>_run@_here_`, first in its defaults list); the sections a
     # config group or another schema fills are left untyped here (typed reads them after composition)
     register_schema("sft_run", SFTRun, sections=("sft", "model", "data", "deepspeed"), plus_keys=("_callbacks",))
-    register_schema("eval_run", EvalRun, sections=("eval", "backend", "reward"))
+    # (curves: a mapping that may be null, which OmegaConf cannot set a mapping on when typed)
+    register_schema("eval_run", EvalRun, sections=("eval", "backend", "reward", "curves"))
     register_schema("data_run", DataRun, sections=("data",))
     register_schema("pipeline_run", PipelineRun, sections=("experiment",))
     rlm_sections = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "export")
