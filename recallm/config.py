@@ -433,7 +433,8 @@ def _new_key(
 
 def _typed_example(cfg: Any, key: str) -> Any:
     """A value of the type the node at ``key`` declares (a registered schema's ``int | None`` field
-    holds None by default, but refuses ``abc``), or None where it declares none."""
+    holds None by default but refuses ``abc``; an ``int`` field holding 0 refuses 1.5), or None where
+    it declares none."""
     from omegaconf import OmegaConf
     from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
 
@@ -449,15 +450,27 @@ def _typed_example(cfg: Any, key: str) -> Any:
     return next((v for kind, v in examples.items() if isinstance(child, kind)), None)
 
 
+def _raw_value(override: Any) -> Any:
+    """The value of an override as written (``yes`` stays a string), or ``_ABSENT`` for one that
+    interpolates (``${...}``) or sweeps."""
+    try:
+        value = override.value()
+    except Exception:  # noqa: BLE001  (a sweep or an odd value)
+        return _ABSENT
+    if isinstance(value, str) and "${" in value:
+        return _ABSENT
+    return value
+
+
 def _explain(parsed: Sequence[Any], base: Any) -> None:
     """Raise the first type problem of ``parsed`` overrides against the values of ``base`` (the config
     without overrides), in ``check_overrides``' words; nothing if none is found."""
     for override in parsed:
         if override.is_delete() or override.package is not None:
             continue
-        default = _lookup(base, override.key_or_group)
-        if default is None:  # a registered schema's optional field: its node has the type
-            default = _typed_example(base, override.key_or_group)
+        default = _typed_example(base, override.key_or_group)  # a registered schema's field: its node's type
+        if default is None:  # (not the value: a field may hold null, or 0 in an integer field)
+            default = _lookup(base, override.key_or_group)
         if default is _ABSENT:
             continue
         try:
@@ -541,6 +554,9 @@ def check_overrides(
             value = OmegaConf.select(cfg, key, throw_on_missing=False)
         except OmegaConfBaseException as exc:
             raise RecallmError(f"{key}: cannot resolve its value ({_first_line(exc)})") from None
+        raw = _raw_value(override)
+        if raw is not _ABSENT:  # as written: a schema's typed node has converted `yes` to true already
+            value = raw
         problem = _type_error(key, default, value)
         if problem:
             raise RecallmError(problem)
