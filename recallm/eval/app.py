@@ -71,9 +71,9 @@ def run_report(cfg: DictConfig) -> Path:
 
 @dataclass(frozen=True)
 class EvalRun:
-    """The schema of ``configs/eval.yaml``'s own keys (``recallm.config.typed``); the ``eval`` suite,
-    ``backend`` and ``reward`` sections are read by ``recallm.eval`` (benchmarks, backends) and
-    ``rewards.config``."""
+    """The schema of ``configs/eval.yaml``'s own keys (``recallm.config.typed``; registered with Hydra
+    by ``recallm.cli.schemas``); the ``eval`` suite, ``backend`` and ``reward`` sections are read by
+    ``recallm.eval`` (benchmarks, backends) and ``rewards.config``."""
 
     out_dir: str
     eval: dict[str, Any]
