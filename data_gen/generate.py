@@ -36,7 +36,7 @@ from data_gen.io import read_records, row_record, write_parquet
 from recallm.errors import RecallmError
 from recallm.io import lock_dir, write_json_atomic, write_jsonl, write_text_atomic
 
-__all__ = ["Job", "Plan", "Mixture", "TrainEntry", "plan_from_config", "run_plan", "summarize"]
+__all__ = ["DataRun", "Job", "Plan", "Mixture", "TrainEntry", "plan_from_config", "run_plan", "summarize"]
 
 log = logging.getLogger(__name__)
 SHARD_ROWS = 500
@@ -197,6 +197,19 @@ class Mixture:
     def __post_init__(self) -> None:
         if not 0 < self.tolerance < 0.5:
             raise RecallmError(f"tolerance must be in (0, 0.5), got {self.tolerance}")
+
+
+@dataclass(frozen=True)
+class DataRun:
+    """The schema of ``configs/data_gen.yaml``'s own keys, ``recallm-data``'s (``recallm.config.typed``;
+    registered with Hydra by ``recallm.cli.schemas``); the ``data`` group is ``plan_from_config``'s."""
+
+    out_dir: str
+    data: dict[str, Any]
+    tokenizer: str = "tiny"
+    """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
+    workers: int = field(default=2, metadata={"min": 1})
+    progress: bool = True
 
 
 def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:

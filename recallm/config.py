@@ -154,7 +154,8 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
     ``dict[...]`` a mapping, ``Any`` anything; ``X | None`` also takes None, which elsewhere means
     "not set": the field's default is kept). A key that is not a
     field, or a value of the wrong kind, is a one-line ``RecallmError`` naming ``where``; a field
-    whose type is itself a settings dataclass is read with ``typed``. Needs postponed annotations
+    whose type is itself a settings dataclass is read with ``typed`` (or with the dataclass's own
+    ``from_mapping(value, where)`` where it has one). Needs postponed annotations
     (string field types)."""
     if cfg is not None and not isinstance(cfg, Mapping):
         cfg = _plain(cfg)
@@ -197,7 +198,10 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
                 raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
             values[name] = dict(value)
         elif dataclasses.is_dataclass(nested := _section_type(_hints(cls).get(name))):
-            values[name] = typed(nested, value, _key(where, name))  # a nested section with its own schema
+            # a nested section with its own schema; one that checks itself in from_mapping (the RLM's
+            # settings) is read with it
+            reader = getattr(nested, "from_mapping", None)
+            values[name] = reader(value, _key(where, name)) if reader else typed(nested, value, _key(where, name))
         else:
             raise TypeError(f"{cls.__name__}.{name}: field type {declared[name]} is not read from a config")
     return values
@@ -242,27 +246,51 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
         raise RecallmError(f"{where}.{message}" if about_a_field else f"{where}: {message}") from None
 
 
-def register_schema(name: str, cls: type, *, plus_keys: Sequence[str] = ()) -> None:
+def register_schema(
+    name: str, cls: type, *, plus_keys: Sequence[str] = (), sections: Sequence[str] = ()
+) -> None:
     """Store settings dataclass ``cls`` in Hydra's ConfigStore as ``schema/<name>``: a YAML's defaults
-    list puts it under a section (``- /schema/<name>@<section>``), so the section has every field
+    list puts it under a section (``- /schema/<name>@<section>``), or, first in a primary config's
+    list, under the config's own keys (``- /schema/<name>@_here_``), so the node has every field
     with its default, and Hydra checks overrides against the field types. The node is writable
     (a frozen dataclass would make it read-only, and Hydra could not merge the YAML onto it).
     ``plus_keys``: fields left out of the node, set with ``+section.key=...`` (``typed`` still
-    reads them with their type)."""
+    reads them with their type). ``sections``: fields registered untyped (``Any``), ``typed`` still
+    reading them with their declared type after composition: those whose node something else fills
+    — a config group or another registered schema, which Hydra then merges in as it is (a ``dict``
+    or dataclass field would refuse it) — and mappings that default to null (OmegaConf cannot set
+    a mapping, ``curves={a:x}``, on a null ``dict | None`` node)."""
     from hydra.core.config_store import ConfigStore
     from omegaconf import OmegaConf
 
-    if plus_keys:
+    if plus_keys or sections:
         hints = _hints(cls)
         kept = [
-            (f.name, hints[f.name], dataclasses.field(default=f.default, default_factory=f.default_factory))
+            (
+                f.name,
+                Any if f.name in sections else hints[f.name],
+                dataclasses.field(default=f.default, default_factory=f.default_factory),
+            )
             for f in dataclasses.fields(cls)
             if f.name not in plus_keys
         ]
         cls = dataclasses.make_dataclass(cls.__name__, kept)
     node = OmegaConf.structured(cls)
-    OmegaConf.set_readonly(node, None)
+    _writable(node)
     ConfigStore.instance().store(group="schema", name=name, node=node)
+
+
+def _writable(node: Any) -> None:
+    """Clear the read-only flag of ``node`` and of every node under it (each frozen dataclass sets
+    its own)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    OmegaConf.set_readonly(node, None)
+    if isinstance(node, DictConfig) and not node._is_missing() and not node._is_none():
+        for key in node.keys():
+            child = node._get_node(key)
+            if isinstance(child, DictConfig):
+                _writable(child)
 
 
 def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool = False) -> None:
@@ -403,13 +431,46 @@ def _new_key(
     return False, ("", parts[0])
 
 
+def _typed_example(cfg: Any, key: str) -> Any:
+    """A value of the type the node at ``key`` declares (a registered schema's ``int | None`` field
+    holds None by default but refuses ``abc``; an ``int`` field holding 0 refuses 1.5), or None where
+    it declares none."""
+    from omegaconf import OmegaConf
+    from omegaconf.nodes import BooleanNode, FloatNode, IntegerNode
+
+    parent, _, name = key.rpartition(".")
+    node = cfg if not parent else _lookup(cfg, parent)
+    if not OmegaConf.is_dict(node):
+        return None
+    try:
+        child = node._get_node(name)
+    except Exception:  # noqa: BLE001  (no such node)
+        return None
+    examples = {IntegerNode: 1, FloatNode: 1.0, BooleanNode: False}
+    return next((v for kind, v in examples.items() if isinstance(child, kind)), None)
+
+
+def _raw_value(override: Any) -> Any:
+    """The value of an override as written (``yes`` stays a string), or ``_ABSENT`` for one that
+    interpolates (``${...}``) or sweeps."""
+    try:
+        value = override.value()
+    except Exception:  # noqa: BLE001  (a sweep or an odd value)
+        return _ABSENT
+    if isinstance(value, str) and "${" in value:
+        return _ABSENT
+    return value
+
+
 def _explain(parsed: Sequence[Any], base: Any) -> None:
     """Raise the first type problem of ``parsed`` overrides against the values of ``base`` (the config
     without overrides), in ``check_overrides``' words; nothing if none is found."""
     for override in parsed:
         if override.is_delete() or override.package is not None:
             continue
-        default = _lookup(base, override.key_or_group)
+        default = _typed_example(base, override.key_or_group)  # a registered schema's field: its node's type
+        if default is None:  # (not the value: a field may hold null, or 0 in an integer field)
+            default = _lookup(base, override.key_or_group)
         if default is _ABSENT:
             continue
         try:
@@ -458,16 +519,23 @@ def check_overrides(
         except (HydraException, OmegaConfBaseException) as exc:
             raise RecallmError(f"bad override: {_first_line(exc)}") from None
 
+    def _is_group(composed: Any) -> list[bool]:
+        choices = dict(composed.hydra.runtime.choices)
+        group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
+        return [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]
+
     try:
         cfg = _compose(overrides, True)
     except RecallmError:
-        _explain(parsed, _compose([], False))  # a value of the wrong type for a schema's field: our words
+        # a value of the wrong type for a registered schema's field: said in our words
+        is_group = _is_group(_compose([], True))
+        groups_only = [o.input_line for o, g in zip(parsed, is_group, strict=True) if g]
+        base = _compose(groups_only, False)  # (a bad group choice: Hydra's message says which)
+        _explain([o for o, g in zip(parsed, is_group, strict=True) if not g], base)
         raise
-    choices = dict(cfg.hydra.runtime.choices)
-    group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
-    is_group = [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]
+    is_group = _is_group(cfg)
     reference = _compose([o.input_line for o, g in zip(parsed, is_group, strict=True) if g], False)
-    groups = _group_settings(config_dir, choices)
+    groups = _group_settings(config_dir, dict(cfg.hydra.runtime.choices))
     for override, group in zip(parsed, is_group, strict=True):
         key = override.key_or_group
         if group or override.is_delete() or override.package is not None:
@@ -486,6 +554,9 @@ def check_overrides(
             value = OmegaConf.select(cfg, key, throw_on_missing=False)
         except OmegaConfBaseException as exc:
             raise RecallmError(f"{key}: cannot resolve its value ({_first_line(exc)})") from None
+        raw = _raw_value(override)
+        if raw is not _ABSENT:  # as written: a schema's typed node has converted `yes` to true already
+            value = raw
         problem = _type_error(key, default, value)
         if problem:
             raise RecallmError(problem)

@@ -43,7 +43,16 @@ from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.grpo.curves import METRICS_FILE
 
-__all__ = ["Job", "Stage", "Pipeline", "Experiment", "read_experiment", "plan_experiment", "result_line"]
+__all__ = [
+    "Job",
+    "Stage",
+    "Pipeline",
+    "PipelineRun",
+    "Experiment",
+    "read_experiment",
+    "plan_experiment",
+    "result_line",
+]
 
 STATE_FILE = "pipeline.json"
 _HEARTBEAT_S = 30.0
@@ -279,6 +288,22 @@ def _minutes(seconds: float) -> str:
 
 
 # ----------------------------------------------------------------------------- the experiment
+@dataclass(frozen=True)
+class PipelineRun:
+    """The schema of ``configs/pipeline.yaml``'s own keys, ``recallm-pipeline``'s (``recallm.config.typed``;
+    registered with Hydra by ``recallm.cli.schemas``)."""
+
+    run_dir: str
+    experiment: dict[str, Any]
+    """the ``experiment`` group (``recallm.pipeline.plan_experiment`` reads it)"""
+    redo: Any = ()
+    """stages to run again from scratch: a name or a list"""
+    only: Any = None
+    """run only these stages: a name or a list (None: all)"""
+    threads: int | None = field(default=None, metadata={"min": 1})
+    """CPU threads shared by the jobs of a stage (None: every core)"""
+
+
 @dataclass(frozen=True)
 class ModelSpec:
     """``experiment.model``: the model to train (one of ``path``, ``base``, ``fetch``; none: the tiny

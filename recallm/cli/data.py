@@ -14,12 +14,11 @@ from __future__ import annotations
 
 import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from data_gen.generate import DataRun
 from recallm.cli.common import hydra_command
 from recallm.config import typed
 from recallm.errors import RecallmError, cli_errors
@@ -41,19 +40,6 @@ def resolve_tokenizer(spec: str, out_dir: Path) -> Path:
     if not path.is_dir():
         raise RecallmError(f"tokenizer directory {path} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)")
     return path
-
-
-@dataclass(frozen=True)
-class DataRun:
-    """The schema of ``configs/data_gen.yaml`` (``recallm.config.typed``); the ``data`` group is
-    ``data_gen.generate.plan_from_config``'s."""
-
-    out_dir: str
-    data: dict[str, Any]
-    tokenizer: str = "tiny"
-    """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
-    workers: int = field(default=2, metadata={"min": 1})
-    progress: bool = True
 
 
 def check(cfg: DictConfig) -> None:

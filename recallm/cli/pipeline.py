@@ -10,9 +10,7 @@ recallm-pipeline experiment=tiny_cpu --status              # which jobs are done
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,6 +18,7 @@ from recallm.cli.common import hydra_command
 from recallm.config import typed
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
+from recallm.pipeline import PipelineRun
 
 
 def _list(value, name: str) -> list[str] | None:
@@ -30,21 +29,6 @@ def _list(value, name: str) -> list[str] | None:
     if not OmegaConf.is_list(value) and not isinstance(value, list):
         raise RecallmError(f"{name} must be a list of stage names, got {value!r}")
     return [str(v) for v in value]
-
-
-@dataclass(frozen=True)
-class PipelineRun:
-    """The schema of ``configs/pipeline.yaml`` (``recallm.config.typed``)."""
-
-    run_dir: str
-    experiment: dict[str, Any]
-    """the ``experiment`` group (``recallm.pipeline.plan_experiment`` reads it)"""
-    redo: Any = ()
-    """stages to run again from scratch: a name or a list"""
-    only: Any = None
-    """run only these stages: a name or a list (None: all)"""
-    threads: int | None = field(default=None, metadata={"min": 1})
-    """CPU threads shared by the jobs of a stage (None: every core)"""
 
 
 def check(cfg: DictConfig) -> PipelineRun:

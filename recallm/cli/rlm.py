@@ -21,7 +21,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -29,39 +28,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from recallm.cli import common
 from recallm.errors import RecallmError, cli_errors
+from recallm.rlm.settings import MODES, RLMRun
 
 log = logging.getLogger(__name__)
-
-MODES = ("run", "generate", "show", "export")
-
-
-@dataclass(frozen=True)
-class RLMRun:
-    """The schema of ``configs/rlm.yaml``'s own keys (``recallm.config.typed``). Its sections have
-    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``export`` ``recallm.rlm.export.ExportSettings``,
-    ``rlm``/``subcalls``/``sandbox``/``budget`` the settings classes of ``recallm.rlm``, ``root``/``sub``
-    ``recallm.rlm.models.make_model``."""
-
-    out_dir: str
-    mode: str = field(default="run", metadata={"choices": MODES})
-    models_dir: str = "outputs/models"
-    overwrite: bool = False
-    limit: int | None = field(default=None, metadata={"min": 1})
-    parallel: int = field(default=1, metadata={"min": 1})
-    progress: bool = True
-    tasks: dict[str, Any] = field(default_factory=dict)
-    root: dict[str, Any] = field(default_factory=dict)
-    sub: dict[str, Any] | None = None
-    rlm: dict[str, Any] | None = None
-    subcalls: dict[str, Any] | None = None
-    sandbox: dict[str, Any] | None = None
-    budget: dict[str, Any] | None = None
-    trajectory: str | None = None
-    """mode=show: the trajectory file"""
-    html: str | None = None
-    """mode=show: the page to write (None: next to the trajectory)"""
-    export: dict[str, Any] = field(default_factory=dict)
-
 
 def check(cfg: DictConfig) -> None:
     """The command's own keys, before anything is written (``recallm.cli.common``); the sections are

@@ -54,21 +54,26 @@ def _print_summary(summary: dict[str, Any]) -> None:
         print(f"incomplete: {summary['n_examples']} of {summary['planned']} examples done; rerun to continue")
 
 
+def _settings(cfg: DictConfig | Any) -> EvalRun:
+    """The command's settings (``EvalRun``), their ``${...}`` resolved."""
+    return typed(EvalRun, OmegaConf.to_container(cfg, resolve=True) if OmegaConf.is_config(cfg) else cfg, "")
+
+
 def run_report(cfg: DictConfig) -> Path:
     from recallm.eval.report import build_report
 
-    runs = OmegaConf.to_container(cfg.runs, resolve=True) if cfg.runs is not None else []
-    curves = OmegaConf.to_container(cfg.curves, resolve=True) if cfg.get("curves") else None
-    report = build_report(runs, Path(cfg.report_dir), curves=curves)
+    settings = _settings(cfg)
+    runs = settings.runs if settings.runs not in (None, ()) else []
+    report = build_report(runs, Path(settings.report_dir), curves=settings.curves or None)
     print(f"wrote {report}")
     return report
 
 
 @dataclass(frozen=True)
 class EvalRun:
-    """The schema of ``configs/eval.yaml``'s own keys (``recallm.config.typed``); the ``eval`` suite,
-    ``backend`` and ``reward`` sections are read by ``recallm.eval`` (benchmarks, backends) and
-    ``rewards.config``."""
+    """The schema of ``configs/eval.yaml``'s own keys (``recallm.config.typed``; registered with Hydra
+    by ``recallm.cli.schemas``); the ``eval`` suite, ``backend`` and ``reward`` sections are read by
+    ``recallm.eval`` (benchmarks, backends) and ``rewards.config``."""
 
     out_dir: str
     eval: dict[str, Any]
@@ -104,7 +109,7 @@ def check(cfg: DictConfig) -> None:
     check_out_dir(settings.models_dir, "models_dir")
     from recallm.eval.backends import BackendSettings
 
-    BackendSettings.from_mapping(cfg.get("backend"))  # the backend section's schema (recallm.eval.backends)
+    BackendSettings.from_mapping(settings.backend)  # the backend section's schema (recallm.eval.backends)
     if settings.tokenizer_path is not None and not Path(settings.tokenizer_path).is_dir():
         raise RecallmError(f"tokenizer_path {settings.tokenizer_path} is not a directory")
 
@@ -112,27 +117,29 @@ def check(cfg: DictConfig) -> None:
 def run(cfg: DictConfig) -> dict[str, Any] | Path:
     """Evaluate (``mode=run``) or compare runs (``mode=report``); the settings are checked first."""
     check(cfg)
-    if cfg.mode == "report":
+    settings = _settings(cfg)
+    if settings.mode == "report":
         return run_report(cfg)
     from data_gen.fit import PromptRenderer
     from recallm.eval.backends import BackendSettings, check_model_dir, make_backend
-    from recallm.eval.benchmarks import make_benchmarks
+    from recallm.eval.benchmarks import SuiteSettings, make_benchmarks
     from recallm.eval.report import build_report
     from recallm.eval.runner import preflight, prepare_out_dir, run_eval
     from recallm.tokens import load_tokenizer
 
-    suite = OmegaConf.to_container(cfg.eval, resolve=True)
-    backend_settings = BackendSettings.from_mapping(OmegaConf.to_container(cfg.backend, resolve=True))
-    reward_cfg = OmegaConf.to_container(cfg.reward, resolve=True)
-    only = cfg.benchmarks
+    suite = settings.eval  # make_benchmarks reads it with its schema, SuiteSettings, as suite_settings is
+    suite_settings = typed(SuiteSettings, suite, "eval")
+    backend_settings = BackendSettings.from_mapping(settings.backend)
+    reward_cfg = settings.reward
+    only = settings.benchmarks
     if only is not None:
-        only = OmegaConf.to_container(only, resolve=True) if OmegaConf.is_list(only) else [str(only)]
+        only = [str(name) for name in only] if isinstance(only, (list, tuple)) else [str(only)]
     from recallm.eval.judge import make_judge
 
-    judge = make_judge(suite.get("judge"))
+    judge = make_judge(suite_settings.judge)
     benchmarks = make_benchmarks(suite, only=only, reward_config=reward_cfg, judge=judge)
     specs = [s for b in benchmarks for s in b.specs()]
-    model_path = resolve_model(str(cfg.model_path), Path(cfg.models_dir))
+    model_path = resolve_model(settings.model_path, Path(settings.models_dir))
     constrained = backend_settings.recall_constrained
     if backend_settings.name in ("hf", "vllm"):
         info = check_model_dir(model_path, constrained=constrained)
@@ -143,33 +150,33 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
                 f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
                 "backend.length_extension)"
             )
-    tokenizer = load_tokenizer(Path(cfg.tokenizer_path) if cfg.tokenizer_path else model_path)
-    renderer = PromptRenderer(tokenizer, suite.get("system_prompt"))
+    tokenizer = load_tokenizer(Path(settings.tokenizer_path) if settings.tokenizer_path else model_path)
+    renderer = PromptRenderer(tokenizer, suite_settings.system_prompt)
     if judge is not None:
         judge.ping()
     log.info("checking that every task reaches its lengths")
     preflight(benchmarks, specs, renderer)
-    out_dir = Path(cfg.out_dir)
+    out_dir = Path(settings.out_dir)
     fingerprint = {
         "model_path": str(model_path.resolve()) if model_path.exists() else str(model_path),
-        "tokenizer": str(Path(cfg.tokenizer_path).resolve()) if cfg.tokenizer_path else None,
+        "tokenizer": str(Path(settings.tokenizer_path).resolve()) if settings.tokenizer_path else None,
         "backend": {
             k: getattr(backend_settings, k)
             for k in _FINGERPRINT_BACKEND_KEYS
             if k != "rlm" or backend_settings.rlm  # (runs of other backends keep their fingerprint)
         },
-        "suite": {k: suite.get(k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
+        "suite": {k: getattr(suite_settings, k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
         "reward": reward_cfg if any(b.name == "in_domain" for b in benchmarks) else None,
     }
-    prepare_out_dir(out_dir, fingerprint, overwrite=bool(cfg.overwrite))
+    prepare_out_dir(out_dir, fingerprint, overwrite=settings.overwrite)
     run_info = {
-        "name": cfg.run_name or out_dir.name,
-        "model_path": str(cfg.model_path),
+        "name": settings.run_name or out_dir.name,
+        "model_path": settings.model_path,
         "backend": backend_settings.name,
         "recall_constrained": constrained,
-        "suite": suite.get("name"),
-        "paper_model": cfg.paper_model,
+        "suite": suite_settings.name,
+        "paper_model": settings.paper_model,
         "judge": judge.model if judge is not None else None,
     }
     print(
@@ -188,8 +195,8 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
             batch_size=backend_settings.batch_size,
             fingerprint=fingerprint,
             run_info=run_info,
-            progress=bool(cfg.progress),
-            limit=cfg.limit,
+            progress=settings.progress,
+            limit=settings.limit,
             specs=specs,
         )
     finally:
@@ -197,7 +204,7 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         if judge is not None:
             judge.close()
     _print_summary(summary)
-    if cfg.report:
+    if settings.report:
         report = build_report({run_info["name"]: out_dir}, out_dir)
         print(f"wrote {out_dir / 'summary.json'} and {report}")
     return summary

@@ -44,12 +44,10 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 
 from recallm.cancel import Cancelled
 from recallm.errors import RecallmError
-from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.models import ChatModel, Reply, make_model
-from recallm.rlm.runner import RLM, RLMSettings
-from recallm.rlm.sandbox import SandboxLimits
-from recallm.rlm.subcalls import SubCallSettings
+from recallm.rlm.runner import RLM
 from recallm.rlm.tasks import score_answer
+from recallm.rlm.train import train_settings
 
 __all__ = ["RLMAgentLoop", "PolicyChatModel", "AGENT_NAME"]
 
@@ -135,15 +133,15 @@ class RLMAgentLoop(AgentLoopBase):
 
     def __init__(self, *args, tools=None, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        cfg = _section(self.config, "recallm.rlm")
-        self.settings = RLMSettings.from_mapping(cfg.get("rlm"), "recallm.rlm.rlm")
-        self.subcall_settings = SubCallSettings.from_mapping(cfg.get("subcalls"), "recallm.rlm.subcalls")
-        self.sandbox_limits = SandboxLimits.from_mapping(cfg.get("sandbox"), "recallm.rlm.sandbox")
-        self.budget_limits = BudgetLimits.from_mapping(cfg.get("budget"), "recallm.rlm.budget")
+        section = train_settings(_section(self.config, "recallm.rlm"))  # the schema: RLMTrainSettings
+        self.settings = section.rlm
+        self.subcall_settings = section.subcalls
+        self.sandbox_limits = section.sandbox
+        self.budget_limits = section.budget
         self.response_length = int(self.rollout_config.response_length)
         self.turn_max_new_tokens = int(self.settings.root_max_new_tokens or self.response_length)
-        self.sub_cfg = dict(cfg.get("sub") or {"name": "policy"})
-        self.trajectory_dir = cfg.get("trajectory_dir")
+        self.sub_cfg = dict(section.sub)
+        self.trajectory_dir = section.trajectory_dir
         self.eos_ids = set(_eos_ids(self.tokenizer))
 
     def _sub_model(self) -> ChatModel:

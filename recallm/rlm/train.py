@@ -26,8 +26,8 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import dataclass, field
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
@@ -35,8 +35,58 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from recallm.errors import RecallmError
 from recallm.io import atomic_path
 from recallm.paths import CONFIG_DIR
+from recallm.rlm.budget import BudgetLimits
+from recallm.rlm.runner import RLMSettings
+from recallm.rlm.sandbox import SandboxLimits
+from recallm.rlm.subcalls import SubCallSettings
 
-__all__ = ["compose_config", "prepare_data", "prepare", "main", "RUNTIME_MODULE", "trajectory_tokens"]
+__all__ = [
+    "RLMTrainSettings",
+    "compose_config",
+    "prepare_data",
+    "prepare",
+    "main",
+    "RUNTIME_MODULE",
+    "trajectory_tokens",
+    "train_settings",
+]
+
+
+def _policy_sub() -> dict[str, Any]:
+    return {"name": "policy", "temperature": None, "top_p": None, "top_k": None}
+
+
+@dataclass(frozen=True)
+class RLMTrainSettings:
+    """The schema of ``recallm.rlm`` in ``configs/rlm_train.yaml`` (registered with Hydra, read with
+    ``recallm.config.typed``): what the launcher and the agent loop (``recallm.rlm.agent_loop``) read."""
+
+    out_dir: str
+    """the data set and the agent-loop registry (the YAML interpolates the experiment's name)"""
+    trajectory_dir: str | None = None
+    """a directory: every rollout's RLM trajectory (``recallm-rlm show`` reads them)"""
+    sub: dict[str, Any] = field(default_factory=_policy_sub)
+    """the sub-model: ``policy`` (the model being trained, through the rollout server; its tokens are
+    never trained; temperature/top_p/top_k null: the server's sampling defaults) or a ``recallm-rlm``
+    model section (``recallm.rlm.models.make_model``: openai, hf, ...)"""
+    rlm: RLMSettings = field(default_factory=RLMSettings)
+    subcalls: SubCallSettings = field(default_factory=SubCallSettings)
+    """per rollout"""
+    sandbox: SandboxLimits = field(default_factory=SandboxLimits)
+    budget: BudgetLimits = field(default_factory=BudgetLimits)
+    """per rollout"""
+    data: dict[str, Any] = field(default_factory=dict)
+    """``train``/``val``: task sets (``recallm.rlm.tasks.TaskSet``) written to ``<out_dir>/data`` unless
+    ``data.train_files`` is set"""
+
+
+def train_settings(section: Any) -> RLMTrainSettings:
+    """The ``recallm.rlm`` section (a mapping or config node), checked."""
+    from recallm.config import typed
+
+    if OmegaConf.is_config(section):
+        section = OmegaConf.to_container(section, resolve=True)
+    return typed(RLMTrainSettings, section, "recallm.rlm")
 
 log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.rlm.runtime"
@@ -71,19 +121,13 @@ def _set(cfg: DictConfig, key: str, value: Any) -> None:
         OmegaConf.update(cfg, key, value, force_add=True)
 
 
-def _rlm_objects(section: dict[str, Any]):
-    """The RLM's settings from ``recallm.rlm`` (checked), as ``initial_messages`` reads them."""
-    from recallm.rlm.budget import BudgetLimits
-    from recallm.rlm.runner import RLMSettings
-    from recallm.rlm.sandbox import SandboxLimits
-    from recallm.rlm.subcalls import SubCallSettings
+@dataclass(frozen=True)
+class _Roots:
+    """The RLM's settings as ``initial_messages`` reads them."""
 
-    BudgetLimits.from_mapping(section.get("budget"), "recallm.rlm.budget")
-    return SimpleNamespace(
-        settings=RLMSettings.from_mapping(section.get("rlm"), "recallm.rlm.rlm"),
-        subcall_settings=SubCallSettings.from_mapping(section.get("subcalls"), "recallm.rlm.subcalls"),
-        sandbox_limits=SandboxLimits.from_mapping(section.get("sandbox"), "recallm.rlm.sandbox"),
-    )
+    settings: RLMSettings
+    subcall_settings: SubCallSettings
+    sandbox_limits: SandboxLimits
 
 
 def _rows(spec: dict[str, Any], where: str, rlm, tokenizer, max_prompt: int) -> list[dict[str, Any]]:
@@ -131,20 +175,19 @@ def prepare_data(cfg: DictConfig, tokenizer=None) -> dict[str, str]:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    section = OmegaConf.to_container(cfg.recallm.rlm, resolve=True)
-    rlm = _rlm_objects(section)
+    section = train_settings(cfg.recallm.rlm)  # checked, also when the data set is given
     if OmegaConf.select(cfg, "data.train_files", default=None):
         return {}
     if tokenizer is None:
         from recallm.tokens import load_tokenizer
 
         tokenizer = load_tokenizer(Path(str(cfg.actor_rollout_ref.model.path)))
-    out = Path(str(section["out_dir"])) / "data"
+    out = Path(section.out_dir) / "data"
     out.mkdir(parents=True, exist_ok=True)
-    data = section.get("data") or {}
+    rlm = _Roots(section.rlm, section.subcalls, section.sandbox)
     paths = {}
     for split in ("train", "val"):
-        spec = data.get(split)
+        spec = section.data.get(split)  # a task set, or null / absent: none
         if not spec:
             continue
         rows = _rows(dict(spec), f"recallm.rlm.data.{split}", rlm, tokenizer, int(cfg.data.max_prompt_length))
@@ -174,7 +217,7 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
     registry.write_text(OmegaConf.to_yaml(OmegaConf.create(AGENT_LOOPS)))
     _set(cfg, "actor_rollout_ref.rollout.agent.agent_loop_config_path", str(registry))
     _set(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop", "rlm")
-    if section.get("trajectory_dir"):
+    if section.trajectory_dir:
         _set(cfg, "recallm.rlm.trajectory_dir", str(Path(str(section.trajectory_dir)).resolve()))
     model_path = Path(str(cfg.actor_rollout_ref.model.path))
     if not (model_path / "config.json").is_file():

@@ -220,6 +220,40 @@ def test_registered_schemas_give_every_key_and_refuse_with_one_line():
     assert check_overrides("eval", ["backend.name=rlm", "+backend.rlm.root.name=scripted"], open_keys=("backend.rlm",))
 
 
+@pytest.mark.slow  # composes verl's tree
+def test_rlm_train_section_is_registered_and_typed():
+    """``recallm.rlm`` of rlm_train.yaml: RLMTrainSettings (registered), its four settings inside."""
+    pytest.importorskip("verl")
+    from recallm.config import check_overrides
+    from recallm.rlm.train import compose_config, train_settings
+
+    cfg = compose_config(["recallm.rlm.rlm.max_depth=2", "recallm.rlm.rlm.root_timeout_s=5"])
+    section = train_settings(cfg.recallm.rlm)
+    assert (section.rlm.max_depth, section.rlm.root_timeout_s, section.rlm.root_max_new_tokens) == (2, 5.0, 32)
+    assert section.rlm.max_iterations == 2 and section.subcalls.max_prompt_chars == 100_000  # tiny_cpu; rlm_train.yaml
+    assert section.sandbox.kill_grace_s == 2.0 and section.budget.max_tokens is None and section.sub["name"] == "policy"
+    closed = {"closed": lambda key: key.split(".")[0] == "recallm"}
+    cases = [
+        (["recallm.rlm.rlm.max_depth=x"], r"^recallm\.rlm\.rlm\.max_depth must be an integer, got 'x'$"),
+        (["recallm.rlm.subcalls.retries=1.5"], r"^recallm\.rlm\.subcalls\.retries must be an integer, got 1\.5$"),
+        (["recallm.rlm.rlm.max_dept=1"], r"Key 'max_dept' not in 'RLMSettings'"),
+        (["recallm.rlm.trajectory_dri=x"], r"Key 'trajectory_dri' not in 'RLMTrainSettings'"),
+    ]
+    for overrides, pattern in cases:
+        with pytest.raises(RecallmError, match=pattern) as err:
+            check_overrides("rlm_train", overrides, **closed)
+        assert "\n" not in str(err.value)
+    for section, pattern in [
+        ({"out_dir": "o", "rlm": {"max_dept": 1}}, r"^recallm\.rlm\.rlm has unknown keys \['max_dept'\]"),
+        ({"out_dir": "o", "rlm": {"max_depth": 9}}, r"^recallm\.rlm\.rlm\.max_depth must be in \[0, "),
+        ({"out_dir": "o", "sandbox": {"wall_s": 0}}, r"^recallm\.rlm\.sandbox\.wall_s must be > 0"),
+        ({"out_dir": "o", "subs": {}}, r"^recallm\.rlm has unknown keys \['subs'\]"),
+        ({"rlm": {}}, r"^recallm\.rlm\.out_dir is required"),
+    ]:
+        with pytest.raises(RecallmError, match=pattern):
+            train_settings(section)
+
+
 def test_hf_cpu_settings_schema():
     from recallm.grpo.cpu.hf_generate import HFCPUSettings
 

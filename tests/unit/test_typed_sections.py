@@ -173,31 +173,163 @@ def _defaults(cls) -> dict:
     }
 
 
+def _same(a, b) -> bool:
+    """Equal as config values: a tuple default is the YAML's list; a settings dataclass its mapping."""
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        a = dataclasses.asdict(a)
+    return (list(a) if isinstance(a, tuple) else a) == (list(b) if isinstance(b, tuple) else b)
+
+
+def _restated(section: dict | None, cls, leave: tuple[str, ...] = ()) -> dict:
+    """The keys of ``section`` (a YAML section whose schema is ``cls``) set to ``cls``'s default;
+    ``leave``: keys that are other sections (a group's, another schema's)."""
+    defaults = _defaults(cls)
+    return {k: v for k, v in (section or {}).items() if k not in leave and k in defaults and _same(defaults[k], v)}
+
+
+_RLM_SECTIONS = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "export")
+
+
+def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]:
+    """(file, section, the YAML's section, schema, keys left to other schemas) of every section whose
+    schema Hydra knows (``recallm/cli/schemas.py``)."""
+    from data_gen.generate import DataRun
+    from recallm.eval.app import EvalRun
+    from recallm.eval.backends import BackendSettings
+    from recallm.pipeline import PipelineRun
+    from recallm.rlm.budget import BudgetLimits
+    from recallm.rlm.export import ExportSettings
+    from recallm.rlm.models import ModelSection
+    from recallm.rlm.runner import RLMSettings
+    from recallm.rlm.sandbox import SandboxLimits
+    from recallm.rlm.settings import RLMRun
+    from recallm.rlm.subcalls import SubCallSettings
+    from recallm.rlm.tasks import TaskRun
+    from recallm.rlm.train import RLMTrainSettings
+    from recallm.sft.settings import SFTRun
+
+    def load(name: str) -> dict:
+        return yaml.safe_load((CONFIGS / name).read_text())
+
+    rlm, ev, train = load("rlm.yaml"), load("eval.yaml"), load("rlm_train.yaml")
+    own = ("defaults", "hydra")
+    train_rlm = train["recallm"]["rlm"]
+    return [
+        ("sft.yaml", "(own keys)", load("sft.yaml"), SFTRun, (*own, "sft", "model", "data", "deepspeed")),
+        ("eval.yaml", "(own keys)", ev, EvalRun, (*own, "eval", "backend", "reward")),
+        ("data_gen.yaml", "(own keys)", load("data_gen.yaml"), DataRun, (*own, "data")),
+        ("pipeline.yaml", "(own keys)", load("pipeline.yaml"), PipelineRun, (*own, "experiment")),
+        ("rlm.yaml", "(own keys)", rlm, RLMRun, (*own, *_RLM_SECTIONS)),
+        ("rlm.yaml", "tasks", rlm["tasks"], TaskRun, ()),
+        ("rlm.yaml", "export", rlm["export"], ExportSettings, ()),
+        ("rlm.yaml", "root", rlm["root"], ModelSection, ()),
+        ("rlm.yaml", "sub", rlm["sub"], ModelSection, ()),
+        ("rlm.yaml", "rlm", rlm["rlm"], RLMSettings, ()),
+        ("rlm.yaml", "subcalls", rlm["subcalls"], SubCallSettings, ()),
+        ("rlm.yaml", "sandbox", rlm["sandbox"], SandboxLimits, ()),
+        ("rlm.yaml", "budget", rlm["budget"], BudgetLimits, ()),
+        ("eval.yaml", "backend", ev["backend"], BackendSettings, ()),
+        ("rlm_train.yaml", "recallm.rlm", train_rlm, RLMTrainSettings, ("rlm", "subcalls", "sandbox", "budget")),
+        ("rlm_train.yaml", "recallm.rlm.rlm", train_rlm["rlm"], RLMSettings, ()),
+        ("rlm_train.yaml", "recallm.rlm.subcalls", train_rlm["subcalls"], SubCallSettings, ()),
+        ("rlm_train.yaml", "recallm.rlm.sandbox", train_rlm["sandbox"], SandboxLimits, ()),
+        ("rlm_train.yaml", "recallm.rlm.budget", train_rlm["budget"], BudgetLimits, ()),
+    ]
+
+
 def test_yaml_sections_with_a_schema_restate_no_default():
     """A section whose schema Hydra knows (``recallm/cli/schemas.py``) sets only what it
     changes: a value equal to the dataclass default would be a second copy of it."""
-    from recallm.eval.backends import BackendSettings
+    for file, name, section, cls, leave in _registered_sections():
+        fields = {f.name for f in dataclasses.fields(cls)}
+        assert set(section or {}) - set(leave) <= fields, (file, name)
+        restated = _restated(section, cls, leave)
+        assert not restated, f"{file}: {name} restates the defaults of {cls.__name__}: {restated}"
+    rlm = yaml.safe_load((CONFIGS / "rlm.yaml").read_text())
+    schemas = {"/schema/rlm_model@root", "/schema/rlm_model@sub", "/schema/rlm_settings@rlm",
+               "/schema/rlm_subcalls@subcalls", "/schema/rlm_sandbox@sandbox", "/schema/rlm_budget@budget",
+               "/schema/rlm_tasks@tasks", "/schema/rlm_export@export"}  # fmt: skip
+    assert schemas <= set(rlm["defaults"])
+    for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data_gen", "data_run"),
+                        ("pipeline", "pipeline_run"), ("rlm", "rlm_run")]:  # fmt: skip
+        defaults = yaml.safe_load((CONFIGS / f"{app}.yaml").read_text())["defaults"]
+        assert defaults[0] == f"/schema/{schema}@_here_", app  # first: the groups and _self_ merge onto it
+    train = yaml.safe_load((CONFIGS / "rlm_train.yaml").read_text())["defaults"]
+    assert "/schema/rlm_train@recallm.rlm" in train and train.index("/schema/rlm_train@recallm.rlm") < train.index("_self_")
+
+
+def test_the_restated_default_check_catches_each_section():
+    """Each registered section, given one of its schema's defaults, fails the check above."""
+    for file, name, section, cls, leave in _registered_sections():
+        key, default = next((k, v) for k, v in _defaults(cls).items() if k not in leave and k not in (section or {}))
+        copy = {**(section or {}), key: list(default) if isinstance(default, tuple) else default}
+        assert _restated(copy, cls, leave) == {key: copy[key]}, (file, name, key)
+
+
+def test_rlm_train_recipes_restate_nothing_of_the_base():
+    """A recipe of configs/rlm_train/ sets, in the RLM's sections, only what differs from what
+    rlm_train.yaml and the schemas give."""
     from recallm.rlm.budget import BudgetLimits
-    from recallm.rlm.models import ModelSection
     from recallm.rlm.runner import RLMSettings
     from recallm.rlm.sandbox import SandboxLimits
     from recallm.rlm.subcalls import SubCallSettings
 
-    rlm = yaml.safe_load((CONFIGS / "rlm.yaml").read_text())
-    sections = [
-        ("rlm.yaml", "root", rlm["root"], ModelSection),
-        ("rlm.yaml", "sub", rlm["sub"], ModelSection),
-        ("rlm.yaml", "rlm", rlm["rlm"], RLMSettings),
-        ("rlm.yaml", "subcalls", rlm["subcalls"], SubCallSettings),
-        ("rlm.yaml", "sandbox", rlm["sandbox"], SandboxLimits),
-        ("rlm.yaml", "budget", rlm["budget"], BudgetLimits),
-        ("eval.yaml", "backend", yaml.safe_load((CONFIGS / "eval.yaml").read_text())["backend"], BackendSettings),
-    ]
-    for file, name, section, cls in sections:
-        defaults = _defaults(cls)
-        assert set(section or {}) <= set(defaults), (file, name)
-        restated = {k: v for k, v in (section or {}).items() if defaults[k] == v}
-        assert not restated, f"{file}: {name} restates the defaults of {cls.__name__}: {restated}"
-    schemas = {"/schema/rlm_model@root", "/schema/rlm_model@sub", "/schema/rlm_settings@rlm",
-               "/schema/rlm_subcalls@subcalls", "/schema/rlm_sandbox@sandbox", "/schema/rlm_budget@budget"}  # fmt: skip
-    assert schemas <= set(rlm["defaults"])
+    base = yaml.safe_load((CONFIGS / "rlm_train.yaml").read_text())["recallm"]["rlm"]
+    classes = {"rlm": RLMSettings, "subcalls": SubCallSettings, "sandbox": SandboxLimits, "budget": BudgetLimits}
+    recipes = sorted((CONFIGS / "rlm_train").glob("*.yaml"))
+    assert recipes
+    for recipe in recipes:
+        sections = (yaml.safe_load(recipe.read_text()).get("recallm") or {}).get("rlm") or {}
+        for name, cls in classes.items():
+            given = {**_defaults(cls), **(base.get(name) or {})}
+            same = {k: v for k, v in (sections.get(name) or {}).items() if _same(given[k], v)}
+            assert not same, f"rlm_train/{recipe.name}: recallm.rlm.{name} restates {same}"
+
+
+# ------------------------------------------------------ each app's own keys: unknown keys, wrong types
+@pytest.mark.parametrize(
+    "app, overrides, pattern",
+    [
+        ("sft", ["foo=1"], r"^bad override: Could not override 'foo'\. \(Key 'foo' not in 'SFTRun'\)$"),
+        ("sft", ["+foo=1"], r"^unknown setting foo: there is no setting foo, nothing would read it"),
+        ("sft", ["max_step=3"], r"Key 'max_step' not in 'SFTRun'"),
+        ("sft", ["max_steps=abc"], r"^max_steps must be an integer, got 'abc'$"),
+        ("data_gen", ["workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data_gen", ["data=tiny", "workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data_gen", ["worker=4"], r"Key 'worker' not in 'DataRun'"),
+        ("data_gen", ["+worker=4"], r"^unknown setting worker: .*did you mean workers\?"),
+        ("data_gen", ["progress=maybe"], r"^progress must be true or false, got 'maybe'$"),
+        ("pipeline", ["threads=x"], r"^threads must be an integer, got 'x'$"),
+        ("pipeline", ["thread=2"], r"Key 'thread' not in 'PipelineRun'"),
+        ("eval", ["limit=abc"], r"^limit must be an integer, got 'abc'$"),
+        ("eval", ["overwrite=yes"], r"^overwrite must be true or false, got 'yes'$"),
+        ("eval", ["modell_path=x"], r"Key 'modell_path' not in 'EvalRun'"),
+        ("rlm", ["parallel=x"], r"^parallel must be an integer, got 'x'$"),
+        ("rlm", ["+paralel=2"], r"^unknown setting paralel: .*did you mean parallel\?"),
+        ("rlm", ["tasks.per_cel=2"], r"Key 'per_cel' not in 'TaskRun'"),
+        ("rlm", ["tasks.per_cell=x"], r"^tasks\.per_cell must be an integer, got 'x'$"),
+        ("rlm", ["export.min_turn=1"], r"Key 'min_turn' not in 'ExportSettings'"),
+        ("rlm", ["export.max_turn_chars=many"], r"^export\.max_turn_chars must be an integer, got 'many'$"),
+    ],
+)
+def test_an_apps_own_keys_refuse_with_one_line(app, overrides, pattern):
+    from recallm.config import check_overrides
+
+    _one_line(lambda: check_overrides(app, overrides), pattern)
+
+
+def test_an_apps_own_keys_keep_their_defaults_and_overrides():
+    """Each default comes from the schema (the YAML no longer lists it) and is overridden as before."""
+    from recallm.config import check_overrides
+
+    sft = check_overrides("sft", ["max_steps=3", "resume=never"])
+    assert (sft.max_steps, sft.resume, sft.logger, sft.models_dir, sft.stage) == (3, "never", "console", "outputs/models", "embed")
+    data = check_overrides("data_gen", ["data=tiny", "workers=4"])
+    assert (data.workers, data.tokenizer, data.progress, data.out_dir) == (4, "tiny", True, "outputs/data/tiny")
+    pipeline = check_overrides("pipeline", ["redo=[eval,report]"])
+    assert list(pipeline.redo) == ["eval", "report"] and pipeline.only is None and pipeline.threads is None
+    ev = check_overrides("eval", ["mode=report", "runs=[a,b]"])
+    assert (ev.mode, list(ev.runs), ev.model_path, ev.report, ev.report_dir) == ("report", ["a", "b"], "tiny", True, "outputs/eval/report")
+    rlm = check_overrides("rlm", ["parallel=3", "tasks.per_cell=2"])
+    assert (rlm.parallel, rlm.mode, rlm.tasks.per_cell, rlm.tasks.needles, rlm.tasks.name) == (3, "run", 2, 2, "tiny")
+    assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
