@@ -275,6 +275,10 @@ def register_schema(
             if f.name not in plus_keys
         ]
         cls = dataclasses.make_dataclass(cls.__name__, kept)
+        # a module-level name, so that a composed config (which refers to its schema's class) pickles
+        # with the plain pickle too (multiprocessing), not only with cloudpickle (Ray)
+        cls.__module__, cls.__qualname__ = __name__, f"_schema_{name}"
+        globals()[cls.__qualname__] = cls
     node = OmegaConf.structured(cls)
     _writable(node)
     ConfigStore.instance().store(group="schema", name=name, node=node)

@@ -333,3 +333,15 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
     rlm = check_overrides("rlm", ["parallel=3", "tasks.per_cell=2"])
     assert (rlm.parallel, rlm.mode, rlm.tasks.per_cell, rlm.tasks.needles, rlm.tasks.name) == (3, "run", 2, 2, "tiny")
     assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
+
+
+@pytest.mark.parametrize("app", ["sft", "data_gen", "pipeline", "eval", "rlm", "rlm_train"])
+def test_a_composed_config_pickles(app):
+    """A config composed on registered schemas refers to their classes: it must survive the plain
+    pickle (multiprocessing), not only cloudpickle (Ray)."""
+    import pickle
+
+    from recallm.config import check_overrides
+
+    cfg = check_overrides(app, [])
+    assert pickle.loads(pickle.dumps(cfg)) == cfg
