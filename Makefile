@@ -26,7 +26,7 @@ smollm2: $(SMOLLM2)/config.json
 $(SMOLLM2)/config.json: | $(STAMP)
 	$(VENV)/bin/recallm-create-model --fetch smollm2 --out $(SMOLLM2)
 
-# Test tiers: tests/unit (fast, in-process: about a minute on 2 cores), tests/integration (CLI
+# Test tiers: tests/unit (fast, in-process: about 100 s on 2 cores), tests/integration (CLI
 # subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
 # `make test` runs unit + integration (pyproject's testpaths); it is the README's and CI's command.
 test: $(STAMP)
