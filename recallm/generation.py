@@ -421,7 +421,11 @@ def _generate_batch(
     for row, r in enumerate(requests):
         token_ids, reason = _cut(generated[row], r.max_new_tokens, eos_set)
         stopped = cancel_rows.stopped_at[row] if cancel_rows is not None else None
-        if stopped is not None and len(token_ids) > stopped:  # cut by its cancellation before it finished
+        # cut by its cancellation unless it ended on its own (end-of-sequence or its own limit) within
+        # the `stopped` tokens it had; the batch may have run on past it (padding) or ended right there
+        if stopped is not None and not (
+            (reason == "stop" and len(token_ids) <= stopped) or (reason == "length" and r.max_new_tokens <= stopped)
+        ):
             token_ids, reason = token_ids[:stopped], "cancelled"
         results.append(GenResult(token_ids, reason, lps[row][: len(token_ids)] if lps is not None else None))
     return results

@@ -233,7 +233,13 @@ def test_only_the_cancelled_row_of_an_hf_batch_stops(endless_hf):
     everything = threading.Event()
     state["on_forward"] = lambda n: everything.set() if n == 2 else None
     out = backend.generate(requests, settings, cancelled=[everything.is_set, everything.is_set])
-    assert state["forwards"] == 2 and [g.n_tokens for g in out] == [2, 2]
+    assert state["forwards"] == 2 and [(g.n_tokens, g.finish_reason) for g in out] == [(2, "cancelled")] * 2
+    # a lone row cancelled mid-way is "cancelled", not "length": its batch ends where it was stopped
+    state["forwards"] = 0
+    alone = threading.Event()
+    state["on_forward"] = lambda n: alone.set() if n == 5 else None
+    (only,) = backend.generate(requests[:1], settings, cancelled=[alone.is_set])
+    assert state["forwards"] == 5 and (only.n_tokens, only.finish_reason) == (5, "cancelled")
     # and a batch cancelled before it starts never runs
     state["forwards"] = 0
     out = backend.generate(requests, settings, cancelled=[lambda: True, lambda: True])
