@@ -7,6 +7,7 @@ runs); ``test_runs.py`` runs one through a real console process."""
 from __future__ import annotations
 
 import importlib
+import json
 import re
 import sys
 from pathlib import Path
@@ -133,3 +134,43 @@ def test_jsonl_readers_refuse_parquet(place, tiny_dir):
     with pytest.raises(RecallmError, match=r"rows\.parquet is a parquet file, not JSONL"):
         load_sft_file(place / "rows.parquet", load_tokenizer(tiny_dir), max_length=10, vocab_size=10)
     assert read_jsonl(place / "ok.jsonl") == [{"a": 1}]
+
+
+@pytest.mark.slow
+def test_print_config_refuses_a_hostile_row(tmp_path, tiny_dir, capsys):
+    """`recallm-grpo --print-config` validates the data like a launch would: a gold ``start`` of "abc"
+    is one line on stderr and exit 2, before anything starts (it used to pass, and GRPO crashed at
+    its first reward). (Moved from the unit tier's test_reward_hostile: it imports verl.)"""
+    pytest.importorskip("verl")
+    from data_gen.io import write_parquet
+    from recallm.cli.grpo import main
+
+    prompt = "Documents:\n[1] Paris is in France.\n[2] Lyon is in France.\nQuestion: ?\n"
+    gold = {"text": "Paris is in France.", "start": 15, "end": 34}
+    good_gt = {"category": "single_hop_qa", "answers": ["Paris"], "gold": [gold]}
+    bad_gt = {**good_gt, "gold": [{**gold, "start": "abc"}]}
+    assert prompt[15:34] == gold["text"]
+
+    def row(gt: dict) -> dict:
+        return {
+            "data_source": "nq",
+            "ability": "single_hop_qa",
+            "prompt": [{"role": "user", "content": "q"}],
+            "reward_model": {"style": "rule", "ground_truth": json.dumps(gt)},
+            "extra_info": {"index": 0},
+        }
+
+    good_file = write_parquet([row(good_gt), row(good_gt)], tmp_path / "good.parquet")
+    bad_file = write_parquet([row(good_gt), row(bad_gt)], tmp_path / "bad.parquet")
+    args = [
+        "grpo=tiny_cpu",
+        f"actor_rollout_ref.model.path={tiny_dir}",
+        f"data.val_files={good_file}",
+        "--print-config",
+    ]
+    with pytest.raises(SystemExit) as exit_:
+        main([*args, f"data.train_files={bad_file}"])
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert exit_.value.code == 2 and len(err) == 1, err
+    assert "bad.parquet: row 1:" in err[0] and "gold[0].start must be a non-negative integer" in err[0]
+    assert main([*args, f"data.train_files={good_file}"]) == 0

@@ -1,5 +1,6 @@
 """Hostile ground truth and garbage inputs to the reward (issue 18 items 5-7): one ``RecallmError``
-naming the field, refused by ``check_rows`` and ``recallm-grpo --print-config`` before training,
+naming the field, refused by ``check_rows`` before training (``recallm-grpo --print-config``'s refusal is in
+tests/integration/adversarial/test_cli_inputs.py, it imports verl),
 ``recallm-score`` on ground truth stored as a JSON string, and the adversarial answers that made
 the old parsers quadratic (their results; their cost is ``bench/rewards.py``'s adversarial row)."""
 
@@ -125,40 +126,6 @@ def test_check_rows_names_the_row_and_field():
     with pytest.raises(RecallmError, match=r"row 1: .*gold\[0\]\.start must be a non-negative integer, got 'abc'"):
         check_rows(rows, CFG)
     assert check_rows(rows[:1], CFG) == 1
-
-
-@pytest.mark.slow
-def test_print_config_refuses_a_hostile_row(tmp_path, tiny_dir, capsys):
-    """`recallm-grpo --print-config` validates the data like a launch would: a gold ``start`` of "abc"
-    is one line on stderr and exit 2, before anything starts (it used to pass, and GRPO crashed at
-    its first reward)."""
-    pytest.importorskip("verl")
-    from data_gen.io import write_parquet
-    from recallm.cli.grpo import main
-
-    record = {
-        "data_source": "nq",
-        "ability": "single_hop_qa",
-        "prompt": [{"role": "user", "content": "q"}],
-        "reward_model": {"style": "rule", "ground_truth": json.dumps(GOOD["single_hop_qa"])},
-        "extra_info": {"index": 0},
-    }
-    bad = json.loads(json.dumps(record))
-    bad["reward_model"]["ground_truth"] = json.dumps(_hostile("single_hop_qa", ("gold", 0, "start"), "abc"))
-    good_file = write_parquet([record, record], tmp_path / "good.parquet")
-    bad_file = write_parquet([record, bad], tmp_path / "bad.parquet")
-    args = [
-        "grpo=tiny_cpu",
-        f"actor_rollout_ref.model.path={tiny_dir}",
-        f"data.val_files={good_file}",
-        "--print-config",
-    ]
-    with pytest.raises(SystemExit) as exit_:
-        main([*args, f"data.train_files={bad_file}"])
-    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
-    assert exit_.value.code == 2 and len(err) == 1, err
-    assert "bad.parquet: row 1:" in err[0] and "gold[0].start must be a non-negative integer" in err[0]
-    assert main([*args, f"data.train_files={good_file}"]) == 0
 
 
 def test_score_cli_reads_json_string_ground_truth(tmp_path):
