@@ -421,11 +421,10 @@ def _generate_batch(
     for row, r in enumerate(requests):
         token_ids, reason = _cut(generated[row], r.max_new_tokens, eos_set)
         stopped = cancel_rows.stopped_at[row] if cancel_rows is not None else None
-        # cut by its cancellation unless it ended on its own (end-of-sequence or its own limit) within
-        # the `stopped` tokens it had; the batch may have run on past it (padding) or ended right there
-        if stopped is not None and not (
-            (reason == "stop" and len(token_ids) <= stopped) or (reason == "length" and r.max_new_tokens <= stopped)
-        ):
+        # cut by its cancellation unless it would have ended on its own (end-of-sequence, or its own
+        # limit) within the `stopped` tokens it had; its batch may have run on (padding) or ended there
+        own_end = len(token_ids) if reason == "stop" else r.max_new_tokens
+        if stopped is not None and stopped < own_end:
             token_ids, reason = token_ids[:stopped], "cancelled"
         results.append(GenResult(token_ids, reason, lps[row][: len(token_ids)] if lps is not None else None))
     return results

@@ -145,11 +145,9 @@ def test_print_config_refuses_a_hostile_row(tmp_path, tiny_dir, capsys):
     from data_gen.io import write_parquet
     from recallm.cli.grpo import main
 
-    prompt = "Documents:\n[1] Paris is in France.\n[2] Lyon is in France.\nQuestion: ?\n"
     gold = {"text": "Paris is in France.", "start": 15, "end": 34}
     good_gt = {"category": "single_hop_qa", "answers": ["Paris"], "gold": [gold]}
     bad_gt = {**good_gt, "gold": [{**gold, "start": "abc"}]}
-    assert prompt[15:34] == gold["text"]
 
     def row(gt: dict) -> dict:
         return {
