@@ -118,12 +118,24 @@ def write_helmet_data(root: Path, seed: int = 0, n: int = 6) -> tuple[Path, Path
     _jsonl(helmet / "data" / "multi_lexsum" / "multi_lexsum_val.jsonl",
            [{"id": f"case{i}", "summary/short_keypoints": [f"case {i} settled"], "summary/long": f"Case {i} settled."}
             for i in range(n)])  # fmt: skip
-    # ICL: classification sets, labels as names (as a decoded ClassLabel column)
+    # HELMET's judge prompts are read from its scripts/ (module-level string constants): stand-ins with its field names
+    from recallm.eval.judge import JudgePrompts
+
+    ours = JudgePrompts.ours()
+    (helmet / "scripts").mkdir(parents=True, exist_ok=True)
+    (helmet / "scripts" / "eval_gpt4_longqa.py").write_text(f"import re\njudge_prompt = {ours.longqa!r}\n")
+    (helmet / "scripts" / "eval_gpt4_summ.py").write_text(
+        "".join(f"{name} = {getattr(ours, role)!r}\n" for role, name in (
+            ("fluency", "fluency_prompt"), ("fluency_book", "fluency_prompt_book"), ("recall", "recall_prompt"),
+            ("recall_book", "recall_prompt_book"), ("precision", "precision_prompt"),
+            ("precision_book", "precision_prompt_book")))
+    )  # fmt: skip
+    # ICL: classification sets, labels as class indices (a ClassLabel column, as HELMET maps them)
     for folder, label_field, test_split, labels in (
-        ("trec", ("coarse_label", "fine_label"), "test", ["ABBR", "DESC", "ENTY", "HUM", "LOC", "NUM"]),
-        ("banking77", ("label",), "test", [f"intent_{j}" for j in range(7)]),
-        ("clinc_oos", ("intent",), "validation", [f"clinc_{j}" for j in range(5)]),
-        ("nlu_evaluation_data", ("label",), None, [f"nlu_{j}" for j in range(4)]),
+        ("trec", ("coarse_label", "fine_label"), "test", list(range(6))),
+        ("banking77", ("label",), "test", list(range(7))),
+        ("clinc_oos", ("intent",), "validation", list(range(5))),
+        ("nlu_evaluation_data", ("label",), None, list(range(4))),
     ):
 
         def items(count: int, labels=labels, label_field=label_field) -> list[dict]:

@@ -1,4 +1,4 @@
-"""A judge model behind any OpenAI-compatible endpoint, for the model-judged metrics.
+"""Judged metrics: a judge model behind any OpenAI-compatible endpoint, and HELMET's citation NLI.
 
 The paper's evaluation needs a judge in four places: HELMET's LongQA (NarrativeQA: fluency x
 correctness), Summ (fluency, key-point recall, sentence precision, their F1), the citation NLI of
@@ -6,25 +6,37 @@ HELMET's Cite category, and the lost-in-thought injection, which cuts each reaso
 the model *first attempts* to look a value up (App. A.3; the paper used Gemma-3-27B-IT). Any
 OpenAI-compatible server does (a local vLLM server of a judge model, or a hosted API): the
 endpoint is ``eval.judge`` (``base_url``, ``model``, ``api_key_env``, sampling and retry
-settings, as ``recallm.clients.EndpointConfig``); ``eval.judge: null`` (or no ``model``) means no
-judge, and every judged metric falls back to a deterministic one, labelled as such in the
-records (``judged`` = 0) and in the report:
+settings, as ``recallm.clients.EndpointConfig``); ``eval.judge.model: null`` means no judge.
+
+**As HELMET judges** (``scripts/eval_gpt4_longqa.py``, ``scripts/eval_gpt4_summ.py``): the
+prompts are HELMET's own, read from the HELMET checkout the run names (``helmet_dir``; the
+``helmet`` benchmark's ``judge_prompts: helmet``, the default) - their rubrics and worked examples
+are part of what the numbers mean, so they are used as upstream wrote them rather than reworded;
+``judge_prompts: ours`` uses the short rubrics below instead (a documented deviation, shown in the
+report). The LongQA judge reads what HELMET's reads (``recallm.eval.scoring.judge_answer``: the
+output with newlines turned into spaces, after ``Answer:``); the summary judges read the whole
+output. A verdict is read as HELMET reads it (``helmet_json``: the last ``{...}`` of the answer);
+one that cannot be read is **dropped from the mean** (upstream's ``count_score`` and ``"gpt-4-scores"
+in d``), never replaced by another metric. A request that fails for good (after the client's
+retries) is a ``RecallmError``: the run stops, finished examples are kept, a rerun resumes.
+
+**The citation NLI** (``eval.judge.nli``): ``true_t5`` runs HELMET's NLI model,
+``google/t5_xxl_true_nli_mixture`` as a user downloads it (``eval.judge.nli_model``: its local
+directory), with transformers, batched: the input ``premise: {passage} hypothesis: {claim}``, greedy
+generation of at most 10 tokens, entailment when the decoded text is exactly ``1`` (``eval_alce.py``
+``_run_nli_autoais``). ``llm`` (the default) asks the judge endpoint instead (a documented deviation);
+without either, a deterministic stand-in (``fallback_entails``) - labelled as such in the records
+(``judged`` = 0) and the report.
 
 =====================  =========================================  ================================
-use                    judge                                      fallback
+use                    judge                                      without a judge
 =====================  =========================================  ================================
 LongQA (NarrativeQA)   fluency (0/1) x correctness (0-3) / 3      ROUGE-L F1 against the answers
 Summ                   fluency x F1(key-point recall, precision)  ROUGE-Lsum F1 against the summary
-citation NLI           does the premise entail the claim?         the claim is a substring of the
+citation NLI           true_t5 (HELMET's model) or the endpoint   the claim is a substring of the
                                                                   premise, or ROUGE-L recall >= 0.7
 first retrieval        the first segment where the lookup starts  the first mention of the key
 =====================  =========================================  ================================
-
-The rubrics follow HELMET's judge prompts (``scripts/eval_gpt4_longqa.py``,
-``scripts/eval_gpt4_summ.py``) in substance; the wording here is our own. Each judge answer ends
-with a JSON object; one that cannot be read is None, and the caller scores that example with the
-fallback (and says so). A request that fails for good (after the client's retries) is a
-``RecallmError``: the run stops, finished examples are kept, a rerun resumes.
 """
 
 from __future__ import annotations
@@ -34,13 +46,21 @@ import logging
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, TypeVar
 
 from recallm.errors import RecallmError
 
 __all__ = [
     "Judge",
+    "JudgePrompts",
+    "NLISettings",
+    "TrueNLI",
     "make_judge",
+    "make_nli",
+    "helmet_json",
+    "load_helmet_prompts",
     "read_json",
     "segments",
     "fallback_entails",
@@ -53,8 +73,11 @@ T = TypeVar("T")
 R = TypeVar("R")
 
 #: changes when a prompt changes (part of a run's fingerprint)
-PROMPT_VERSION = 1
+PROMPT_VERSION = 2
 
+# Our own short rubrics (``judge_prompts: ours``); HELMET's are read from its checkout (``load_helmet_prompts``).
+# Their fields are HELMET's: {question} {correct_answers} {parsed_output}; {text}; {keypoints} {summary};
+# {expert_summary} {summary}.
 LONGQA_PROMPT = """You grade an answer to a question about a long story (a novel or a film script). You do not see the story; instead you get reference answers that would earn full marks.
 
 Give two scores.
@@ -64,10 +87,10 @@ Correctness: 0 if it agrees with none of the reference answers; 1 if it agrees w
 Think it through briefly, then finish with a JSON object such as {{"fluency": 1, "correctness": 2}}.
 
 Question: {question}
-Reference answers: {answers}
-Answer to grade: {prediction}"""
+Reference answers: {correct_answers}
+Answer to grade: {parsed_output}"""
 
-FLUENCY_PROMPT = """You judge the fluency of a {kind}. Fluent text is coherent, does not repeat itself and is grammatical.
+FLUENCY_PROMPT = """You judge the fluency of a summary. Fluent text is coherent, does not repeat itself and is grammatical.
 Score 0: incoherent, repetitive (even in different words), empty or gibberish.
 Score 1: coherent, non-repetitive and fluent; a last sentence cut off mid-way is acceptable.
 
@@ -77,20 +100,91 @@ Text: <<<{text}>>>"""
 
 RECALL_PROMPT = """You check which key points of an expert's summary of {subject} are present in a candidate summary. A key point is present when the candidate states its facts (wording may differ).
 
-Go through the key points one by one, then finish with a JSON object listing the numbers of the present key points and their count, such as {{"supported_key_points": [1, 3], "recall": 2}}.
+Go through the key points one by one, then finish with a JSON object giving the number of present key points, such as {{{{"recall": 2}}}}.
 
 Key points:
-{keypoints}
+{{keypoints}}
 
-Candidate summary: <<<{summary}>>>"""
+Candidate summary: <<<{{summary}}>>>"""
 
 PRECISION_PROMPT = """You check how many sentences of a candidate summary of {subject} are supported by an expert's summary. A sentence is supported when its main facts agree with the expert summary; small details the expert summary omits (exact dates, names of people, laws or places) do not matter. A sentence whose main facts are missing from or contradict the expert summary, or that only adds commentary or analysis, is not supported.
 
-Go through the sentences one by one, then finish with a JSON object giving the supported sentences and the total number of sentences, such as {{"precision": 3, "sentence_count": 5}}.
+Go through the sentences one by one, then finish with a JSON object giving the supported sentences and the total number of sentences, such as {{{{"precision": 3, "sentence_count": 5}}}}.
 
-Expert summary: <<<{expert}>>>
+Expert summary: <<<{{expert_summary}}>>>
 
-Candidate summary: <<<{summary}>>>"""
+Candidate summary: <<<{{summary}}>>>"""
+
+#: HELMET's judge prompts: (file under the checkout's scripts/, variable) per role
+HELMET_PROMPTS = {
+    "longqa": ("eval_gpt4_longqa.py", "judge_prompt"),
+    "fluency": ("eval_gpt4_summ.py", "fluency_prompt"),
+    "fluency_book": ("eval_gpt4_summ.py", "fluency_prompt_book"),
+    "recall": ("eval_gpt4_summ.py", "recall_prompt"),
+    "recall_book": ("eval_gpt4_summ.py", "recall_prompt_book"),
+    "precision": ("eval_gpt4_summ.py", "precision_prompt"),
+    "precision_book": ("eval_gpt4_summ.py", "precision_prompt_book"),
+}
+
+
+@dataclass(frozen=True)
+class JudgePrompts:
+    """The judge's prompt templates (HELMET's field names); ``*_book`` for InfiniteBench's novels,
+    the others for Multi-LexSum's lawsuits. ``source``: ``ours`` or where HELMET's were read."""
+
+    longqa: str
+    fluency: str
+    fluency_book: str
+    recall: str
+    recall_book: str
+    precision: str
+    precision_book: str
+    source: str = "ours"
+
+    @classmethod
+    def ours(cls) -> JudgePrompts:
+        return cls(
+            longqa=LONGQA_PROMPT,
+            fluency=FLUENCY_PROMPT,
+            fluency_book=FLUENCY_PROMPT,
+            recall=RECALL_PROMPT.format(subject="a civil rights lawsuit"),
+            recall_book=RECALL_PROMPT.format(subject="a novel"),
+            precision=PRECISION_PROMPT.format(subject="a civil rights lawsuit"),
+            precision_book=PRECISION_PROMPT.format(subject="a novel"),
+        )
+
+
+def load_helmet_prompts(helmet_dir: str | Path) -> JudgePrompts:
+    """HELMET's judge prompts, read from a checkout (``scripts/eval_gpt4_longqa.py`` and
+    ``scripts/eval_gpt4_summ.py``: their module-level string constants, parsed, never run)."""
+    import ast
+
+    root = Path(helmet_dir).expanduser() / "scripts"
+    found: dict[str, str] = {}
+    parsed: dict[str, dict[str, str]] = {}
+    for role, (name, variable) in HELMET_PROMPTS.items():
+        path = root / name
+        if name not in parsed:
+            try:
+                tree = ast.parse(path.read_text(encoding="utf-8"))
+            except (OSError, SyntaxError, UnicodeDecodeError) as exc:
+                raise RecallmError(
+                    f"HELMET's judge prompts: cannot read {path} ({type(exc).__name__}); set helmet_dir to a "
+                    "princeton-nlp/HELMET checkout, or judge_prompts=ours"
+                ) from None
+            parsed[name] = {
+                target.id: node.value.value
+                for node in tree.body
+                if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)
+                and isinstance(node.value.value, str)
+                for target in node.targets
+                if isinstance(target, ast.Name)
+            }  # fmt: skip
+        if variable not in parsed[name]:
+            raise RecallmError(f"HELMET's judge prompts: {path} defines no {variable}; is it a HELMET checkout?")
+        found[role] = parsed[name][variable]
+    return JudgePrompts(**found, source=f"HELMET ({root})")
+
 
 NLI_PROMPT = """Premise: <<<{premise}>>>
 
@@ -118,6 +212,26 @@ def read_json(text: str) -> dict[str, Any] | None:
             continue
         if isinstance(value, dict):
             return value
+    return None
+
+
+def helmet_json(text: str, fenced: bool = False) -> dict[str, Any] | None:
+    """A judge's verdict as HELMET reads it (``parse_json`` of ``scripts/eval_gpt4_*.py``): the
+    last non-greedy ``{...}`` of the answer, parsed; with ``fenced`` (the summary judges), a last
+    ```json ...``` block when that fails. None when it is not a JSON object."""
+    matches = re.findall(r"\{.*?\}", text, flags=re.DOTALL)
+    if not matches:
+        return None
+    candidates = [matches[-1]]
+    if fenced:
+        blocks = re.findall(r"(?:```json)(.+)(?:```)", text, flags=re.DOTALL)
+        candidates += blocks[-1:]
+    for candidate in candidates:
+        try:
+            value = json.loads(candidate)
+        except json.JSONDecodeError:
+            continue
+        return value if isinstance(value, dict) else None
     return None
 
 
@@ -202,11 +316,15 @@ class Judge:
 
     # --- the judgements ----------------------------------------------------------------------
 
-    def longqa(self, question: str, answers: Sequence[str], prediction: str) -> float | None:
-        """HELMET's LongQA judge score in [0, 1]: fluency (0/1) x correctness (0-3) / 3."""
-        reply = read_json(
-            self.ask(LONGQA_PROMPT.format(question=question, answers=list(answers), prediction=prediction))
-        )
+    def longqa(
+        self, question: str, answers: Sequence[str], prediction: str, prompts: JudgePrompts | None = None
+    ) -> float | None:
+        """HELMET's LongQA judge score in [0, 1]: fluency (0/1) x correctness (0-3) / 3 (HELMET
+        reports the product x 100/3). ``prediction`` is what the judge reads
+        (``recallm.eval.scoring.judge_answer``); None when the verdict cannot be read."""
+        prompts = prompts or JudgePrompts.ours()
+        text = prompts.longqa.format(question=question, correct_answers=list(answers), parsed_output=prediction)
+        reply = helmet_json(self.ask(text))
         if reply is None:
             return None
         fluency, correctness = _number(reply.get("fluency"), 0, 1), _number(reply.get("correctness"), 0, 3)
@@ -215,18 +333,22 @@ class Judge:
         return fluency * correctness / 3.0
 
     def summary(
-        self, summary: str, keypoints: Sequence[str], expert: str, *, subject: str, kind: str = "summary"
+        self, summary: str, keypoints: Sequence[str], expert: str, *, book: bool, prompts: JudgePrompts | None = None
     ) -> dict[str, float] | None:
-        """HELMET's Summ judge: fluency, key-point recall, sentence precision and
-        ``f1 = fluency * 2 R P / (R + P)`` (three judge calls)."""
-        prompts = [
-            FLUENCY_PROMPT.format(kind=kind, text=summary),
-            RECALL_PROMPT.format(
-                subject=subject, keypoints="\n".join(f"{i + 1}. {k}" for i, k in enumerate(keypoints)), summary=summary
-            ),
-            PRECISION_PROMPT.format(subject=subject, expert=expert, summary=summary),
+        """HELMET's Summ judge (three calls: fluency, key-point recall, sentence precision), as
+        ``eval_gpt4_summ.py`` scores them: recall = found / key points, precision = supported /
+        sentences, ``f1 = fluency * 2 R P / (R + P)`` (not clipped, as upstream). ``book``:
+        InfiniteBench's novels (the ``*_book`` prompts), else Multi-LexSum. None when any of the
+        three verdicts cannot be read (upstream drops the example)."""
+        prompts = prompts or JudgePrompts.ours()
+        text = summary.strip()
+        listing = "\n".join(f"{i + 1}. {k}" for i, k in enumerate(keypoints))
+        asks = [
+            (prompts.fluency_book if book else prompts.fluency).format(text=text),
+            (prompts.recall_book if book else prompts.recall).format(keypoints=listing, summary=text),
+            (prompts.precision_book if book else prompts.precision).format(expert_summary=expert, summary=text),
         ]
-        replies = [read_json(text) for text in self.map(self.ask, prompts)]
+        replies = [helmet_json(answer, fenced=True) for answer in self.map(self.ask, asks)]
         if any(r is None for r in replies):
             return None
         f, r, p = replies
@@ -235,13 +357,13 @@ class Judge:
         supported, sentences = _number(p.get("precision"), 0, float("inf")), _number(p.get("sentence_count"), 0, 1e9)
         if fluency is None or found is None or supported is None or sentences is None:
             return None
-        recall = min(1.0, found / len(keypoints)) if keypoints else 0.0
-        precision = min(1.0, supported / sentences) if sentences > 0 else 0.0
+        recall = found / len(keypoints) if keypoints else 0.0
+        precision = supported / sentences if sentences > 0 else 0.0
         f1 = fluency * 2 * recall * precision / (recall + precision) if recall + precision > 0 else 0.0
         return {"fluency": fluency, "recall": recall, "precision": precision, "f1": f1}
 
     def entails(self, premise: str, hypothesis: str) -> bool | None:
-        """The NLI judgement: does ``premise`` entail ``hypothesis``?"""
+        """The NLI judgement asked of the endpoint: does ``premise`` entail ``hypothesis``?"""
         reply = read_json(self.ask(NLI_PROMPT.format(premise=premise, hypothesis=hypothesis)))
         value = None if reply is None else _number(reply.get("entails"), 0, 1)
         return None if value is None else value >= 0.5
@@ -260,14 +382,123 @@ class Judge:
         return -1 if number < 0 else parts[int(number) - 1][0]
 
 
+@dataclass(frozen=True)
+class NLISettings:
+    """The citation NLI of ``eval.judge`` (keys beside the endpoint's)."""
+
+    nli: str = "llm"
+    """``true_t5`` (HELMET's TRUE NLI model, ``nli_model``) | ``llm`` (the judge endpoint; without one, the
+    deterministic fallback)"""
+    nli_model: str | None = None
+    """a local copy of google/t5_xxl_true_nli_mixture (or any T5 NLI model of its kind)"""
+    nli_batch_size: int = 8
+    nli_device: str = "auto"
+    """``auto`` (CUDA when there is one, else CPU), ``cpu``, ``cuda``, ``cuda:1``..."""
+    nli_dtype: str = "auto"
+    """``auto`` (bfloat16 on CUDA as HELMET loads it, float32 on the CPU), ``bfloat16``, ``float32``"""
+
+    def __post_init__(self) -> None:
+        if self.nli not in ("llm", "true_t5"):
+            raise RecallmError(f"eval.judge.nli must be llm or true_t5, got {self.nli!r}")
+        if self.nli == "true_t5" and not self.nli_model:
+            raise RecallmError(
+                "eval.judge.nli=true_t5 needs eval.judge.nli_model: a local copy of google/t5_xxl_true_nli_mixture "
+                "(huggingface-cli download google/t5_xxl_true_nli_mixture --local-dir ...)"
+            )
+        if self.nli_batch_size < 1:
+            raise RecallmError(f"eval.judge.nli_batch_size must be >= 1, got {self.nli_batch_size}")
+        if self.nli_dtype not in ("auto", "bfloat16", "float32", "float16"):
+            raise RecallmError(f"eval.judge.nli_dtype must be auto, bfloat16, float16 or float32, got {self.nli_dtype!r}")
+
+
+_NLI_KEYS = tuple(NLISettings.__dataclass_fields__)
+
+
+def _split(cfg: Mapping[str, Any]) -> tuple[dict[str, Any], NLISettings]:
+    from recallm.config import dataclass_values
+
+    cfg = dict(cfg)
+    nli = {k: cfg.pop(k) for k in _NLI_KEYS if k in cfg}
+    return cfg, NLISettings(**dataclass_values(NLISettings, nli, "eval.judge"))
+
+
+class TrueNLI:
+    """HELMET's citation NLI (``eval_alce.py`` ``_run_nli_autoais``), batched: a T5 model reads
+    ``premise: {premise} hypothesis: {hypothesis}`` and generates greedily (at most 10 tokens);
+    the claim is entailed when the decoded text is exactly ``1``. Batching pads the inputs (the
+    attention mask keeps each row's result that of the row alone)."""
+
+    def __init__(self, settings: NLISettings) -> None:
+        import torch
+        from transformers import AutoModelForSeq2SeqLM, AutoTokenizer
+
+        path = Path(str(settings.nli_model)).expanduser()
+        if not (path / "config.json").is_file():
+            raise RecallmError(
+                f"eval.judge.nli_model: {path} is not a model directory (no config.json); download "
+                "google/t5_xxl_true_nli_mixture there"
+            )
+        device = settings.nli_device
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        dtype = settings.nli_dtype
+        if dtype == "auto":
+            dtype = "bfloat16" if device.startswith("cuda") else "float32"
+        self.settings, self.path, self.device = settings, path, device
+        self.tokenizer = AutoTokenizer.from_pretrained(str(path))
+        self.model = AutoModelForSeq2SeqLM.from_pretrained(str(path), dtype=getattr(torch, dtype)).to(device).eval()
+        self.name = f"true_t5 ({path.name})"
+
+    def describe(self) -> dict[str, Any]:
+        return {"nli": "true_t5", "model": str(self.path)}
+
+    def entails_batch(self, pairs: Sequence[tuple[str, str]]) -> list[bool]:
+        import torch
+
+        out: list[bool] = []
+        size = self.settings.nli_batch_size
+        for start in range(0, len(pairs), size):
+            texts = [f"premise: {p} hypothesis: {h}" for p, h in pairs[start : start + size]]
+            batch = self.tokenizer(texts, return_tensors="pt", padding=True).to(self.device)
+            with torch.inference_mode():
+                ids = self.model.generate(**batch, max_new_tokens=10, do_sample=False, num_beams=1)
+            out += [text == "1" for text in self.tokenizer.batch_decode(ids, skip_special_tokens=True)]
+        return out
+
+
+class JudgeNLI:
+    """The citation NLI asked of the judge endpoint (``nli: llm``); None for an unreadable verdict."""
+
+    def __init__(self, judge: Judge) -> None:
+        self.judge = judge
+        self.name = f"llm ({judge.model})"
+
+    def describe(self) -> dict[str, Any]:
+        return {"nli": "llm", **self.judge.describe()}
+
+    def entails_batch(self, pairs: Sequence[tuple[str, str]]) -> list[bool | None]:
+        return self.judge.map(lambda pair: self.judge.entails(*pair), pairs)
+
+
+def make_nli(cfg: Mapping[str, Any] | None, judge: Judge | None):
+    """The citation NLI of ``eval.judge`` (``TrueNLI`` for ``nli: true_t5``, else the judge's
+    endpoint), or None: the deterministic fallback."""
+    settings = _split(cfg)[1] if cfg is not None else NLISettings()
+    if settings.nli == "true_t5":
+        return TrueNLI(settings)
+    return JudgeNLI(judge) if judge is not None else None
+
+
 def make_judge(cfg: Mapping[str, Any] | None) -> Judge | None:
     """The judge of ``eval.judge`` (None without one: the fallbacks are used). Keys:
     ``base_url``, ``model``, ``api_key_env``, ``temperature`` (default 0), ``max_tokens``
-    (default 2048), ``timeout``, ``concurrency``, ``retries``, ``backoff``, ``extra_body``."""
+    (default 2048), ``timeout``, ``concurrency``, ``retries``, ``backoff``, ``extra_body``; and
+    the citation NLI's (``NLISettings``: ``nli``, ``nli_model``, ...), read by ``make_nli``."""
     if cfg is None:
         return None
     if not isinstance(cfg, Mapping):
         raise RecallmError(f"eval.judge must be a mapping or null, got {cfg!r}")
+    cfg, _ = _split(cfg)
     if not cfg.get("model"):
         return None
     from recallm.clients import ChatClient, EndpointConfig

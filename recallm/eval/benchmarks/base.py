@@ -53,6 +53,7 @@ class BenchmarkSettings:
     generation: Mapping[str, Any] | None = None  # the suite's generation settings (a benchmark may override keys)
     reward_config: Any = None  # rewards.RewardConfig (in-domain scoring)
     judge: Any = None  # recallm.eval.judge.Judge, or None (the deterministic fallbacks)
+    nli: Any = None  # the citation NLI (recallm.eval.judge.make_nli: TrueNLI or the judge's), or None (fallback)
     # nominal length -> the prompt length fitted in its place (e.g. 131072 -> 128000: the 128K cells leave room
     # to generate within the model's positions); the cell keeps its nominal length in ids and tables
     fit_lengths: Mapping[int, int] | None = None

@@ -52,6 +52,8 @@ from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions
 from recallm.eval.benchmarks.helmet.tasks import (
     CATEGORIES,
+    HELMET_SEED,
+    REPORTED,
     TASKS,
     HelmetTask,
     Sample,
@@ -110,6 +112,9 @@ class HelmetOptions(BenchmarkOptions):
     helmet_dir: str | None = None
     dataset_root: str | None = None
     haystack_path: str | None = None
+    judge_prompts: str = "helmet"
+    """``helmet``: HELMET's judge prompts, read from ``helmet_dir`` (needed when a judge scores LongQA or
+    Summ); ``ours``: our short rubrics (a deviation, shown in the report)"""
 
 
 class Helmet(Benchmark):
@@ -169,6 +174,42 @@ class Helmet(Benchmark):
             )
         self._pools: OrderedDict[tuple[str, str], _Pool] = OrderedDict()
         self._doc_tokens: dict[str, int] = {}
+        if self.cfg["judge_prompts"] not in ("helmet", "ours"):
+            raise RecallmError(f"{self.name}.judge_prompts must be helmet or ours, got {self.cfg['judge_prompts']!r}")
+        self._prompts = None
+
+    @property
+    def judge_prompts(self):
+        """The judge's prompts (HELMET's, read from ``helmet_dir``, or ours)."""
+        if self._prompts is None:
+            from recallm.eval.judge import JudgePrompts, load_helmet_prompts
+
+            if self.cfg["judge_prompts"] == "ours":
+                self._prompts = JudgePrompts.ours()
+            elif self.cfg["helmet_dir"] is None:
+                raise RecallmError(
+                    f"{self.name}: the LongQA and Summ judge uses HELMET's prompts, read from its checkout: set "
+                    f"eval.benchmarks.{self.name}.helmet_dir (or judge_prompts=ours)"
+                )
+            else:
+                self._prompts = load_helmet_prompts(self.cfg["helmet_dir"])
+        return self._prompts
+
+    def protocol(self) -> dict[str, Any]:
+        """How this run differs from HELMET's protocol, as named options (the report's header)."""
+        judge, nli = self.settings.judge, self.settings.nli
+        judged = [t for t in self.tasks.values() if t.judged and t.family != "alce"]
+        cite = [t for t in self.tasks.values() if t.family == "alce"]
+        out: dict[str, Any] = {}
+        if judged:
+            out["judge"] = judge.model if judge is not None else "none (ROUGE fallbacks)"
+            if judge is not None:
+                out["judge_prompts"] = self.cfg["judge_prompts"]
+        if cite:
+            out["citation_nli"] = nli.name if nli is not None else "none (substring / ROUGE-L fallback)"
+        if any(t.family == "ruler" for t in self.tasks.values()) or "json_kv" in self.tasks:
+            out["recall_data"] = "generated offline (not HELMET's files)"
+        return out
 
     # --- planning ------------------------------------------------------------------------------
 
@@ -220,6 +261,8 @@ class Helmet(Benchmark):
                         path = self.path_of(name, which, self.target(length))
                         if path is not None and (which == "path" or self.shots_of(name)):
                             check_path(path, f"{self.name} {name} ({which})", task.hint)
+                if task.judged and task.family != "alce" and self.settings.judge is not None:
+                    self.judge_prompts  # noqa: B018  (HELMET's prompts are read before anything runs)
                 if task.judged and self.settings.judge is not None:
                     keypoints = self.path_of(name, "keypoints_path")
                     if keypoints is not None:
@@ -232,6 +275,9 @@ class Helmet(Benchmark):
         out = super().describe()
         if any(t.judged for t in self.tasks.values()):
             out["judge"] = self.settings.judge.describe() if self.settings.judge is not None else "fallback"
+            if self.settings.nli is not None and any(t.family == "alce" for t in self.tasks.values()):
+                out["nli"] = self.settings.nli.describe()
+        out["scoring"] = "helmet-2"  # upstream's readings, aggregation and judge inputs (earlier runs differ)
         return out
 
     # --- building ------------------------------------------------------------------------------
@@ -259,7 +305,7 @@ class Helmet(Benchmark):
                 keypoints = self.path_of(name, "keypoints_path") if self.settings.judge is not None else None
                 source = multi_lexsum_source(task, path, keypoints, seed, shots)
             elif family == "icl":
-                source = icl_source(task, path, seed)
+                source = icl_source(task, path, HELMET_SEED, self.per_cell_of(name))
             else:  # pragma: no cover - the table has no other family
                 raise RecallmError(f"{self.name} {name}: unknown family {family}")
             self._pools[key] = _Pool(source, self.per_cell_of(name))
@@ -328,7 +374,8 @@ class Helmet(Benchmark):
             starts = renderer.token_starts(fields["context"])
             if len(starts) > keep:
                 tail = len(renderer.token_starts(OMITTED))
-                fields["context"] = fields["context"][: int(starts[max(1, keep - tail)])] + OMITTED
+                # HELMET's truncate_llama2 keeps tokens 0..keep-tail (inclusive), then the note
+                fields["context"] = fields["context"][: int(starts[max(1, keep - tail + 1)])] + OMITTED
         budget = target - task.gen_tokens
         for _ in range(8):
             content = task.template.format(**fields)
@@ -393,15 +440,15 @@ class Helmet(Benchmark):
 
     # --- scoring -------------------------------------------------------------------------------
 
-    def _readings(self, task: HelmetTask, text: str) -> tuple[str, list[str]]:
-        from recallm.eval.scoring import answer_region, final_answer, helmet_parse_output
+    def _region(self, text: str) -> str:
+        """The output HELMET scores: with thinking (``after_think``), the text after the last
+        ``</think>``, stripped, or the whole output when there is none (``eval.py --thinking``)."""
+        import re
 
-        region = answer_region(text, self.settings.answer_region)
-        readings = [region, helmet_parse_output(region, task.prefix) or ""]
-        after = final_answer(text, self.settings.answer_region)
-        if after is not None:
-            readings += [after, helmet_parse_output(after, task.prefix) or ""]
-        return region, readings
+        if self.settings.answer_region == "full":
+            return text
+        match = re.search(r"(.*</think>)(.*)", text, flags=re.DOTALL)
+        return match.group(2).strip() if match else text
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
         return self.score_batch([example], [generation], [followup])[0]
@@ -416,106 +463,145 @@ class Helmet(Benchmark):
         return judge.map(lambda job: job(), jobs)
 
     def _score_one(self, example: Example, generation: Generation) -> Score:
+        """One output scored as HELMET's ``post_process`` of its task does (``data.py``)."""
         from recallm.eval import scoring as m
 
         name = example.spec.task
         task = self.tasks[name]
         ref = example.reference
         if task.family == "ruler":
-            return self._ruler.score(example, generation, None)
-        region, readings = self._readings(task, generation.text)
-        answer = readings[1] or region.strip() or None
+            return self._ruler_recall(example, generation)
+        region = self._region(generation.text)
+        parsed = m.helmet_parse_output(region, task.prefix)
+        answer = parsed or region.strip() or None
         judge = self.settings.judge
-        metrics: dict[str, float] = {}
-        if task.family in ("json_kv", "kilt"):
-            values = m.helmet_metrics(readings, ref["answers"], rouge=False)
+        metrics: dict[str, float | None] = {}
+        if task.family in ("json_kv", "kilt"):  # calculate_metrics of the output and of its parse, the max
+            values = m.helmet_metrics([region, parsed], ref["answers"], rouge=False)
             metrics = {k: values[k] for k in ("substring_exact_match", "exact_match", "f1")}
             score = values["substring_exact_match"]
-        elif task.family == "icl":
-            values = m.helmet_metrics(readings, ref["answers"], rouge=False)
+        elif task.family == "icl":  # only the parse after "label:"
+            values = m.helmet_metrics([parsed], ref["answers"], rouge=False)
             metrics = {"exact_match": values["exact_match"]}
             score = values["exact_match"]
-        elif task.family == "msmarco":
-            score = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 10) for r in readings if r), default=0.0)
-            ndcg5 = max((m.trec_ndcg(m.parse_rankings(r), ref["qrels"], 5) for r in readings if r), default=0.0)
-            metrics = {"NDCG@10": score, "NDCG@5": ndcg5}
-            answer = " > ".join(m.parse_rankings(region))[:200] or None
+        elif task.family == "msmarco":  # the rankings parsed from the output
+            ranking = m.parse_rankings(region)
+            score = m.trec_ndcg(ranking, ref["qrels"], 10)
+            metrics = {"NDCG@10": score, "NDCG@5": m.trec_ndcg(ranking, ref["qrels"], 5)}
+            answer = " > ".join(ranking)[:200] or None
         elif task.family == "alce":
             score, metrics, answer = self._cite(task, region, ref)
         elif task.family == "infbench" and task.options["kind"] == "choice":
-            values = m.helmet_metrics(readings, ref["answers"][:1], rouge=False)
-            score = max(values["exact_match"], float(ref["answers"][1].lower() in region.lower()))
+            values = m.helmet_metrics([region, parsed], ref["answers"], rouge=False)
+            score = float(values["exact_match"] or ref["answers"][1].lower() in region.lower())
             metrics = {"exact_match": score}
         elif task.family == "infbench" and task.options["kind"] == "qa":
-            score = m.helmet_metrics(readings, ref["answers"])["rougeL_f1"]
+            score = m.helmet_metrics([region, parsed], ref["answers"])["rougeL_f1"]
             metrics = {"rougeL_f1": score}
         elif task.family == "narrativeqa":
-            parsed = readings[1] or region
-            judged = judge.longqa(ref["question"], ref["answers"], parsed) if judge is not None else None
-            fallback = m.helmet_metrics(readings, ref["answers"])["rougeL_f1"]
+            judged = judge.longqa(ref["question"], ref["answers"], m.judge_answer(region), self.judge_prompts) if judge else None
+            fallback = m.helmet_metrics([region, parsed], ref["answers"])["rougeL_f1"]
             score = judged if judged is not None else fallback
+            # an unreadable verdict leaves judge_score out: dropped from the mean, as HELMET drops it
             metrics = {"judge_score": judged, "rougeL_f1": fallback, "judged": float(judged is not None)}
-        else:  # summaries
-            summary = _strip_prefix(region, task.prefix)
+        else:  # summaries: the judge reads the whole output
+            summary = region.strip()
             judged = None
             if judge is not None and ref.get("keypoints"):
-                subject = "a novel" if task.family == "infbench" else "a civil rights lawsuit"
-                judged = judge.summary(summary, ref["keypoints"], ref["expert"], subject=subject, kind="summary")
-            fallback = m.rouge_l(summary, ref["answers"])["rougeLsum_f1"]
+                book = task.family == "infbench"
+                judged = judge.summary(summary, ref["keypoints"], ref["expert"], book=book, prompts=self.judge_prompts)
+            fallback = m.helmet_metrics([region, parsed], ref["answers"])["rougeLsum_f1"]
             score = judged["f1"] if judged is not None else fallback
             metrics = {"rougeLsum_f1": fallback, "judged": float(judged is not None)}
             if judged is not None:
                 metrics.update({f"judge_{k}": v for k, v in judged.items()})
             answer = summary[:200] or None
-        metrics = {k: float(v) for k, v in metrics.items() if v is not None}
-        return Score(score=float(score), correct=float(score) >= 1.0, answer=answer, metrics=metrics)
+        clean = {k: float(v) for k, v in metrics.items() if v is not None}
+        return Score(score=float(score), correct=float(score) >= 1.0, answer=answer, metrics=clean)
+
+    def _ruler_recall(self, example: Example, generation: Generation) -> Score:
+        """HELMET's Recall needle tasks: ``ruler_recall``, the share of answers that are
+        case-insensitive substrings of the output (``data.py`` ``load_ruler``; no parsing)."""
+        from recallm.eval.scoring import string_match_all
+
+        region = self._region(generation.text)
+        value = string_match_all(region, example.reference["answers"])
+        return Score(score=value, correct=value == 1.0, answer=region[:200] or None, metrics={"ruler_recall": value})
 
     def _cite(self, task: HelmetTask, region: str, ref: Mapping[str, Any]) -> tuple[float, dict[str, float], str]:
-        """ALCE: the output (newlines to spaces) scored for correctness (ASQA STR-EM / QAMPARI
-        recall@5, citations removed) and for citation recall and precision (NLI)."""
+        """ALCE (``eval_alce.py``): newlines become spaces; correctness (ASQA STR-EM / QAMPARI
+        recall@5) on the output without citations, citation recall and precision (NLI) on the
+        output with them. An output without a claim has no citation metrics (upstream skips it);
+        ``score`` is the mean of the three metrics it has."""
         import re
 
         from recallm.eval import scoring as m
         from recallm.eval.judge import fallback_entails
 
-        output = re.sub(r"\n+", " ", _strip_prefix(region, "Answer:")).strip()
+        output = re.sub(r"\n+", " ", region).replace("<|im_end|>", "")
         qampari = task.name == "alce_qampari"
-        judge = self.settings.judge
+        nli = self.settings.nli
         fell_back = []
 
-        def entails(premise: str, hypothesis: str) -> bool:
-            if judge is not None:
-                verdict = judge.entails(premise, hypothesis)
-                if verdict is not None:
-                    return verdict
-            fell_back.append(1)
-            if qampari:  # the claim is "question item": the item is what a passage must hold
-                hypothesis = hypothesis[len(ref["question"]) :].strip() or hypothesis
-            return fallback_entails(premise, hypothesis)
+        def entails(pairs: Sequence[tuple[str, str]]) -> list[bool]:
+            verdicts = nli.entails_batch(pairs) if nli is not None else [None] * len(pairs)
+            out = []
+            for (premise, hypothesis), verdict in zip(pairs, verdicts, strict=True):
+                if verdict is None:
+                    fell_back.append(1)
+                    if qampari:  # the claim is "question item": the item is what a passage must hold
+                        hypothesis = hypothesis[len(ref["question"]) :].strip() or hypothesis
+                    verdict = fallback_entails(premise, hypothesis)
+                out.append(bool(verdict))
+            return out
 
         cited = m.citation_scores(output, ref["docs"], entails, question=ref["question"], qampari=qampari)
-        cited = cited or {"citation_rec": 0.0, "citation_prec": 0.0}
         if qampari:
             correct = m.qampari_scores(output, ref["answers"])["qampari_rec_top5"]
             metrics = {"qampari_rec_top5": correct}
         else:
             correct, hit = m.asqa_str_em(output, ref["qa_pairs"])
             metrics = {"str_em": correct, "str_hit": hit}
-        metrics.update(cited)
-        metrics["judged"] = float(judge is not None and not fell_back)
-        score = (correct + cited["citation_rec"] + cited["citation_prec"]) / 3
-        return score, metrics, output[:300]
+        if cited is not None:
+            metrics.update(cited)
+        metrics["judged"] = float(nli is not None and not fell_back)
+        parts = [correct] + ([cited["citation_rec"], cited["citation_prec"]] if cited is not None else [])
+        return sum(parts) / len(parts), metrics, output[:300]
 
     # --- the summary ---------------------------------------------------------------------------
 
     def summarize(self, records: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-        cells: dict[str, dict[int, list[float]]] = {}
+        """Per task and length, HELMET's number (``collect_results.py``): the mean of the task's
+        reported metrics (``REPORTED``), each averaged over the examples that have it; categories
+        average their tasks; per cell the example count (``n``) and the examples a metric was left
+        out of (``dropped``: unreadable verdicts, claim-less ALCE outputs)."""
+        cells: dict[str, dict[int, list[Mapping[str, Any]]]] = {}
         judged: dict[str, list[float]] = {}
         for r in records:
-            cells.setdefault(r["task"], {}).setdefault(int(r["length"]), []).append(float(r["score"]))
+            cells.setdefault(r["task"], {}).setdefault(int(r["length"]), []).append(r)
             if self.tasks.get(r["task"]) is not None and self.tasks[r["task"]].judged:
                 judged.setdefault(r["task"], []).append(float((r.get("metrics") or {}).get("judged", 0.0)))
-        tasks = {t: {str(n): sum(v) / len(v) for n, v in sorted(by.items())} for t, by in cells.items()}
+        tasks: dict[str, dict[str, float | None]] = {}
+        counts: dict[str, dict[str, dict[str, int]]] = {}
+        fallback_used: set[str] = set()
+        for t, by_length in cells.items():
+            main, fallback = REPORTED.get(t, (("score",), ()))
+            tasks[t], counts[t] = {}, {}
+            for n, recs in sorted(by_length.items()):
+                names = main
+                if fallback and not any(all(k in (r.get("metrics") or {}) for k in main) for r in recs):
+                    names = fallback  # no judged value at all: the fallback metric, labelled
+                    fallback_used.add(t)
+                values, dropped = [], 0
+                for k in names:
+                    have = [float((r.get("metrics") or {})[k]) for r in recs if k in (r.get("metrics") or {})]
+                    if k == "score":
+                        have = [float(r["score"]) for r in recs]
+                    dropped = max(dropped, len(recs) - len(have))
+                    if have:
+                        values.append(sum(have) / len(have))
+                tasks[t][str(n)] = sum(values) / len(values) if len(values) == len(names) else None
+                counts[t][str(n)] = {"n": len(recs), "dropped": dropped}
         categories: dict[str, Any] = {}
         for category in CATEGORIES:
             names = [t for t in tasks if TASKS.get(t) is not None and TASKS[t].category == category]
@@ -524,29 +610,30 @@ class Helmet(Benchmark):
             lengths = sorted({int(n) for t in names for n in tasks[t]})
             by_length = {}
             for n in lengths:
-                values = [tasks[t][str(n)] for t in names if str(n) in tasks[t]]
-                by_length[str(n)] = sum(values) / len(values)
+                values = [tasks[t].get(str(n)) for t in names]
+                by_length[str(n)] = (
+                    sum(values) / len(values) if all(v is not None for v in values) and len(values) == len(names) else None
+                )
+            present = [v for v in by_length.values() if v is not None]
             categories[category] = {
                 "tasks": names,
                 "by_length": by_length,
-                "average": sum(by_length.values()) / len(by_length),
+                "average": sum(present) / len(present) if present else None,
                 "complete": all(str(n) in tasks[t] for t in names for n in lengths),
             }
         judge = self.settings.judge
         out: dict[str, Any] = {
             "tasks": tasks,
+            "counts": counts,
             "categories": categories,
             "judge": judge.model if judge is not None else None,
             "judged_share": {t: sum(v) / len(v) for t, v in judged.items()},
+            "fallback_metric": sorted(fallback_used),
+            "protocol": self.protocol(),
         }
         if self._ruler is not None:
-            out.update(self._ruler.summarize(records))
+            out.update({k: v for k, v in self._ruler.summarize(records).items() if k != "protocol"})
         return out
-
-
-def _strip_prefix(text: str, prefix: str) -> str:
-    text = text.strip()
-    return text[len(prefix) :].strip() if text.lower().startswith(prefix.lower()) else text
 
 
 class HelmetJsonKV(Helmet):
@@ -564,6 +651,7 @@ class HelmetJsonKV(Helmet):
         self._ruler = None
         self._pools = OrderedDict()
         self._doc_tokens = {}
+        self._prompts = None
 
     def describe(self) -> dict[str, Any]:
         out = {k: v for k, v in Benchmark.describe(self).items() if k in ("lengths", "per_cell", "fit_lengths")}

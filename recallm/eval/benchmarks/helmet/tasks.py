@@ -26,6 +26,10 @@ from recallm.errors import RecallmError
 
 __all__ = [
     "CATEGORIES",
+    "REPORTED",
+    "HELMET_SEED",
+    "balance_labels",
+    "hf_permutation",
     "HELMET_LENGTHS",
     "HelmetTask",
     "TASKS",
@@ -85,7 +89,7 @@ class HelmetTask:
     files: Mapping[str, str] = field(default_factory=dict)  # default paths: path / demo_path / keypoints_path
     hint: str = ""
     judged: bool = False
-    prefix: str = "Answer:"  # HELMET's answer prefix (system template) that parse_output reads after
+    prefix: str = "Answer:"  # the prefix HELMET's post_process gives parse_output for this task
     options: Mapping[str, Any] = field(default_factory=dict)
 
     @property
@@ -166,7 +170,7 @@ TASKS: dict[str, HelmetTask] = {
     for t in (
         # Recall: generated offline (json_kv) or by our RULER generator (the three needle tasks HELMET keeps)
         HelmetTask("json_kv", "Recall", "json_kv", JSON_KV_TEMPLATE, 100, "substring_exact_match",
-                   (50, 105, 220, 440, 900, 1800)),
+                   (50, 105, 220, 440, 900, 1800), prefix="corresponding value:"),
         HelmetTask("ruler_niah_mk_2", "Recall", "ruler", "", 50, "ruler_recall",
                    options={"ruler_task": "niah_multikey_2"}),
         HelmetTask("ruler_niah_mk_3", "Recall", "ruler", "", 100, "ruler_recall",
@@ -213,7 +217,7 @@ TASKS: dict[str, HelmetTask] = {
                    files={"path": "{dataset_root}/infinitebench/longbook_sum_eng.jsonl",
                           "keypoints_path": "{helmet_dir}/data/infbench/longbook_sum_eng_keypoints.jsonl"},
                    hint=_hf_hint("xinrongzhang2022/InfiniteBench", "longbook_sum_eng.jsonl: id, context, answer"),
-                   judged=True, prefix="Summary:", options={"kind": "sum"}),
+                   judged=True, options={"kind": "sum"}),  # (parse_output's default prefix: Answer:)
         HelmetTask("multi_lexsum", "Summ", "multi_lexsum", MULTI_LEXSUM_TEMPLATE, 400, "judge F1", reserve=700,
                    files={"path": "{dataset_root}/multi_lexsum",
                           "keypoints_path": "{helmet_dir}/data/multi_lexsum/multi_lexsum_val.jsonl"},
@@ -233,6 +237,25 @@ TASKS: dict[str, HelmetTask] = {
              "text, label (one split; 10% is held out for testing, as HELMET does)"),
     )
 }  # fmt: skip
+
+
+#: the metrics HELMET's ``scripts/collect_results.py`` reports per task (a category averages them all); each is
+#: averaged over the examples that have it (upstream drops unreadable judge verdicts and claim-less ALCE outputs).
+#: Without a judge, a judged metric is replaced by its fallback (second entry), labelled in the report.
+REPORTED: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    "json_kv": (("substring_exact_match",), ()),
+    **{t: (("ruler_recall",), ()) for t in ("ruler_niah_mk_2", "ruler_niah_mk_3", "ruler_niah_mv")},
+    **{t: (("substring_exact_match",), ()) for t in ("nq", "triviaqa", "hotpotqa", "popqa")},
+    "msmarco_rerank": (("NDCG@10",), ()),
+    "alce_asqa": (("str_em", "citation_rec", "citation_prec"), ()),
+    "alce_qampari": (("qampari_rec_top5", "citation_rec", "citation_prec"), ()),
+    "narrativeqa": (("judge_score",), ("rougeL_f1",)),
+    "infbench_qa": (("rougeL_f1",), ()),
+    "infbench_choice": (("exact_match",), ()),
+    "infbench_sum": (("judge_f1",), ("rougeLsum_f1",)),
+    "multi_lexsum": (("judge_f1",), ("rougeLsum_f1",)),
+    **{t: (("exact_match",), ()) for t in ("trec_coarse", "trec_fine", "banking77", "clinic150", "nlu")},
+}
 
 
 # --------------------------------------------------------------------------- reading local copies
@@ -411,9 +434,9 @@ def alce_source(task: HelmetTask, path: str, demo_path: str, seed: int, shots: i
                 )
                 + "\n\n\n"
             )
-        reference = {
+        reference = {  # every document of the item: upstream's NLI reads citations past the shown ones too
             "question": str(record["question"]),
-            "docs": [f"Title: {d.get('title', '')}\n{d.get('sent', d.get('text', ''))}" for d in docs],
+            "docs": [f"Title: {d.get('title', '')}\n{d['sent'] if 'sent' in d else d.get('text', '')}" for d in record["docs"]],
         }
         if qampari:
             reference["answers"] = [_strings(a) for a in record["answers"]]
@@ -556,61 +579,84 @@ def multi_lexsum_source(task: HelmetTask, path: str, keypoints_path: str | None,
     return Source([records[i] for i in _select([str(r["id"]) for r in records], seed)], make)
 
 
-def icl_source(task: HelmetTask, path: str, seed: int) -> Source:
-    """ICL: a classification data set with its labels mapped to random integers per test item,
-    ``size`` demonstrations drawn label-balanced from the train split (rounds of one example per
-    label, each round shuffled), test items label-balanced too (HELMET's ``balance_labels``)."""
+#: HELMET's seed (``arguments.py --seed`` default): its sampling of test items, demonstrations and label maps
+HELMET_SEED = 42
+#: the label counts HELMET maps to random integers (``data.py`` ``load_icl`` ``num_labels``)
+ICL_LABELS = {"trec_coarse": 6, "trec_fine": 50, "banking77": 77, "clinic150": 151, "nlu": 68}
+
+
+def balance_labels(data: Sequence[Mapping[str, Any]], label_field: str, shots: int, seed: int) -> list[Mapping[str, Any]]:
+    """HELMET's ``balance_labels``: ``shots`` items in rounds of one per label (labels in order of
+    first appearance), each round shuffled; per label, ``rounds % len(items)`` distinct picks, topped
+    up with further draws when a label has too few (upstream's arithmetic, kept as it is)."""
+    rand = random.Random(seed)
+    by_label: dict[Any, list[Mapping[str, Any]]] = {}
+    for item in data:
+        by_label.setdefault(item[label_field], []).append(item)
+    rounds = math.ceil(shots / len(by_label))
+    sets: list[list[Mapping[str, Any]]] = [[] for _ in range(rounds)]
+    for items in by_label.values():
+        picks = rand.sample(range(len(items)), rounds % len(items))
+        while len(picks) < rounds:
+            picks += rand.sample(range(len(items)), min(rounds - len(picks), len(items)))
+        for i, pick in enumerate(picks):
+            sets[i].append(items[pick])
+    for s in sets:
+        rand.shuffle(s)
+    return [item for s in sets for item in s][:shots]
+
+
+def hf_permutation(n: int, seed: int) -> list[int]:
+    """The row order of Hugging Face ``Dataset.shuffle(seed=seed)`` on ``n`` rows."""
+    from datasets import Dataset
+
+    return list(Dataset.from_dict({"i": list(range(n))}).shuffle(seed=seed)["i"])
+
+
+def hf_train_test_split(n: int, test_size: float, seed: int) -> tuple[list[int], list[int]]:
+    """Row indices (train, test) of Hugging Face ``Dataset.train_test_split(test_size, seed=seed)``."""
+    from datasets import Dataset
+
+    split = Dataset.from_dict({"i": list(range(n))}).train_test_split(test_size=test_size, seed=seed)
+    return list(split["train"]["i"]), list(split["test"]["i"])
+
+
+def icl_source(task: HelmetTask, path: str, seed: int = HELMET_SEED, per_cell: int | None = None) -> Source:
+    """ICL as HELMET's ``load_icl`` builds it: labels are class indices mapped to a random
+    permutation of ``range(num_labels)`` per test item (HELMET's fixed label counts); the
+    demonstrations (``size`` of them) are ``balance_labels`` of the train split seeded by the item's
+    text; more test items than ``per_cell``: the test split shuffled (Hugging Face's
+    ``shuffle(seed)``) and label-balanced. NLU's one split is cut with ``train_test_split(0.1,
+    seed)``. ``seed``: HELMET's (42)."""
     label_field, test_split = task.options["label_field"], task.options["test_split"]
+    num_labels = ICL_LABELS[task.name]
     train = _records(path, task, split="train")
     if test_split:
         test = _records(path, task, split=test_split)
-    else:  # one split: 10% held out, as HELMET's train_test_split(test_size=0.1)
-        order = list(range(len(train)))
-        random.Random(42).shuffle(order)
-        cut = max(1, len(order) // 10)
-        test, train = [train[i] for i in order[:cut]], [train[i] for i in order[cut:]]
+    else:  # one split: 10% held out, as HELMET's train_test_split(test_size=0.1, seed=42)
+        train_idx, test_idx = hf_train_test_split(len(train), 0.1, seed)
+        test, train = [train[i] for i in test_idx], [train[i] for i in train_idx]
     for r in train[:1] + test[:1]:
         _field(r, task, path, "text")
-        _field(r, task, path, label_field)
-    labels = sorted({str(r[label_field]) for r in train} | {str(r[label_field]) for r in test})
-    by_label: dict[str, list[dict[str, Any]]] = {}
-    for r in train:
-        by_label.setdefault(str(r[label_field]), []).append(r)
-
-    def balanced(pool: dict[str, list[dict[str, Any]]], n: int, rng: random.Random) -> list[dict[str, Any]]:
-        rounds = math.ceil(n / max(1, len(pool)))
-        sets: list[list[dict[str, Any]]] = [[] for _ in range(rounds)]
-        for _, items in sorted(pool.items()):
-            picks = rng.sample(range(len(items)), min(rounds, len(items)))
-            while len(picks) < rounds:  # (with replacement only when a label has too few examples)
-                picks += rng.sample(range(len(items)), min(rounds - len(picks), len(items)))
-            for i, pick in enumerate(picks):
-                sets[i].append(items[pick])
-        for s in sets:
-            rng.shuffle(s)
-        return [item for s in sets for item in s][:n]
+        label = _field(r, task, path, label_field)
+        if isinstance(label, bool) or not isinstance(label, int) or not 0 <= label < num_labels:
+            raise RecallmError(
+                f"helmet {task.name}: {path}'s {label_field} must be a class index in [0, {num_labels}) as in the "
+                f"Hugging Face data set, got {label!r}; {task.hint}"
+            )
 
     def make(record, size, rng) -> Sample:
-        local = random.Random(stable_seed(record["text"], seed))
-        demos = balanced(by_label, size, local)
-        mapping = list(range(len(labels)))
-        local.shuffle(mapping)
-        ids = {label: str(mapping[i]) for i, label in enumerate(labels)}
-        context = "\n\n".join(f"{d['text']}\nlabel: {ids[str(d[label_field])]}" for d in demos)
+        local = (int(hashlib.sha256(str(record["text"]).encode("utf-8")).hexdigest(), 16) + seed) % 2**31
+        demos = balance_labels(train, label_field, size, local)
+        mapping = list(range(num_labels))
+        random.Random(local).shuffle(mapping)
+        context = "\n\n".join(f"{d['text']}\nlabel: {mapping[int(d[label_field])]}" for d in demos)
         return Sample(
-            {"context": context, "question": str(record["text"])}, {"answers": [ids[str(record[label_field])]]}
+            {"context": context, "question": str(record["text"])}, {"answers": [str(mapping[int(record[label_field])])]}
         )
 
-    # test items label-balanced: rounds of one item per label (in a seeded order), without repeats
-    test_pool: dict[str, list[dict[str, Any]]] = {}
-    shuffled = list(test)
-    random.Random(seed).shuffle(shuffled)
-    for r in shuffled:
-        test_pool.setdefault(str(r[label_field]), []).append(r)
-    rng, items, depth = random.Random(seed), [], 0
-    while len(items) < len(test):
-        round_ = [group[depth] for group in test_pool.values() if depth < len(group)]
-        rng.shuffle(round_)
-        items += round_
-        depth += 1
-    return Source(items, make)
+    items: list[Mapping[str, Any]] = list(test)
+    if per_cell is not None and len(items) > per_cell:
+        shuffled = [items[i] for i in hf_permutation(len(items), seed)]
+        items = balance_labels(shuffled, label_field, per_cell, seed)
+    return Source(list(items), make)
