@@ -87,7 +87,6 @@ def check_int(name: str, value, lo: int, hi: int) -> int:
     return number
 
 
-
 @dataclass(slots=True)
 class Piece:
     """One unit of context (a document, a dictionary line, a needle, a vote...)."""
@@ -129,6 +128,9 @@ class Draft:
     # called with the final, ordered pieces before rendering: may rewrite their text (number the
     # documents [1]..[n]) and returns ground-truth updates (``answers`` included) that depend on it
     finalize: Callable[[list[Piece]], dict[str, Any]] | None = None
+    # a fixed layout instead of instruction / question / blank lines: the prompt is this text with the joined pieces
+    # (between ``header`` and ``footer``) in place of its one ``{context}`` (a benchmark's template, as upstream words it)
+    template: str | None = None
 
 
 @dataclass

@@ -90,17 +90,21 @@ class _Layout:
 
 
 def _layout(draft: Draft, pieces: list[Piece]) -> _Layout:
-    head = draft.instruction.strip() + "\n\n"
-    if draft.question_position in ("beginning", "both"):
-        head += draft.question.strip() + "\n\n"
-    head += draft.header
+    if draft.template is not None:
+        before, after = draft.template.split("{context}", 1)
+        head, tail = before + draft.header, draft.footer + after
+    else:
+        head = draft.instruction.strip() + "\n\n"
+        if draft.question_position in ("beginning", "both"):
+            head += draft.question.strip() + "\n\n"
+        head += draft.header
+        tail = draft.footer
+        if draft.question_position in ("end", "both"):
+            tail += "\n\n" + draft.question.strip()
     texts = [piece.text for piece in pieces]
     sep = draft.separator
     starts = list(accumulate((len(t) + len(sep) for t in texts[:-1]), initial=len(head)))[: len(texts)]
     offsets = [(a, a + len(t)) for a, t in zip(starts, texts, strict=True)]
-    tail = draft.footer
-    if draft.question_position in ("end", "both"):
-        tail += "\n\n" + draft.question.strip()
     return _Layout(head + sep.join(texts) + tail, offsets)
 
 

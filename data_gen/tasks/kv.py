@@ -23,23 +23,26 @@ __all__ = ["KVRetrieval", "MathRetrieval", "KVDictionary", "KV_FORMATS", "KEY_TY
 
 KV_FORMATS = ("lines", "csv", "json")
 _ALNUM_CHARS = np.array(list("abcdefghijklmnopqrstuvwxyz0123456789"))
-KEY_TYPES = ("int", "uuid", "toy")
+KEY_TYPES = ("int", "signed", "uuid", "toy")  # signed: +-(1..10^d - 1), as the paper's Figure 5 (``Key -3328: ...``)
 VALUE_TYPES = ("alnum", "uuid", "word", "toy")
 
 
 class KVDictionary:
     """Key and value generators and the three layouts."""
 
-    def __init__(self, key_type: str, value_type: str, key_digits: int) -> None:
+    def __init__(self, key_type: str, value_type: str, key_digits: int, label: str = "") -> None:
         self.key_type, self.value_type, self.key_digits = key_type, value_type, key_digits
+        self.label = label  # before each key of the line layout ("Key " in the paper's Figure 5a)
         if key_type == "int":
             self.key_lo, self.key_hi = 10 ** (key_digits - 1), 10**key_digits - 1
+        elif key_type == "signed":
+            self.key_lo, self.key_hi = -(10**key_digits - 1), 10**key_digits - 1
         elif key_type == "toy":
             self.key_lo, self.key_hi = 0, 999
 
     @property
     def numeric_keys(self) -> bool:
-        return self.key_type in ("int", "toy")
+        return self.key_type in ("int", "signed", "toy")
 
     def key(self, rng: random.Random) -> str:
         if self.key_type == "uuid":
@@ -59,12 +62,12 @@ class KVDictionary:
         return TOY_VALUES[rng.randrange(len(TOY_VALUES))]
 
     @staticmethod
-    def line(fmt: str, key: str, value: str) -> str:
+    def line(fmt: str, key: str, value: str, label: str = "") -> str:
         if fmt == "csv":
             return f"{key},{value}"
         if fmt == "json":
             return f'  "{key}": "{value}"'
-        return f"{key}: {value}"
+        return f"{label}{key}: {value}"
 
     @staticmethod
     def frame(fmt: str) -> tuple[str, str, str]:
@@ -92,7 +95,11 @@ class KVDictionary:
         """Distractor lines with keys not in ``used`` (which is extended); stops when keys run out."""
         space = (self.key_hi - self.key_lo + 1) if self.numeric_keys else None
         np_rng = np.random.default_rng(rng.getrandbits(64))
-        line = self.line
+        label = self.label
+
+        def line(fmt: str, key: str, value: str) -> str:
+            return self.line(fmt, key, value, label)
+
         while space is None or len(used) < space:
             keys, values = self._batch(np_rng, rng, 256)
             for key, value in zip(keys, values, strict=True):
@@ -219,8 +226,8 @@ class MathRetrieval(_KVBase):
     def __init__(self, problem_types=tuple(PROBLEM_TYPES), near_keys: int = 6, **kwargs) -> None:
         kwargs.setdefault("key_digits", 5)  # 90,000 keys: dictionaries up to ~128K tokens and beyond
         super().__init__(**kwargs)
-        if self.dictionary.key_type not in ("int", "toy"):
-            raise RecallmError("math_retrieval needs numeric keys (key_type int or toy)")
+        if not self.dictionary.numeric_keys:
+            raise RecallmError("math_retrieval needs numeric keys (key_type int, signed or toy)")
         self.problem_types = check_choice("problem_types", problem_types, tuple(PROBLEM_TYPES))
         if not 0 <= int(near_keys) <= 50:
             raise RecallmError(f"near_keys must be in [0, 50], got {near_keys}")

@@ -408,7 +408,9 @@ class NLISettings:
         if self.nli_batch_size < 1:
             raise RecallmError(f"eval.judge.nli_batch_size must be >= 1, got {self.nli_batch_size}")
         if self.nli_dtype not in ("auto", "bfloat16", "float32", "float16"):
-            raise RecallmError(f"eval.judge.nli_dtype must be auto, bfloat16, float16 or float32, got {self.nli_dtype!r}")
+            raise RecallmError(
+                f"eval.judge.nli_dtype must be auto, bfloat16, float16 or float32, got {self.nli_dtype!r}"
+            )
 
 
 _NLI_KEYS = tuple(NLISettings.__dataclass_fields__)

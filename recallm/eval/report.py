@@ -251,7 +251,10 @@ def _runs_section(ctx: ReportContext) -> list[str]:
     for name, s in ctx.summaries.items():  # RLM runs whose model-written code ran without bubblewrap
         isolation = (s.get("run") or {}).get("rlm_isolation")
         if isolation and not isolation.get("bubblewrap"):
-            lines += [f"> **Warning: RLM code of run `{name}` ran without bubblewrap** - {isolation.get('describe')}", ""]
+            lines += [
+                f"> **Warning: RLM code of run `{name}` ran without bubblewrap** - {isolation.get('describe')}",
+                "",
+            ]
     return lines + (notes + [""] if notes else [])
 
 

@@ -182,14 +182,14 @@ def math_solved(reasoning: str, key: str) -> bool:
     return others <= {key}
 
 
-def injection_prefix(fmt: str, key: str) -> str:
+def injection_prefix(fmt: str, key: str, label: str = "") -> str:
     """A dictionary entry's exact text up to its value, in the layouts of
     ``data_gen.tasks.kv.KVDictionary.line``: ``{key}: `` (lines), ``{key},`` (CSV),
     ``"{key}": "`` (JSON)."""
     from data_gen.tasks.kv import KVDictionary
 
     marker = "\x00VALUE\x00"
-    line = KVDictionary.line(fmt, key, marker)
+    line = KVDictionary.line(fmt, key, marker, label)
     return line[: line.index(marker)].lstrip()
 
 

@@ -11,7 +11,7 @@ import pytest
 from data_gen.fit import PromptRenderer
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks import make_benchmarks
-from recallm.eval.benchmarks.ruler import RULER_TASKS
+from recallm.eval.benchmarks.ruler import RULER_TASKS, TOKENS_TO_GENERATE
 from recallm.eval.scoring import injection_prefix
 from recallm.eval.types import Generation, Spec
 
@@ -36,7 +36,7 @@ def gen(text, n_tokens=5):
 
 # --------------------------------------------------------------------------- lost in thought
 
-ENTRY = {"lines": r"^(\d+): (\w+)$", "csv": r"^(\d+),(\w+)$", "json": r'^  "(\d+)": "(\w+)",?$'}
+ENTRY = {"lines": r"^Key (-?\d+): (\w+)$", "csv": r"^(-?\d+),(\w+)$", "json": r'^  "(-?\d+)": "(\w+)",?$'}
 
 
 def entries(text, fmt):
@@ -74,7 +74,7 @@ def test_lost_in_thought_pairs_share_one_dictionary(renderer):
             assert solve(rr.prompt_text) == int(ref["key"])  # the math problem's answer is the key
             assert f"Your key: {ref['key']}" in r.prompt_text and "Math problem:" in rr.prompt_text
             question_at = r.prompt_text.index("Your key: ")
-            first_entry = r.prompt_text.index(dictionary[0][0] + (":" if ref["format"] == "lines" else ""))
+            first_entry = r.prompt_text.index(("Key " if ref["format"] == "lines" else "") + dictionary[0][0])
             assert (question_at < first_entry) == (i < 3)  # query before the dictionary, then after
     again = make("lost_in_thought", lengths=[512], per_cell=1, key_type="toy", value_type="toy")
     other = make("lost_in_thought", seed=1, lengths=[512], per_cell=1, key_type="toy", value_type="toy")
@@ -97,7 +97,7 @@ def test_lost_in_thought_scoring_and_injection(renderer):
 
     out = gen(f"The answer is x = {key}. I remember {key}.</think>\nAnswer: wrong")
     follow = bench.followup(rr, out)
-    assert follow.prefix == f"The answer is x = {key}\nLooking up key {key} in the dictionary: {key}: "
+    assert follow.prefix == f"The answer is x = {key}\nLooking up key {key} in the dictionary: Key {key}: "
     assert follow.prefix.endswith(injection_prefix(fmt, key)) and follow.max_new_tokens == 32
     scored = bench.score(rr, out, gen(f"{value}\nSo"))
     located = {"attempted": 1.0, "located_by_judge": 0.0}  # no judge: located by string matching
@@ -152,7 +152,7 @@ def test_lost_in_thought_table_is_hand_computed():
     long = table["by_length"]["65536"]
     assert long["retrieval"] == 0.0 and long["relative_gap_pct"] is None and long["injected"] is None
     assert long["reasoning_tokens"] == 30.0 and long["pairs"] == 1
-    assert table["buckets"]["short"] == short and table["buckets"]["long"]["math"] == 0.0
+    assert table["buckets"]["short"] == {**short, "lengths": [4096]} and table["buckets"]["long"]["math"] == 0.0
 
 
 # --------------------------------------------------------------------------- RULER
@@ -161,16 +161,18 @@ def test_lost_in_thought_table_is_hand_computed():
 @pytest.fixture(scope="module")
 def ruler(renderer):
     offline = [t for t in RULER_TASKS if not t.startswith("qa_")]  # (the QA tasks read data: test_eval_helmet.py)
-    bench = make("ruler", lengths=[1024], per_cell=1, tasks=offline)
-    return bench, {task: bench.build(Spec(1024, "ruler", 0, task), renderer) for task in bench.tasks}
+    bench = make("ruler", lengths=[2048], per_cell=1, tasks=offline)  # (CWE's worked example alone: ~1,300 tokens)
+    return bench, {task: bench.build(Spec(2048, "ruler", 0, task), renderer) for task in bench.tasks}
 
 
 def test_ruler_prompts_are_fitted_and_hold_their_answers(ruler, renderer):
     bench, examples = ruler
     assert len(examples) == 11
     for task, ex in examples.items():
-        # fitted within 5%, or short of it by less than one haystack piece (a UUID needle is ~80 tiny tokens)
-        assert 1024 - 90 <= ex.prompt_tokens <= 1.05 * 1024, task
+        # fitted to the cell less RULER's tokens_to_generate, within 5% or short of it by less than one haystack
+        # piece (a UUID needle is ~80 tiny tokens)
+        budget = 2048 - TOKENS_TO_GENERATE[RULER_TASKS[task][0]]
+        assert budget - 90 <= ex.prompt_tokens <= 1.05 * budget, task
         assert ex.prompt_tokens == renderer.length(ex.prompt_text)
         answers = ex.reference["answers"]
         assert answers and all(a in ex.prompt_text for a in answers), task
@@ -188,7 +190,7 @@ def test_ruler_prompts_are_fitted_and_hold_their_answers(ruler, renderer):
         keys = {k for k, _ in found}
         expected_keys = {"niah_multikey_1": 4, "niah_multiquery": 4}.get(task, 1)
         assert len(keys) == expected_keys, task
-        asked = [v for k, v in found if k in ex.prompt_text.split("What are all")[1]]
+        asked = [v for k, v in found if k in ex.prompt_text.rsplit("\nWhat ", 1)[1]]
         assert sorted(asked) == sorted(ex.reference["answers"]), task
     assert len(examples["niah_multivalue"].reference["answers"]) == 4
     assert len(needle.findall(examples["niah_multikey_2"].prompt_text)) > 5  # a haystack of needles
@@ -198,30 +200,34 @@ def test_ruler_prompts_are_fitted_and_hold_their_answers(ruler, renderer):
     names = vt.reference["answers"]
     positions = [vt.prompt_text.index(f"VAR {n} =") for n in names]
     assert positions == sorted(positions) and len(names) == 5
-    value = re.search(r"VAR \w+ = (\d+)\.", vt.prompt_text).group(1)
-    assert f"assigned the value {value} " in vt.prompt_text
+    heads = re.findall(r"VAR ([A-Z]+) = (\d+)\n", vt.prompt_text)  # RULER's lines: "VAR A = 12345", "VAR B = VAR A "
+    assert [len(n) for n, _ in heads] == [3, 5] and f"VAR {names[1]} = VAR {names[0]} \n" in vt.prompt_text
+    value = heads[1][1]  # (the first chain is the worked example's, with 3-letter names)
+    assert f"assigned the value {value} in the text above." in vt.prompt_text
     # common words: numbered 1..N, the 10 common words 6 times each below 4K tokens, the others once
     cwe = examples["cwe"]
-    items = re.findall(r"(\d+)\. ([a-z\-]+)", cwe.prompt_text.split("most often.")[1].split("Question:")[0])
+    items = re.findall(r"(\d+)\. ([a-z\-]+)", cwe.prompt_text.rsplit("most often.", 1)[1].split("Question:")[0])
+    assert cwe.prompt_text.count("Question: What are the 10 most common words in the above list?") == 2  # one-shot
     assert [int(n) for n, _ in items] == list(range(1, len(items) + 1))
     counts = Counter(w for _, w in items)
     assert len(cwe.reference["answers"]) == 10 and all(counts[w] == 6 for w in cwe.reference["answers"])
     assert max(c for w, c in counts.items() if w not in cwe.reference["answers"]) == 1
     # frequent words: the 3 answers are strictly the most frequent coded words
     fwe = examples["fwe"]
-    words = fwe.prompt_text.split("coded words.\n\n")[1].split("\n\nQuestion:")[0].split(" ")
-    counts = Counter(w for w in words if w != "....")
+    words = fwe.prompt_text.split("coded words. ")[1].split("\nQuestion:")[0].split(" ")
+    counts = Counter(w for w in words if w != "...")  # freq_words_extraction.py's noise word
     top = fwe.reference["answers"]
     assert len(top) == 3 and min(counts[w] for w in top) > max(c for w, c in counts.items() if w not in top)
+    assert counts[top[0]] > counts[top[1]] > counts[top[2]] and Counter(words)["..."] > counts[top[0]]  # Zipf ranks
 
 
 def test_ruler_is_deterministic_and_scored_as_ruler(ruler, renderer):
     bench, examples = ruler
-    again = make("ruler", lengths=[1024], per_cell=1, tasks=["niah_multivalue", "fwe"])
-    other = make("ruler", seed=3, lengths=[1024], per_cell=1, tasks=["niah_multivalue"])
-    spec = Spec(1024, "ruler", 0, "niah_multivalue")
+    again = make("ruler", lengths=[2048], per_cell=1, tasks=["niah_multivalue", "fwe"])
+    other = make("ruler", seed=3, lengths=[2048], per_cell=1, tasks=["niah_multivalue"])
+    spec = Spec(2048, "ruler", 0, "niah_multivalue")
     assert again.build(spec, renderer).prompt_text == examples["niah_multivalue"].prompt_text
-    assert again.build(Spec(1024, "ruler", 0, "fwe"), renderer).prompt_text == examples["fwe"].prompt_text
+    assert again.build(Spec(2048, "ruler", 0, "fwe"), renderer).prompt_text == examples["fwe"].prompt_text
     assert other.build(spec, renderer).prompt_text != examples["niah_multivalue"].prompt_text
     ex = examples["niah_multivalue"]
     a = ex.reference["answers"]
@@ -242,7 +248,7 @@ def test_ruler_settings_are_checked(renderer):
     with pytest.raises(RecallmError, match="freq_cw"):
         bench.build(Spec(1024, "ruler", 0, "cwe"), renderer)
     bench = make("ruler", lengths=[256], per_cell=1, tasks=["cwe"])
-    with pytest.raises(RecallmError, match="cwe.*more than the target 256"):
+    with pytest.raises(RecallmError, match="cwe cannot reach a prompt of 136 tokens"):  # 256 less 120 to generate
         bench.build(Spec(256, "ruler", 0, "cwe"), renderer)
 
 
@@ -400,7 +406,10 @@ def test_shipped_suites_build(suite):
         assert helmet.per_cell_of("nq") == 100 and helmet.per_cell_of("clinic150") == 500
         assert helmet.generation.max_new_tokens == 10240 and helmet.cfg["helmet_dir"] == "data/HELMET"
         # the 128K cells are fitted to 125K, so that there is room to generate within 131,072 positions
-        assert all(b.target(131072) == 128000 and b.target(65536) == 65536 for b in benches)
+        # lost in thought and in-domain: the 128K cells fitted to 125K (room to generate within 131,072 positions);
+        # RULER and HELMET: upstream's cell, the prompt leaving the task's generation budget free
+        assert all(b.target(131072) == 128000 for b in benches if b.name in ("lost_in_thought", "in_domain"))
+        assert ruler.target(131072) == 131072 and helmet.target(131072) == 131072
     elif suite == "toy":
         assert names == {"synthetic", "in_domain"}
         synthetic = next(b for b in benches if b.name == "synthetic")

@@ -244,13 +244,15 @@ def test_helmet_errors_are_one_line(data, renderer, tmp_path):
 
 
 def test_fit_lengths_keep_the_cell_name_and_fit_the_mapped_length(data, renderer):
-    suite = {"generation": GEN, "fit_lengths": {"2K": 1800},
-             "benchmarks": {"ruler": {"lengths": [2048], "per_cell": 1, "tasks": ["niah_single_1"]}}}  # fmt: skip
-    bench = make_benchmarks(suite)[0]
-    ex = bench.build(Spec(2048, "ruler", 0, "niah_single_1"), renderer)
+    lit = {"lengths": [2048], "per_cell": 1, "key_type": "toy", "value_type": "toy"}
+    ruler = {"lengths": [2048], "per_cell": 1, "tasks": ["niah_single_1"]}
+    suite = {"generation": GEN, "fit_lengths": {"2K": 1800}, "benchmarks": {"lost_in_thought": lit, "ruler": ruler}}
+    bench, ruler_bench = make_benchmarks(suite)
+    ex = bench.build(Spec(2048, "lost_in_thought", 0, "reasoning_retrieval"), renderer)
     assert ex.spec.length == 2048 and abs(ex.prompt_tokens - 1800) <= 0.05 * 1800
     assert bench.describe()["fit_lengths"] == {2048: 1800}
-    assert "fit_lengths" not in make("ruler", lengths=[2048], per_cell=1, tasks=["niah_single_1"]).describe()
+    # RULER (and HELMET) keep upstream's cell: the length less the task's generation budget
+    assert ruler_bench.target(2048) == 2048 and "fit_lengths" not in ruler_bench.describe()
     with pytest.raises(RecallmError, match="bad length"):
         make_benchmarks({**suite, "fit_lengths": {"2K": "x"}})
 
@@ -259,25 +261,25 @@ def test_fit_lengths_keep_the_cell_name_and_fit_the_mapped_length(data, renderer
 
 
 def test_ruler_qa_tasks_read_squad_and_hotpotqa(data, renderer):
-    bench = make("ruler", lengths=[1024], per_cell=2, tasks=["qa_1", "qa_2"], squad_path=str(data["squad_path"]),
+    bench = make("ruler", lengths=[2048], per_cell=2, tasks=["qa_1", "qa_2"], squad_path=str(data["squad_path"]),
                  hotpotqa_path=str(data["hotpotqa_path"]))  # fmt: skip
     assert len(bench.specs()) == 4
-    squad = bench.build(Spec(1024, "ruler", 1, "qa_1"), renderer)
+    squad = bench.build(Spec(2048, "ruler", 1, "qa_1"), renderer)
     # the second answerable question in file order (unanswerable ones are skipped)
     assert squad.reference == {"answers": ["squadanswer0x1"], "metric": "part"}
     assert "Question: what is thing 0 1?" in squad.prompt_text and "squadanswer0x1" in squad.prompt_text
     numbers = [int(n) for n in re.findall(r"Document (\d+):\n", squad.prompt_text)]
     assert numbers == list(range(1, len(numbers) + 1)) and len(numbers) > 3
-    assert abs(squad.prompt_tokens - 1024) <= 0.05 * 1024 or squad.prompt_tokens < 1024
-    hotpot = bench.build(Spec(1024, "ruler", 0, "qa_2"), renderer)
+    assert abs(squad.prompt_tokens - 2048) <= 0.05 * 2048 or squad.prompt_tokens < 2048
+    hotpot = bench.build(Spec(2048, "ruler", 0, "qa_2"), renderer)
     assert hotpot.reference["answers"] == ["hotpotanswer0"] and all(
         f"Title 0 {j}\n" in hotpot.prompt_text for j in range(10)
     )
     assert bench.score(hotpot, gen("</think>\nAnswer: HotpotAnswer0"), None).score == 1.0  # RULER's string_match_part
     assert bench.score(hotpot, gen("</think>\nAnswer: nothing"), None).score == 0.0
     with pytest.raises(RecallmError, match=r"SQuAD 2.0 \(RULER qa_1\): no path given; .*squad_path"):
-        make("ruler", lengths=[1024], per_cell=1, tasks=["qa_1"]).specs()
-    assert len(make("ruler", lengths=[1024], per_cell=1).tasks) == 13
+        make("ruler", lengths=[2048], per_cell=1, tasks=["qa_1"]).specs()
+    assert len(make("ruler", lengths=[2048], per_cell=1).tasks) == 13
 
 
 def test_ruler_essay_haystack_from_a_local_copy(data, renderer, tmp_path):
@@ -386,7 +388,10 @@ def test_lost_in_thought_injection_located_by_the_judge(renderer, judge):
     wrong = gen("So x = 1.</think>\nAnswer: zz")
     follow = bench.followup_batch([rr, _copy(rr), _copy(rr)], [looked, never, wrong])
     assert follow[0].prefix.startswith(f"So x = {key}. Fine.\n") and "Now I look" not in follow[0].prefix
-    assert follow[0].prefix.endswith(f"Looking up key {key} in the dictionary: {key}: ") and follow[1:] == [None, None]
+    assert follow[0].prefix.endswith(f"Looking up key {key} in the dictionary: Key {key}: ") and follow[1:] == [
+        None,
+        None,
+    ]
     examples = [rr, _copy(rr)]
     bench.followup_batch(examples, [looked, never])
     s0 = bench.score(examples[0], looked, gen(f"{value} ok"))

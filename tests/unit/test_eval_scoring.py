@@ -213,6 +213,7 @@ def test_citation_recall_and_precision_by_hand():
         return claim.split()[0] in premise
 
     out = "Paris is in France [1]. Berlin is big [1][2]. No citation here. Rome rules [9]."
+
     def batch(pairs):  # the NLI judges a batch of (premise, claim) pairs
         return [entails(p, c) for p, c in pairs]
 

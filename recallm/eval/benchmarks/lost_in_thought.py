@@ -14,7 +14,9 @@ The reasoning-retrieval prompt is fitted to the target length; the retrieval pro
 the very same dictionary lines in the same order, with its own question.
 
 Per output: **accuracy** (the final answer contains the value: the training reward's subEM);
-for reasoning retrieval also **math** (the output states the key as a whole number) and, when
+for reasoning retrieval also **math** (the reasoning solved the problem: the integer it last states
+as a result, ``x = -3328``, is the key - ``recallm.eval.scoring.math_solved``; a list of candidate
+keys is not a solution) and, when
 the math is right, the **injection** run of App. A.3: the point where the model *first attempts
 to retrieve* the value is located - by the judge model (``eval.judge``, any OpenAI-compatible
 endpoint; the paper used Gemma-3-27B-IT), or, without one, by string matching (right after the
@@ -26,10 +28,12 @@ retrieval attempt was found (the judge may find none); its mean over the math-co
 is Table 4's coverage. As in the paper, the injection numbers are over at most
 ``injection_examples`` (200) math-correct examples per length (the first ones by index).
 
-The summary's ``lost_in_thought`` table gives per length and for the paper's short (<= 32K) and
-long (>= 64K) buckets: retrieval, reasoning retrieval, reasoning retrieval given correct math,
-injected, coverage, math accuracy, the relative gap (retrieval - reasoning retrieval) /
-retrieval, the extra output tokens of reasoning, and recall usage (Table 4, Figures 2 and 4).
+The summary's ``lost_in_thought`` table gives per length and for the paper's short (4K-32K) and
+long (64K-128K) buckets (lengths outside them are in no bucket): retrieval, reasoning retrieval,
+reasoning retrieval given correct math, injected, coverage, math accuracy, the relative gap
+(retrieval - reasoning retrieval) / retrieval - for a bucket, of the bucket's means, as Table 4 -
+the extra output tokens of reasoning, and recall usage (Table 4, Figures 2 and 4). Keys are signed
+(``Key -3328: ...`` lines, Figure 5a) unless ``key_type`` says otherwise.
 """
 
 from __future__ import annotations
@@ -44,14 +48,14 @@ from data_gen.fit import PromptRenderer, build_row
 from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask, Followup
-from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, value_follows
+from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, math_solved, value_follows
 from recallm.eval.types import Example, Generation, Score, Spec
 from recallm.tokens import THINK_END
 
-__all__ = ["LostInThought", "SHORT_MAX", "LONG_MIN"]
+__all__ = ["LostInThought", "SHORT_MIN", "SHORT_MAX", "LONG_MIN", "reasoning_part"]
 
 RETRIEVAL, REASONING = "retrieval", "reasoning_retrieval"
-SHORT_MAX, LONG_MIN = 32768, 65536  # the paper's buckets: short = 4K-32K, long = 64K-128K
+SHORT_MIN, SHORT_MAX, LONG_MIN = 4096, 32768, 65536  # the paper's buckets: short = 4K-32K, long = 64K-128K
 
 # (name in the prompt, how the instruction describes it, header before the entries); two paraphrases each
 _TABLES = {
@@ -93,9 +97,12 @@ class LostInThoughtOptions(BenchmarkOptions):
     formats: Any = field(default_factory=lambda: list(KV_FORMATS))
     query_positions: Any = field(default_factory=lambda: ["beginning", "end"])
     problem_types: Any = field(default_factory=lambda: list(PROBLEM_TYPES))
-    key_type: str = "int"
+    key_type: str = "signed"
+    """``signed`` (keys +-1..10^d-1, as the paper's Figure 5a), ``int`` (positive d-digit keys) or ``toy``"""
     value_type: str = "alnum"
-    key_digits: int = 5
+    key_digits: int = 4
+    line_label: str = "Key "
+    """before each key of the line layout (``Key -3328: LdO2I44vGR``, Figure 5a)"""
     near_keys: int = 6
     injection: bool = True
     injection_template: str = "\nLooking up key {key} in the dictionary: {prefix}"
@@ -118,11 +125,11 @@ class LostInThought(Benchmark):
         self.formats = check_choice("lost_in_thought.formats", c["formats"], KV_FORMATS)
         self.positions = check_choice("lost_in_thought.query_positions", c["query_positions"], ("beginning", "end"))
         self.problem_types = check_choice("lost_in_thought.problem_types", c["problem_types"], tuple(PROBLEM_TYPES))
-        check_choice("lost_in_thought.key_type", c["key_type"], ("int", "toy"))
+        check_choice("lost_in_thought.key_type", c["key_type"], ("int", "signed", "toy"))
         check_choice("lost_in_thought.value_type", c["value_type"], VALUE_TYPES)
         if not 2 <= int(c["key_digits"]) <= 12:
             raise RecallmError(f"lost_in_thought.key_digits must be in [2, 12], got {c['key_digits']}")
-        self.dictionary = KVDictionary(c["key_type"], c["value_type"], int(c["key_digits"]))
+        self.dictionary = KVDictionary(c["key_type"], c["value_type"], int(c["key_digits"]), str(c["line_label"]))
         self.near = int(c["near_keys"])
         if not 0 <= self.near <= 50 or self.dictionary.key_hi - self.dictionary.key_lo < 4 * self.near + 4:
             raise RecallmError(
@@ -170,16 +177,17 @@ class LostInThought(Benchmark):
         fmt = self.formats[index % len(self.formats)]
         position = self.positions[(index // len(self.formats)) % len(self.positions)]
         kind = rng.choice(self.problem_types)
-        x = rng.randint(max(d.key_lo, self.near + 1), d.key_hi - self.near)
+        lo = d.key_lo + self.near if d.key_type == "signed" else max(d.key_lo, self.near + 1)
+        x = rng.randint(lo, d.key_hi - self.near)
         problem, _ = PROBLEM_TYPES[kind](rng, x)
         key, value = str(x), d.value(rng)
         used = {key}
-        placed = [Piece(d.line(fmt, key, value), gold=True, meta={"key": key})]
+        placed = [Piece(d.line(fmt, key, value, d.label), gold=True, meta={"key": key})]
         for delta in range(1, self.near + 1):
             for k in (x - delta, x + delta):
                 if d.key_lo <= k <= d.key_hi and str(k) not in used:
                     used.add(str(k))
-                    placed.append(Piece(d.line(fmt, str(k), d.value(rng)), meta={"key": str(k)}))
+                    placed.append(Piece(d.line(fmt, str(k), d.value(rng), d.label), meta={"key": str(k)}))
         header, sep, footer = d.frame(fmt)
         name, desc, label = _TABLES[fmt]
         header = label + header
@@ -236,7 +244,7 @@ class LostInThought(Benchmark):
         todo = []
         for i, (example, generation) in enumerate(zip(examples, generations, strict=True)):
             if example.spec.task == REASONING and self.cfg["injection"]:
-                if find_key(generation.text, example.reference["key"]) is not None:
+                if math_solved(reasoning_part(generation.text), example.reference["key"]):
                     todo.append(i)
         cuts: dict[int, tuple[int | None, str]] = {}
         judge = self.settings.judge
@@ -258,7 +266,7 @@ class LostInThought(Benchmark):
             ref["located"] = how if offset >= 0 else "none"
             if offset < 0:
                 continue
-            prefix = injection_prefix(ref["format"], ref["key"])
+            prefix = injection_prefix(ref["format"], ref["key"], self.dictionary.label)
             injection = str(self.cfg["injection_template"]).format(key=ref["key"], prefix=prefix)
             out[i] = Followup(close_open_span(text[:offset]) + injection, int(self.cfg["injection_max_new_tokens"]))
         return out
@@ -271,7 +279,7 @@ class LostInThought(Benchmark):
         correct = sub_em(answer, [ref["value"]]) == 1.0
         metrics: dict[str, float] = {"accuracy": float(correct)}
         if example.spec.task == REASONING:
-            math = find_key(generation.text, ref["key"]) is not None
+            math = math_solved(reasoning_part(generation.text), ref["key"])
             metrics["math"] = float(math)
             if math:
                 metrics["accuracy_given_math"] = float(correct)
@@ -293,17 +301,36 @@ class LostInThought(Benchmark):
             for row in by_length.values():
                 row["coverage"] = None
         buckets = {}
-        for name, keep in (("short", lambda n: n <= SHORT_MAX), ("long", lambda n: n >= LONG_MIN)):
+        for name, keep in (("short", lambda n: SHORT_MIN <= n <= SHORT_MAX), ("long", lambda n: n >= LONG_MIN)):
             rows = [by_length[str(n)] for n in sorted(cells) if keep(n)]
-            if rows:
+            if rows:  # (a run's lengths outside 4K-128K are in no bucket: the paper's rows are about those)
                 buckets[name] = {
                     k: _mean([row[k] for row in rows if row.get(k) is not None]) for k in rows[0] if k != "pairs"
-                } | {"pairs": sum(row["pairs"] for row in rows)}
+                } | {"pairs": sum(row["pairs"] for row in rows), "lengths": [n for n in sorted(cells) if keep(n)]}
+                # Table 4's Rel. Gap: (R - RR) / R of the bucket's means, not a mean of per-length gaps
+                buckets[name]["relative_gap_pct"] = _gap(
+                    buckets[name]["retrieval"], buckets[name]["reasoning_retrieval"]
+                )
         return {"by_length": by_length, "buckets": buckets, "locator": self.locator, "injection_examples": cap}
 
 
 def _mean(values: Sequence[float]) -> float | None:
     return sum(values) / len(values) if values else None
+
+
+def _gap(retrieval: float | None, reasoning: float | None) -> float | None:
+    """Table 4's relative gap (%): (retrieval - reasoning retrieval) / retrieval."""
+    return (retrieval - reasoning) / retrieval * 100 if retrieval and reasoning is not None else None
+
+
+def reasoning_part(output: str) -> str:
+    """The reasoning of an output, where the math is solved: before ``</think>``; for a model that
+    does not think, before its last ``Answer:``."""
+    think = output.find(THINK_END)
+    if think >= 0:
+        return output[:think]
+    answer = output.rfind("Answer:")
+    return output[:answer] if answer >= 0 else output
 
 
 def _metric(records: Sequence[Mapping[str, Any]], name: str) -> float | None:
@@ -329,7 +356,7 @@ def _table_row(tasks: Mapping[str, Sequence[Mapping[str, Any]]], cap: int = 200)
     sample = _injection_sample(reas, cap)
     injected = [r for r in sample if _attempted(r) and "injected" in (r.get("metrics") or {})]
     r_acc, rr_acc = _metric(retr, "accuracy"), _metric(reas, "accuracy")
-    gap = (r_acc - rr_acc) / r_acc * 100 if r_acc and rr_acc is not None else None
+    gap = _gap(r_acc, rr_acc)
     extra = None
     if retr and reas:
         extra = _mean([r["output_tokens"] for r in reas]) - _mean([r["output_tokens"] for r in retr])

@@ -41,7 +41,6 @@ from __future__ import annotations
 import itertools
 import random
 import string
-from collections import Counter
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,11 +53,73 @@ from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask
 from recallm.eval.scoring import answer_region, ruler_postprocess, string_match_all, string_match_part
 from recallm.eval.types import Example, Generation, Score, Spec
 
-__all__ = ["Ruler", "RULER_TASKS", "NOISE", "NEEDLE", "load_essays", "load_squad", "load_hotpotqa"]
+__all__ = [
+    "Ruler",
+    "RULER_TASKS",
+    "NOISE",
+    "NEEDLE",
+    "NIAH_TEMPLATE",
+    "VT_TEMPLATE",
+    "CWE_TEMPLATE",
+    "FWE_TEMPLATE",
+    "QA_TEMPLATE",
+    "niah_template",
+    "load_essays",
+    "load_squad",
+    "load_hotpotqa",
+]
 
 NOISE = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
 NEEDLE = "One of the special magic {kind} for {key} is: {value}."
-_ANSWER_LINE = "Give the answer on a final line that starts with `Answer:`."
+ANSWER_LINE = "Give the answer on a final line that starts with `Answer:`."
+
+# RULER's task templates (scripts/data/synthetic/constants.py), without the answer prefixes: the paper prompts every
+# task through the model's chat template (§5.2), where the answer is the model's own turn. ``{context}`` is filled by
+# the fitted haystack; the other fields before fitting.
+NIAH_TEMPLATE = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will quiz "
+    "you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} for {query} "
+    "mentioned in the provided text?"
+)
+VT_TEMPLATE = (
+    "Memorize and track the chain(s) of variable assignment hidden in the following text.\n\n{context}\nQuestion: "
+    "Find all variables that are assigned the value {query} in the text above."
+)
+VT_ANSWER_PREFIX = (
+    " Answer: According to the chain(s) of variable assignment in the text above, {num_v} variables are assigned the "
+    "value {query}, they are: "
+)
+CWE_TEMPLATE = (
+    "Below is a numbered list of words. In these words, some appear more often than others. Memorize the ones that "
+    "appear most often.\n{context}\nQuestion: What are the 10 most common words in the above list?"
+)
+CWE_ANSWER_PREFIX = " Answer: The top 10 words that appear most often in the list are:"
+FWE_TEMPLATE = (
+    "Read the following coded text and track the frequency of each coded word. Find the three most frequently "
+    "appeared coded words. {context}\nQuestion: Do not provide any explanation. Please ignore the dots '....'. What "
+    "are the three most frequently appeared words in the above coded text?"
+)
+QA_TEMPLATE = (
+    "Answer the question based on the given documents. Only give me the answer and do not output any other "
+    "words.\n\nThe following are given documents.\n\n{context}\n\nAnswer the question based on the given documents. "
+    "Only give me the answer and do not output any other words.\n\nQuestion: {query}"
+)
+#: RULER's tokens_to_generate per task kind: the cell's prompt holds at most its length minus this
+TOKENS_TO_GENERATE = {"niah": 128, "vt": 30, "cwe": 120, "fwe": 50, "qa": 32}
+
+
+def niah_template(num_queries: int, num_values: int) -> str:
+    """RULER's NIAH template, made singular as ``niah.py`` does when one value is asked."""
+    if num_queries * num_values != 1:
+        return NIAH_TEMPLATE
+    text = NIAH_TEMPLATE.replace("Some", "A").replace("are all", "is").replace("are", "is").replace("answers", "answer")
+    return text
+
+
+def fill(template: str, **fields: Any) -> str:
+    """``template`` with every field but ``{context}`` filled (``str.format`` semantics)."""
+    return template.format(context="{context}", **fields)
+
 
 #: task -> (kind, default parameters); RULER's synthetic.yaml settings
 RULER_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
@@ -75,7 +136,7 @@ RULER_TASKS: dict[str, tuple[str, dict[str, Any]]] = {
     ),
     "vt": ("vt", {"num_chains": 1, "num_hops": 4}),
     "cwe": ("cwe", {"num_cw": 10, "freq_cw": None, "freq_ucw": None}),
-    "fwe": ("fwe", {"alpha": 2.0, "vocab_size": 1000, "word_length": 6}),
+    "fwe": ("fwe", {"alpha": 2.0, "vocab_size": None, "word_length": 6}),
     "qa_1": ("qa", {"dataset": "squad"}),
     "qa_2": ("qa", {"dataset": "hotpotqa"}),
 }
@@ -90,7 +151,7 @@ _KIND_DEFAULTS = {
     },
     "vt": {"num_chains": 1, "num_hops": 4},
     "cwe": {"num_cw": 10, "freq_cw": None, "freq_ucw": None},
-    "fwe": {"alpha": 2.0, "vocab_size": 1000, "word_length": 6},
+    "fwe": {"alpha": 2.0, "vocab_size": None, "word_length": 6},
     "qa": {"dataset": "squad"},
 }
 _CHOICES = {
@@ -99,7 +160,7 @@ _CHOICES = {
     "value_type": ("numbers", "uuids"),
     "dataset": ("squad", "hotpotqa"),
 }
-FWE_NOISE = "...."
+FWE_NOISE = "..."  # freq_words_extraction.py's noise word (its template says '....')
 GENERATED_HAYSTACK = "generated English-word sentences (offline default; RULER uses Paul Graham's essays)"
 _QA_SOURCES = {
     "squad": (
@@ -247,6 +308,9 @@ class RulerOptions(BenchmarkOptions):
     haystack_path: str | None = None
     squad_path: str | None = None
     hotpotqa_path: str | None = None
+    answer_line: bool = False
+    """append ``Give the answer on a final line that starts with `Answer:`.`` to RULER's prompts (the reasoning
+    format's answer line; RULER's own templates end with the question)"""
 
 
 class Ruler(Benchmark):
@@ -281,7 +345,7 @@ class Ruler(Benchmark):
             self.params[task] = (kind, params)
 
     def describe(self) -> dict[str, Any]:
-        out = {**super().describe(), "params": {t: p for t, (_, p) in self.params.items()}}
+        out = {**super().describe(), "params": {t: p for t, (_, p) in self.params.items()}, "prompts": "ruler-2"}
         for key in _NEW_OPTIONS:
             if out.get(key) is None:
                 out.pop(key, None)
@@ -306,25 +370,51 @@ class Ruler(Benchmark):
         path = self.cfg["haystack_path"]
         return f"Paul Graham essays from {path}" if path else GENERATED_HAYSTACK
 
-    def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
+    def target(self, length: int) -> int:
+        """RULER's cell of ``length`` tokens: the prompt and the task's ``tokens_to_generate`` fit in
+        it (the suite's ``fit_lengths`` does not apply)."""
+        return length
+
+    def build(self, spec: Spec, renderer: PromptRenderer, budget: int | None = None) -> Example:
+        """The example of ``spec``, its prompt fitted to ``budget`` tokens (default: the cell's length
+        minus RULER's ``tokens_to_generate`` for the task)."""
         kind, params = self.params[spec.task]
         rng = self.rng(spec.task, spec.length, spec.index)
-        target = self.target(spec.length)
+        target = budget if budget is not None else spec.length - TOKENS_TO_GENERATE[kind]
+        self._renderer = renderer
+        reference: dict[str, Any] = {"metric": "part" if kind == "qa" else "all"}
+        if kind == "fwe":
+            example = self._fwe(spec, params, rng, renderer, target)
+            example.reference.update(reference)
+            return example
         if kind == "qa":
             draft = self._qa(params, rng, spec.index)
         else:
             draft = getattr(self, f"_{kind}")(params, rng, target)
+        if self.cfg["answer_line"]:
+            draft.template += " " + ANSWER_LINE
         task = EvalTask(f"ruler/{spec.task}", "retrieval", min_tokens=self.min_length)
         row = build_row(task, draft, renderer, target, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance)
-        answers = [str(a) for a in row.ground_truth["answers"]]
-        reference = {"answers": answers, "metric": "part" if kind == "qa" else "all"}
+        reference["answers"] = [str(a) for a in row.ground_truth["answers"]]
         if params.get("haystack") == "essay":
             reference["haystack"] = "essay" if self.cfg["haystack_path"] else "generated"
         return self.example_from_row(spec, row, reference)
 
+    def protocol(self) -> dict[str, Any]:
+        """How this run differs from RULER's protocol, as named options (the report's header)."""
+        out: dict[str, Any] = {}
+        if self.cfg["answer_line"]:
+            out["answer_line"] = "on (the reasoning format's final Answer: line)"
+        essay = [t for t in self.tasks if self.params[t][1].get("haystack") == "essay"]
+        if essay and not self.cfg["haystack_path"]:
+            out["haystack"] = "generated offline (RULER: Paul Graham's essays)"
+        out["vocabulary"] = "data_gen's English words (RULER: wonderwords)"
+        return out
+
     def summarize(self, records) -> dict[str, Any]:
         essay = [t for t in self.tasks if self.params[t][1].get("haystack") == "essay"]
-        return {"haystack": self.haystack_source, "essay_tasks": essay} if essay else {}
+        out: dict[str, Any] = {"haystack": self.haystack_source, "essay_tasks": essay} if essay else {}
+        return {**out, "protocol": self.protocol()}
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
         prediction = ruler_postprocess(answer_region(generation.text, self.settings.answer_region))
@@ -336,6 +426,7 @@ class Ruler(Benchmark):
     # --- drafts ---------------------------------------------------------------------------------
 
     def _niah(self, p: Mapping[str, Any], rng: random.Random, length: int) -> Draft:
+        """RULER's ``niah.py``: needles in noise (lines), other needles (lines) or essay sentences."""
         kind = "numbers" if p["value_type"] == "numbers" else "uuids"
         used_keys: set[str] = set()
         used_values: set[str] = set()
@@ -365,7 +456,7 @@ class Ruler(Benchmark):
                     answers.append(v)
         if p["haystack"] == "noise":
             stream: Iterator[Piece] = (Piece(NOISE) for _ in itertools.count())
-            separator = " "
+            separator = "\n"
         elif p["haystack"] == "essay":
             if self.cfg["haystack_path"]:
                 sentences = load_essays(str(self.cfg["haystack_path"]))
@@ -377,18 +468,18 @@ class Ruler(Benchmark):
             stream = (Piece(NEEDLE.format(kind=kind, key=key(), value=value())) for _ in itertools.count())
             separator = "\n"
         query = queried[0] if len(queried) == 1 else ", ".join(queried[:-1]) + ", and " + queried[-1]
+        singular = p["num_queries"] * p["num_values"] == 1
+        template = fill(niah_template(p["num_queries"], p["num_values"]), type_needle_v=kind[:-1] if singular else kind,
+                        query=query)  # fmt: skip
         return Draft(
-            instruction=(
-                f"Some special magic {kind} are hidden within the following text. Make sure to memorize them. "
-                f"I will quiz you about the {kind} afterwards."
-            ),
-            question=f"What are all the special magic {kind} for {query} mentioned in the provided text? {_ANSWER_LINE}",
+            instruction="",
+            question=template.split("{context}\n", 1)[1],
             placed=placed,
             distractors=stream,
             answers=answers,
             augmentations={"haystack": p["haystack"]},
             separator=separator,
-            question_position="end",
+            template=template,
         )
 
     def _qa(self, p: Mapping[str, Any], rng: random.Random, index: int) -> Draft:
@@ -421,33 +512,64 @@ class Ruler(Benchmark):
             return {}
 
         return Draft(
-            instruction="Answer the question based on the given documents.",
-            question=f"Question: {qa['query']} {_ANSWER_LINE}",
+            instruction="",
+            question=f"Question: {qa['query']}",
             placed=[Piece(docs[i], gold=True, meta={"doc": docs[i]}) for i in qa["docs"]],
             distractors=others(),
             answers=list(qa["answers"]),
             augmentations={"dataset": p["dataset"]},
-            header="The following are given documents.\n\n",
-            footer="\n\nAnswer the question based on the given documents.",
             separator="\n\n",
-            question_position="end",
             evidence=False,
             finalize=numbered,
+            template=fill(QA_TEMPLATE, query=qa["query"]),
         )
 
+    def _vt_chain(
+        self, rng: random.Random, hops: int, width: int, value: str, used: set[str]
+    ) -> tuple[list[str], list[str]]:
+        names = [_fresh(lambda: "".join(rng.choices(string.ascii_uppercase, k=width)), used) for _ in range(hops + 1)]
+        # variable_tracking.py: "VAR A = 12345", then "VAR B = VAR A " (its trailing space kept)
+        return names, [f"VAR {names[0]} = {value}"] + [
+            f"VAR {names[h]} = VAR {names[h - 1]} " for h in range(1, len(names))
+        ]
+
+    def _vt_example(self, p: Mapping[str, Any], rng: random.Random) -> str:
+        """RULER's one-shot VT example: a chain of 3-letter variables (at most 10 hops) in as many
+        noise lines as fit 500 tokens, the answer prefix and the answer; then its names and value
+        are redrawn (``randomize_icl``)."""
+        hops = min(10, int(p["num_hops"]))
+        names, chain = self._vt_chain(rng, hops, 3, "12345", set())
+
+        def text(n: int) -> str:
+            lines = [NOISE] * n
+            positions = sorted(rng.sample(range(n), len(chain))) if n >= len(chain) else list(range(len(chain)))
+            for j, (at, statement) in enumerate(zip(positions, chain, strict=True)):
+                lines.insert(at + j, statement)
+            head = VT_TEMPLATE + VT_ANSWER_PREFIX
+            return head.format(context="\n".join(lines), query="12345", num_v=hops + 1)
+
+        lo, hi = 5, 5
+        while self._renderer.count([text(hi * 2)])[0] <= 500 and hi < 4096:
+            hi *= 2
+        hi *= 2
+        while lo < hi - 1:  # the most noise lines that keep the example within 500 tokens
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if self._renderer.count([text(mid)])[0] <= 500 else (lo, mid)
+        example = text(lo) + " " + " ".join(names) + "\n"
+        fresh = ["".join(rng.choices(string.ascii_uppercase, k=3)) for _ in names]
+        for old, new in zip(names, fresh, strict=True):
+            example = example.replace(old, new)
+        return example.replace("12345", number_str(rng, 5))
+
     def _vt(self, p: Mapping[str, Any], rng: random.Random, length: int) -> Draft:
+        """RULER's ``variable_tracking.py`` (noise haystack): chains in noise lines, in order, after the
+        one-shot example."""
         used: set[str] = set()
         values: set[str] = set()
         chains = []
         for _ in range(p["num_chains"]):
             value = _fresh(lambda: number_str(rng, 5), values)
-            names = [
-                _fresh(lambda: "".join(rng.choices(string.ascii_uppercase, k=5)), used)
-                for _ in range(p["num_hops"] + 1)
-            ]
-            statements = [f"VAR {names[0]} = {value}."] + [
-                f"VAR {names[h]} = VAR {names[h - 1]}." for h in range(1, len(names))
-            ]
+            names, statements = self._vt_chain(rng, int(p["num_hops"]), 5, value, used)
             chains.append((value, names, statements))
         placed = [
             Piece(text, gold=c == 0, meta={"chain": c})
@@ -463,27 +585,43 @@ class Ruler(Benchmark):
             return {}
 
         value, names, _ = chains[0]
+        example = self._vt_example(p, rng)
         return Draft(
-            instruction="Memorize and track the chain(s) of variable assignment hidden in the following text.",
-            question=f"Question: Find all variables that are assigned the value {value} in the text above. {_ANSWER_LINE}",
+            instruction="",
+            question=f"Question: Find all variables that are assigned the value {value} in the text above.",
             placed=placed,
             distractors=(Piece(NOISE) for _ in itertools.count()),
             answers=list(names),
             augmentations={"num_chains": p["num_chains"], "num_hops": p["num_hops"]},
-            separator=" ",
-            question_position="end",
+            separator="\n",
             finalize=in_order,
+            template=example + "\n" + fill(VT_TEMPLATE, query=value),
         )
 
     def _cwe(self, p: Mapping[str, Any], rng: random.Random, length: int) -> Draft:
-        freq_cw = p["freq_cw"] if p["freq_cw"] is not None else (30 if length >= 4096 else 6)
-        freq_ucw = p["freq_ucw"] if p["freq_ucw"] is not None else (3 if length >= 4096 else 1)
+        """RULER's ``common_words_extraction.py``: a numbered word list after one worked example
+        (40 words, 10 of them 10 times and the others 3; 20 words, 3 and 1, below 4K)."""
+        small = length + TOKENS_TO_GENERATE["cwe"] < 4096
+        freq_cw = p["freq_cw"] if p["freq_cw"] is not None else (6 if small else 30)
+        freq_ucw = p["freq_ucw"] if p["freq_ucw"] is not None else (1 if small else 3)
         if freq_cw <= freq_ucw:
             raise RecallmError(f"ruler cwe: freq_cw ({freq_cw}) must be above freq_ucw ({freq_ucw})")
         vocab = _cwe_vocabulary()
+        n_cw = p["num_cw"]
+        shot_words, shot_cw, shot_ucw = (20, 3, 1) if small else (40, 10, 3)
+        shot = rng.sample(vocab, shot_words)
+        shot_list = shot[:n_cw] * shot_cw + shot[n_cw:] * shot_ucw
+        rng.shuffle(shot_list)
+        example = (
+            (CWE_TEMPLATE + CWE_ANSWER_PREFIX).format(
+                context=" ".join(f"{i + 1}. {w}" for i, w in enumerate(shot_list))
+            )
+            + " "
+            + " ".join(f"{i + 1}. {w}" for i, w in enumerate(shot[:n_cw]))
+        )
         rng.shuffle(vocab)
-        common = vocab[: p["num_cw"]]
-        rest = vocab[p["num_cw"] :]
+        common = vocab[:n_cw]
+        rest = vocab[n_cw:]
 
         def uncommon() -> Iterator[Piece]:
             compounds = (f"{a}-{b}" for a, b in itertools.product(rest, repeat=2) if a != b)
@@ -502,70 +640,54 @@ class Ruler(Benchmark):
             return {}
 
         return Draft(
-            instruction=(
-                "Below is a numbered list of words. In these words, some appear more often than others. "
-                "Memorize the ones that appear most often."
-            ),
-            question=f"Question: What are the {p['num_cw']} most common words in the above list? {_ANSWER_LINE}",
+            instruction="",
+            question=f"Question: What are the {n_cw} most common words in the above list?",
             placed=[Piece(w, meta={"word": w}) for w in common for _ in range(freq_cw)],
             distractors=uncommon(),
             answers=list(common),
             augmentations={"freq_cw": freq_cw, "freq_ucw": freq_ucw},
             separator=" ",
-            question_position="end",
             evidence=False,
             finalize=numbered,
+            template=example + "\n" + CWE_TEMPLATE,
         )
 
-    def _fwe(self, p: Mapping[str, Any], rng: random.Random, length: int) -> Draft:
-        import numpy as np
-
+    def _fwe(
+        self, spec: Spec, p: Mapping[str, Any], rng: random.Random, renderer: PromptRenderer, budget: int
+    ) -> Example:
+        """RULER's ``freq_words_extraction.py``: a vocabulary of ``budget // 50`` coded words (the
+        first one the noise ``...``), word ``k`` repeated ``int(n k^-alpha / zeta(alpha))`` times,
+        shuffled; ``n`` the most words that fit; the answer the three words after the noise."""
+        alpha = float(p["alpha"])
+        size = int(p["vocab_size"]) if p["vocab_size"] is not None else max(4, budget // 50)
         used: set[str] = set()
-        vocab = [FWE_NOISE] + [
-            _fresh(lambda: "".join(rng.choices(string.ascii_lowercase, k=p["word_length"])), used)
-            for _ in range(p["vocab_size"])
-        ]
-        weights = np.arange(1, len(vocab) + 1, dtype=np.float64) ** -float(p["alpha"])
-        weights /= weights.sum()
-        np_rng = np.random.default_rng(rng.getrandbits(64))
-        rank = {word: i for i, word in enumerate(vocab)}
+        vocab = sorted(_fresh(lambda: "".join(rng.choices(string.ascii_lowercase, k=p["word_length"])), used)
+                       for _ in range(size))  # fmt: skip
+        rng.shuffle(vocab)
+        vocab[0] = FWE_NOISE
+        zeta = sum(k**-alpha for k in range(1, 100_000)) + 100_000 ** (1 - alpha) / (alpha - 1)
+        order_seed = rng.getrandbits(63)
 
-        def stream() -> Iterator[Piece]:
-            while True:
-                for i in np_rng.choice(len(vocab), size=1024, p=weights).tolist():
-                    yield Piece(vocab[i])
+        def content(n: int) -> str:
+            words_ = [w for k, w in enumerate(vocab, 1) for _ in range(int(n * k**-alpha / zeta))]
+            random.Random(order_seed).shuffle(words_)
+            text = FWE_TEMPLATE.format(context=" ".join(words_))
+            return text + " " + ANSWER_LINE if self.cfg["answer_line"] else text
 
-        def top_three(pieces: list[Piece]) -> dict[str, Any]:
-            counts = Counter(piece.text for piece in pieces if piece.text != FWE_NOISE)
-            ranked = sorted(counts, key=lambda w: (-counts[w], rank[w]))
-            if len(ranked) < 4:
-                raise RecallmError("ruler fwe: the prompt holds fewer than 4 distinct coded words")
-            top, third = ranked[:3], counts[ranked[2]]
-            tied = {w for w in ranked[3:] if counts[w] == third}
-            for word in tied:  # a tie at the third place: one occurrence of each tied word becomes noise
-                piece = next(piece for piece in reversed(pieces) if piece.text == word)
-                piece.text = FWE_NOISE
-            return {"answers": top}
+        def tokens(n: int) -> int:
+            return renderer.length(renderer.render(content(n))[0])
 
-        return Draft(
-            instruction=(
-                "Read the following coded text and track the frequency of each coded word. "
-                "Find the three most frequently appeared coded words."
-            ),
-            question=(
-                "Question: Do not provide any explanation. Please ignore the dots '....'. "
-                f"What are the three most frequently appeared words in the above coded text? {_ANSWER_LINE}"
-            ),
-            placed=[],
-            distractors=stream(),
-            answers=[],
-            augmentations={"alpha": p["alpha"]},
-            separator=" ",
-            question_position="end",
-            keep_order=True,
-            evidence=False,
-            finalize=top_three,
-        )
+        lo, hi = 0, max(8, budget // max(1, p["word_length"]))
+        while tokens(hi) <= budget:
+            lo, hi = hi, hi * 2
+        while lo < hi - 1:
+            mid = (lo + hi) // 2
+            lo, hi = (mid, hi) if tokens(mid) <= budget else (lo, mid)
+        text = content(lo)
+        if lo < 4 or int(lo * 4**-alpha / zeta) < 1:
+            raise RecallmError(f"ruler fwe: {spec.length} tokens are too few for RULER's coded text")
+        prompt, _ = renderer.render(text)
+        return Example(spec, renderer.messages(text), prompt, renderer.length(prompt), {"answers": vocab[1:4]})
 
 
 def _check_params(task: str, kind: str, params: Mapping[str, Any]) -> None:
@@ -591,7 +713,8 @@ def _check_params(task: str, kind: str, params: Mapping[str, Any]) -> None:
             if params[name] is not None:
                 positive(name)
     elif kind == "fwe":
-        positive("vocab_size")
+        if params["vocab_size"] is not None:
+            positive("vocab_size")
         positive("word_length")
-        if params["vocab_size"] < 4 or not float(params["alpha"]) > 0:
-            raise RecallmError(f"ruler.task_params.{task}: vocab_size must be >= 4 and alpha > 0")
+        if (params["vocab_size"] is not None and params["vocab_size"] < 4) or not float(params["alpha"]) > 1:
+            raise RecallmError(f"ruler.task_params.{task}: vocab_size must be >= 4 (or null) and alpha > 1")

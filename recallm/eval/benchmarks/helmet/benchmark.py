@@ -213,6 +213,11 @@ class Helmet(Benchmark):
 
     # --- planning ------------------------------------------------------------------------------
 
+    def target(self, length: int) -> int:
+        """HELMET's cell of ``length`` tokens (``input_max_length``): the prompt leaves the task's
+        generation budget free (the suite's ``fit_lengths`` does not apply)."""
+        return length
+
     def per_cell_of(self, name: str) -> int:
         value = self.params[name].get("per_cell")
         if value is not None:
@@ -319,7 +324,7 @@ class Helmet(Benchmark):
         target = self.target(spec.length)
         if task.family == "ruler":
             ruler_spec = Spec(spec.length, "ruler", spec.index, task.options["ruler_task"])
-            ex = self._ruler.build(ruler_spec, renderer)
+            ex = self._ruler.build(ruler_spec, renderer, budget=target - task.gen_tokens)
             return Example(spec, ex.messages, ex.prompt_text, ex.prompt_tokens, dict(ex.reference))
         rng = self.rng(spec.task, spec.length, spec.index)
         if task.family == "json_kv":
@@ -499,7 +504,11 @@ class Helmet(Benchmark):
             score = m.helmet_metrics([region, parsed], ref["answers"])["rougeL_f1"]
             metrics = {"rougeL_f1": score}
         elif task.family == "narrativeqa":
-            judged = judge.longqa(ref["question"], ref["answers"], m.judge_answer(region), self.judge_prompts) if judge else None
+            judged = (
+                judge.longqa(ref["question"], ref["answers"], m.judge_answer(region), self.judge_prompts)
+                if judge
+                else None
+            )
             fallback = m.helmet_metrics([region, parsed], ref["answers"])["rougeL_f1"]
             score = judged if judged is not None else fallback
             # an unreadable verdict leaves judge_score out: dropped from the mean, as HELMET drops it
@@ -612,7 +621,9 @@ class Helmet(Benchmark):
             for n in lengths:
                 values = [tasks[t].get(str(n)) for t in names]
                 by_length[str(n)] = (
-                    sum(values) / len(values) if all(v is not None for v in values) and len(values) == len(names) else None
+                    sum(values) / len(values)
+                    if all(v is not None for v in values) and len(values) == len(names)
+                    else None
                 )
             present = [v for v in by_length.values() if v is not None]
             categories[category] = {

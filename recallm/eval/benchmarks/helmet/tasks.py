@@ -436,7 +436,10 @@ def alce_source(task: HelmetTask, path: str, demo_path: str, seed: int, shots: i
             )
         reference = {  # every document of the item: upstream's NLI reads citations past the shown ones too
             "question": str(record["question"]),
-            "docs": [f"Title: {d.get('title', '')}\n{d['sent'] if 'sent' in d else d.get('text', '')}" for d in record["docs"]],
+            "docs": [
+                f"Title: {d.get('title', '')}\n{d['sent'] if 'sent' in d else d.get('text', '')}"
+                for d in record["docs"]
+            ],
         }
         if qampari:
             reference["answers"] = [_strings(a) for a in record["answers"]]
@@ -585,7 +588,9 @@ HELMET_SEED = 42
 ICL_LABELS = {"trec_coarse": 6, "trec_fine": 50, "banking77": 77, "clinic150": 151, "nlu": 68}
 
 
-def balance_labels(data: Sequence[Mapping[str, Any]], label_field: str, shots: int, seed: int) -> list[Mapping[str, Any]]:
+def balance_labels(
+    data: Sequence[Mapping[str, Any]], label_field: str, shots: int, seed: int
+) -> list[Mapping[str, Any]]:
     """HELMET's ``balance_labels``: ``shots`` items in rounds of one per label (labels in order of
     first appearance), each round shuffled; per label, ``rounds % len(items)`` distinct picks, topped
     up with further draws when a label has too few (upstream's arithmetic, kept as it is)."""
