@@ -22,7 +22,16 @@ returns Markdown lines - add one to extend the report):
 
 Where a number was made differently from the paper's (a judged metric scored by its
 deterministic fallback, RULER's essay haystack generated offline, the lost-in-thought injection
-located by string matching), the table says so underneath. Scores are shown in percent.
+located by string matching), the table says so underneath, and the runs section lists every
+benchmark's protocol options that differ from upstream's (``extra.protocol``), so that two runs
+are never compared across protocols silently. Scores are shown in percent.
+
+Honest numbers: an average is printed only over a complete set (RULER's 13 tasks, a HELMET
+category's tasks, the paper's lengths), else ``n/a (k of 13 tasks)``; every number carries its
+example count ``(n)``; each average has a 95% confidence interval, a bootstrap over the examples of
+each cell (``results.jsonl``; 1,000 resamples, seed 0); a rate with nothing to measure is ``n/a (0
+spans)``, never 1.0; the paper's short / long buckets (4K-32K, 64K-128K) hold only those lengths, so a
+run at other lengths is shown at its own lengths, not filed beside the paper's rows.
 """
 
 from __future__ import annotations
@@ -36,7 +45,15 @@ from typing import Any
 
 from recallm.errors import RecallmError
 
-__all__ = ["load_summary", "resolve_runs", "build_report", "load_reference", "ReportContext", "SECTIONS"]
+__all__ = [
+    "load_summary",
+    "resolve_runs",
+    "build_report",
+    "load_reference",
+    "bootstrap_ci",
+    "ReportContext",
+    "SECTIONS",
+]
 
 log = logging.getLogger(__name__)
 
@@ -91,6 +108,62 @@ def _length_label(n: int) -> str:
 def _mean(values: Sequence[float]) -> float | None:
     values = [v for v in values if v is not None]
     return sum(values) / len(values) if values else None
+
+
+def _count(value: Any, n: int | None) -> str:
+    """A percentage with its example count: ``75.0 (200)``."""
+    return _pct(value) if n is None or value is None else f"{_pct(value)} ({n})"
+
+
+def _na_lengths(lengths: Sequence[int]) -> str:
+    return f"n/a (lengths {', '.join(_length_label(n) for n in lengths)})" if lengths else "n/a"
+
+
+#: the paper's buckets (Tables 4 and 7): short = 4K-32K, long = 64K-128K
+BUCKETS = (("S", 4096, 32768), ("L", 65536, 131072))
+
+
+def _in_bucket(n: int, bucket: str) -> bool:
+    lo, hi = next((lo, hi) for name, lo, hi in BUCKETS if name == bucket)
+    return lo <= n <= hi
+
+
+def bootstrap_ci(
+    cells: Mapping[Any, Any],
+    combine: Callable[[Mapping[Any, float | None]], float | None],
+    *,
+    n: int = 1000,
+    seed: int = 0,
+) -> tuple[float, float] | None:
+    """A 95% percentile bootstrap interval of ``combine(cell values)``: each cell is an array of
+    examples x metrics (NaN where an example lacks a metric); a resample draws each cell's examples
+    with replacement, a cell's value is the mean over metrics of each metric's mean. None when a
+    resample leaves the statistic undefined or there is nothing to resample."""
+    import numpy as np
+
+    if not cells:
+        return None
+    rng = np.random.default_rng(seed)
+    arrays = {k: np.asarray(v, dtype=float).reshape(len(v), -1) for k, v in cells.items() if len(v)}
+    if not arrays:
+        return None
+    stats = []
+    with np.errstate(invalid="ignore"):
+        for _ in range(n):
+            values = {}
+            for key, arr in arrays.items():
+                means = np.nanmean(arr[rng.integers(0, len(arr), len(arr))], axis=0)
+                values[key] = None if np.isnan(means).any() else float(means.mean())
+            stat = combine(values)
+            if stat is None:
+                return None
+            stats.append(stat)
+    lo, hi = np.percentile(stats, [2.5, 97.5])
+    return float(lo), float(hi)
+
+
+def _ci(interval: tuple[float, float] | None) -> str:
+    return "" if interval is None else f" [{100 * interval[0]:.1f}, {100 * interval[1]:.1f}]"
 
 
 class _Plots:
@@ -200,6 +273,22 @@ class ReportContext:
     def runs_with(self, name: str) -> list[str]:
         return [run for run in self.summaries if self.bench(run, name)]
 
+    def records(self, run: str, name: str) -> list[dict[str, Any]]:
+        """The run's finished records of benchmark ``name`` (``results.jsonl``, read only; a line
+        cut short by a crash is skipped). Empty without the file."""
+        cache = self.__dict__.setdefault("_records", {})
+        if run not in cache:
+            path = self.dirs[run] / "results.jsonl"
+            rows = []
+            if path.is_file():
+                for line in path.read_text(errors="replace").splitlines():
+                    try:
+                        rows.append(json.loads(line))
+                    except json.JSONDecodeError:
+                        continue
+            cache[run] = rows
+        return [r for r in cache[run] if r.get("benchmark") == name]
+
 
 def _reference_rows(ctx: ReportContext, table: str, picks: Sequence[int]) -> list[tuple[str, list[Any]]]:
     """``(label, values)`` reference rows of a paper table, the columns ``picks`` (indices; -1: not there)."""
@@ -248,6 +337,19 @@ def _runs_section(ctx: ReportContext) -> list[str]:
         )
         notes += [f"* {name}: {note}" for note in (run.get("notes") or [])]
     lines += _table(["run", "dir", "model", "backend", "constrained", "suite", "paper model", "examples"], rows)
+    protocol = []
+    for name, summary in ctx.summaries.items():  # every option a run's benchmarks used that differs from upstream
+        for bench, entry in sorted((summary.get("benchmarks") or {}).items()):
+            options = (entry.get("extra") or {}).get("protocol") or {}
+            if options:
+                protocol.append(f"* {name} · {bench}: " + "; ".join(f"{k} = {v}" for k, v in options.items()))
+    if protocol:
+        lines += [
+            "Protocol options that differ from upstream's (compare runs only with the same ones):",
+            "",
+            *protocol,
+            "",
+        ]
     for name, s in ctx.summaries.items():  # RLM runs whose model-written code ran without bubblewrap
         isolation = (s.get("run") or {}).get("rlm_isolation")
         if isolation and not isolation.get("bubblewrap"):
@@ -258,28 +360,59 @@ def _runs_section(ctx: ReportContext) -> list[str]:
     return lines + (notes + [""] if notes else [])
 
 
+RULER_TASK_COUNT = 13
+
+
 def _ruler_table(ctx: ReportContext) -> list[str]:
+    from recallm.eval.benchmarks.ruler import RULER_TASKS
+
     runs = ctx.runs_with("ruler")
     if not runs:
         return []
     lengths = sorted({int(n) for run in runs for n in ctx.bench(run, "ruler").get("by_length") or {}})
     ref_columns = [int(c) for c in (ctx.reference.get("ruler") or {}).get("columns", [])[:-1]]
-    lines = ["## Table 2 / Table 8: RULER", "", "Score (%) by context length, averaged across tasks:", ""]
+    lines = [
+        "## Table 2 / Table 8: RULER",
+        "",
+        "Score (%) by context length, averaged across RULER's 13 tasks (examples in parentheses; the average with "
+        "its 95% bootstrap interval):",
+        "",
+    ]
     header = ["run"] + [_length_label(n) for n in lengths] + ["avg", "tasks", "Δ avg vs paper"]
     rows = []
     for run in runs:
         by_length = ctx.bench(run, "ruler").get("by_length") or {}
+        tasks = sorted({t for n in lengths for t in (by_length.get(str(n)) or {}) if t != "all"})
+        complete = sorted(tasks) == sorted(RULER_TASKS) and all(
+            all(t in (by_length.get(str(n)) or {}) for t in tasks) for n in lengths
+        )
+        row = [run]
         points = {}
-        tasks: set[str] = set()
         for n in lengths:
             cell = by_length.get(str(n)) or {}
-            per_task = [v["score"] for t, v in cell.items() if t != "all" and v.get("score") is not None]
-            tasks |= {t for t in cell if t != "all"}
-            points[n] = _mean(per_task)
-        avg = _mean([points[n] for n in lengths])
-        same = lengths == ref_columns
-        paper = _paper_value(ctx, "ruler", ctx.paper_model(run), -1) if same else None
-        rows.append([run] + [_pct(points[n]) for n in lengths] + [_pct(avg), str(len(tasks)), _delta(avg, paper)])
+            count = sum(int(v.get("n", 0)) for t, v in cell.items() if t != "all")
+            if complete:
+                points[n] = _mean([v["score"] for t, v in cell.items() if t != "all" and v.get("score") is not None])
+                row.append(_count(points[n], count))
+            else:
+                row.append(f"n/a ({len([t for t in cell if t != 'all'])} of {RULER_TASK_COUNT} tasks)" if cell else "–")
+        if complete:
+            avg = _mean([points[n] for n in lengths])
+            cells: dict[tuple[str, int], list[list[float]]] = {}
+            for r in ctx.records(run, "ruler"):
+                cells.setdefault((r["task"], int(r["length"])), []).append([float(r["score"])])
+
+            def combine(values, lengths=lengths, tasks=tasks):
+                per_length = [_mean([values.get((t, n)) for t in tasks]) for n in lengths]
+                return None if any(v is None for v in per_length) else sum(per_length) / len(per_length)
+
+            interval = bootstrap_ci(cells, combine) if cells else None
+            same = lengths == ref_columns
+            paper = _paper_value(ctx, "ruler", ctx.paper_model(run), -1) if same else None
+            row += [_pct(avg) + _ci(interval), str(len(tasks)), _delta(avg, paper)]
+        else:
+            row += [f"n/a ({len(tasks)} of {RULER_TASK_COUNT} tasks)", str(len(tasks)), "–"]
+        rows.append(row)
     picks = [ref_columns.index(n) if n in ref_columns else -1 for n in lengths]
     for label, values in _reference_rows(ctx, "ruler", picks + [len(ref_columns)]):
         rows.append([label] + [_ref(v) for v in values] + ["13", ""])
@@ -288,8 +421,26 @@ def _ruler_table(ctx: ReportContext) -> list[str]:
     for run, haystack in haystacks.items():
         if haystack and "offline" in haystack:
             lines.append(f"* {run}: the essay haystack is {haystack}.")
-    lines.append("The paper averages RULER's 13 tasks; `avg` is over the lengths shown (the paper's: 4K-128K).")
+    lines.append(
+        "The paper averages RULER's 13 tasks; a run with fewer has no average (n/a). `avg` is over the lengths shown "
+        "(the paper's: 4K-128K); Δ only where the lengths are the paper's."
+    )
     return lines + [""]
+
+
+def _helmet_cells(ctx: ReportContext, run: str, fallback: Sequence[str]) -> dict[tuple[str, int], list[list[float]]]:
+    """Per (task, length): examples x the metrics HELMET reports for the task (NaN where missing)."""
+    from recallm.eval.benchmarks.helmet.tasks import REPORTED
+
+    cells: dict[tuple[str, int], list[list[float]]] = {}
+    for r in ctx.records(run, "helmet"):
+        main, alt = REPORTED.get(r["task"], (("score",), ()))
+        names = alt if r["task"] in fallback else main
+        metrics = {**(r.get("metrics") or {}), "score": r["score"]}
+        cells.setdefault((r["task"], int(r["length"])), []).append(
+            [float(metrics[k]) if k in metrics else float("nan") for k in names]
+        )
+    return cells
 
 
 def _helmet_table(ctx: ReportContext) -> list[str]:
@@ -302,50 +453,97 @@ def _helmet_table(ctx: ReportContext) -> list[str]:
     lines = [
         "## Table 2 / Table 9: HELMET",
         "",
-        "Score (%) per category, averaged over the context lengths 8K-128K (all lengths if none is that long):",
+        "Score (%) per category, averaged over the context lengths 8K-128K (all lengths if none is that long), as "
+        "HELMET's collect_results.py (examples in parentheses; averages with their 95% bootstrap interval); a "
+        "category with some of its tasks missing is n/a:",
         "",
     ]
     header = ["run", *CATEGORIES, "avg (7)", "avg (5, Table 9)", "Δ avg vs paper"]
     rows, notes = [], []
+    task_of = {t: TASKS[t].category for t in TASKS}
     for run in runs:
-        categories = ctx.extra(run, "helmet").get("categories") or {}
+        extra = ctx.extra(run, "helmet")
+        categories = extra.get("categories") or {}
+        counts = extra.get("counts") or {}
         values: dict[str, float | None] = {}
+        used: dict[str, list[int]] = {}
+        row = [run]
         for category in CATEGORIES:
             entry = categories.get(category)
+            full = [t for t, task in TASKS.items() if task.category == category]
             if entry is None:
                 values[category] = None
+                row.append("–")
                 continue
             by_length = {int(n): v for n, v in entry["by_length"].items()}
-            long = [v for n, v in by_length.items() if n >= 8192] or list(by_length.values())
-            values[category] = _mean(long)
-            full = [t for t, task in TASKS.items() if task.category == category]
-            if sorted(entry["tasks"]) != sorted(full):
+            long = [n for n in by_length if n >= 8192] or list(by_length)
+            used[category] = long
+            n_examples = sum(int(c.get("n", 0)) for t in entry["tasks"] for k, c in (counts.get(t) or {}).items()
+                             if int(k) in long)  # fmt: skip
+            if sorted(entry["tasks"]) != sorted(full) or not entry.get("complete", True):
+                values[category] = None
+                row.append(f"n/a ({len(entry['tasks'])} of {len(full)} tasks)")
                 notes.append(
                     f"* {run}: {category} has {len(entry['tasks'])} of its {len(full)} tasks ({', '.join(entry['tasks'])})."
                 )
-        seven = _mean([values[c] for c in CATEGORIES]) if all(values[c] is not None for c in CATEGORIES) else None
-        fives = _mean([values[c] for c in five]) if all(values[c] is not None for c in five) else None
+                continue
+            values[category] = (
+                _mean([by_length[n] for n in long]) if all(by_length[n] is not None for n in long) else None
+            )
+            row.append(_count(values[category], n_examples))
+        fallback = extra.get("fallback_metric") or []
+        cells = _helmet_cells(ctx, run, fallback)
+
+        def average(names, values=values, used=used, cells=cells):
+            def combine(v):
+                cats = []
+                for c in names:
+                    tasks = [t for t in TASKS if task_of[t] == c]
+                    per_length = [_mean([v.get((t, n)) for t in tasks]) if all(v.get((t, n)) is not None for t in tasks)
+                                  else None for n in used.get(c, [])]  # fmt: skip
+                    if not per_length or any(x is None for x in per_length):
+                        return None
+                    cats.append(sum(per_length) / len(per_length))
+                return sum(cats) / len(cats)
+
+            if not all(values[c] is not None for c in names):
+                return None, None
+            wanted = {k: v for k, v in cells.items() if task_of.get(k[0]) in names}
+            return _mean([values[c] for c in names]), bootstrap_ci(wanted, combine) if wanted else None
+
+        seven, seven_ci = average(CATEGORIES)
+        fives, fives_ci = average(five)
         model = ctx.paper_model(run)
         paper = _paper_value(ctx, "helmet", model, -1)
         delta = _delta(seven, paper) if paper is not None else _delta(fives, _reference_five(ctx, model))
-        rows.append([run] + [_pct(values[c]) for c in CATEGORIES] + [_pct(seven), _pct(fives), delta])
-        extra = ctx.extra(run, "helmet")
+        missing = sum(values[c] is None for c in CATEGORIES)
+        row += [
+            _pct(seven) + _ci(seven_ci) if seven is not None else f"n/a ({7 - missing} of 7 categories)",
+            _pct(fives) + _ci(fives_ci) if fives is not None else "n/a",
+            delta,
+        ]
+        rows.append(row)
         judged = extra.get("judged_share") or {}
-        if judged:
-            if extra.get("judge"):
-                fallback = {t: 1 - v for t, v in judged.items() if v < 1}
-                if fallback:
-                    detail = ", ".join(f"{t} {100 * v:.0f}%" for t, v in fallback.items())
-                    notes.append(
-                        f"* {run}: judged by {extra['judge']}; scored by the fallback where its answer was unreadable: {detail}."
-                    )
-                else:
-                    notes.append(f"* {run}: LongQA, Summ and the citation NLI judged by {extra['judge']}.")
-            else:
-                notes.append(
-                    f"* {run}: no judge - NarrativeQA by ROUGE-L F1, Summ by ROUGE-Lsum F1, the citation NLI by substring / "
-                    "ROUGE-L recall (deterministic fallbacks, not comparable to the paper's judged numbers)."
-                )
+        dropped = {t: sum(int(c.get("dropped", 0)) for c in by.values()) for t, by in counts.items()}
+        dropped = {t: d for t, d in dropped.items() if d}
+        if dropped:
+            notes.append(
+                f"* {run}: left out of a metric's mean, as HELMET leaves them out (unreadable verdicts, ALCE outputs "
+                "without a sentence): " + ", ".join(f"{t} {d}" for t, d in sorted(dropped.items())) + " examples."
+            )
+        if fallback:
+            notes.append(
+                f"* {run}: no judge - {', '.join(fallback)} scored by the deterministic fallback (NarrativeQA by ROUGE-L "
+                "F1, Summ by ROUGE-Lsum F1; not comparable to the paper's judged numbers)."
+            )
+        nli = str((extra.get("protocol") or {}).get("citation_nli", ""))
+        if nli.startswith("none"):
+            notes.append(
+                f"* {run}: no citation NLI - claims checked by substring / ROUGE-L recall (a deterministic fallback, not "
+                "comparable to the paper's NLI-judged Cite numbers)."
+            )
+        if judged and extra.get("judge"):
+            notes.append(f"* {run}: LongQA and Summ judged by {extra['judge']}.")
     ref_columns = (ctx.reference.get("helmet") or {}).get("columns", [])
     for label, ref in _reference_rows(ctx, "helmet", list(range(len(ref_columns)))):
         cats, avg = ref[:-1], ref[-1]
@@ -381,21 +579,36 @@ def _lost_in_thought(ctx: ReportContext) -> list[str]:
     lines = ["## Table 4: lost in thought", ""]
     header = ["run"] + [f"{label} {b}" for _, label in _LIT_COLUMNS for b in ("S", "L")]
     rows = []
+    outside = []
     for run in runs:
-        buckets = ctx.extra(run, "lost_in_thought").get("buckets") or {}
+        extra = ctx.extra(run, "lost_in_thought")
+        buckets = extra.get("buckets") or {}
         row = [run]
         for key, _ in _LIT_COLUMNS:
             for bucket in ("short", "long"):
-                value = (buckets.get(bucket) or {}).get(key)
-                row.append(_num(value) if key in ("relative_gap_pct", "reasoning_tokens") else _pct(value))
+                entry = buckets.get(bucket)
+                if entry is None:
+                    row.append("n/a")
+                    continue
+                value = entry.get(key)
+                if key in ("relative_gap_pct", "reasoning_tokens"):
+                    row.append(_num(value))
+                else:
+                    row.append(_count(value, entry.get("pairs")))
         rows.append(row)
+        own = sorted(int(n) for n in extra.get("by_length") or {})
+        if not any(_in_bucket(n, b) for n in own for b in ("S", "L")):
+            outside.append(f"* {run}: its lengths ({', '.join(_length_label(n) for n in own)}) are outside the paper's "
+                           "buckets: see its per-length table below, not these rows.")  # fmt: skip
     for label, values in _reference_rows(ctx, "lost_in_thought", list(range(12))):
         rows.append([label] + [_ref(v) if i < 10 else _num(v) for i, v in enumerate(values)])
     lines += _table(header, rows)
     lines.append(
-        "S = mean over lengths up to 32K, L = over 64K and above; Rel. gap = (Retrieval - Reas.-Retr.) / Retrieval; "
-        "Injected and Cov. over at most the first 200 math-correct examples per length."
+        "S = mean over the lengths 4K-32K, L = over 64K-128K (pairs in parentheses); Rel. gap = (Retrieval - "
+        "Reas.-Retr.) / Retrieval of the bucket's means (Table 4); Injected and Cov. over at most the first 200 "
+        "math-correct examples per length."
     )
+    lines += outside
     for run in runs:
         extra = ctx.extra(run, "lost_in_thought")
         if extra.get("locator") == "string":
@@ -481,15 +694,19 @@ def _in_domain_tables(ctx: ReportContext) -> list[str]:
     for label, values in _reference_rows(ctx, "in_domain", list(range(len(_IN_DOMAIN) + 1))):
         rows.append([label] + [_ref(v) for v in values] + [""])
     lines += _table(header, rows)
-    lines += ["Short (4K-32K) and long (64K-128K) buckets (Table 7):", ""]
+    lines += [
+        "Short (4K-32K) and long (64K-128K) buckets (Table 7; n/a: none of the run's lengths is in the bucket):",
+        "",
+    ]
     header = ["run"] + [f"{label} {b}" for _, label in _IN_DOMAIN for b in ("S", "L")]
     rows = []
     for run in runs:
         row = [run]
         for category, _ in _IN_DOMAIN:
             by_length = cells[run].get(category, {})
-            row.append(_pct(_mean([v for n, v in by_length.items() if n <= 32768])))
-            row.append(_pct(_mean([v for n, v in by_length.items() if n >= 65536])))
+            for bucket in ("S", "L"):
+                inside = [v for n, v in by_length.items() if _in_bucket(n, bucket)]
+                row.append(_pct(_mean(inside)) if inside else "n/a" if by_length else "–")
         rows.append(row)
     columns = (ctx.reference.get("in_domain_buckets") or {}).get("columns", [])
     picks = [columns.index(f"{c} {b}") if f"{c} {b}" in columns else -1 for c, _ in _IN_DOMAIN for b in ("S", "L")]
@@ -534,31 +751,37 @@ def _benchmark_sections(ctx: ReportContext) -> list[str]:
     benches = sorted({b for s in summaries.values() for b in (s.get("benchmarks") or {})})
     for bench in benches:
         lengths = _lengths(summaries, bench)
-        lines += [f"## {bench}", "", "Score (%) by context length:", ""]
+        lines += [f"## {bench}", "", "Score (%) by context length (examples in parentheses):", ""]
         scores = _series(summaries, bench, "score")
+        counts = _series(summaries, bench, "n")
         header = ["run"] + [_length_label(n) for n in lengths] + ["avg"]
-        rows = [
-            [run] + [_pct(points.get(n)) for n in lengths] + [_pct(_mean([points.get(n) for n in lengths]))]
-            for run, points in scores.items()
-        ]
+        rows = []
+        for run, points in scores.items():
+            cells = [_count(points.get(n), counts[run].get(n)) for n in lengths]
+            total = sum(int(counts[run].get(n) or 0) for n in lengths)
+            present = [points.get(n) for n in lengths if points.get(n) is not None]
+            avg = _mean(present) if len(present) == len(lengths) else None
+            rows.append([run, *cells, _count(avg, total) if avg is not None else "n/a" if present else "–"])
         lines += _table(header, rows)
         lines += [f"![{bench} score]({plots.lines(f'{bench}_score', f'{bench}: score', 'score (%)', scores)})", ""]
         usage = _series(summaries, bench, "recall_usage")
-        lines += ["Recall usage (% of outputs with at least one recall span):", ""]
+        lines += ["Recall usage (% of outputs with at least one recall span; outputs in parentheses):", ""]
         lines += _table(
             ["run"] + [_length_label(n) for n in lengths],
-            [[run] + [_pct(p.get(n)) for n in lengths] for run, p in usage.items()],
+            [[run] + [_count(p.get(n), counts[run].get(n)) for n in lengths] for run, p in usage.items()],
         )
         lines += [
             f"![{bench} recall usage]({plots.lines(f'{bench}_recall_usage', f'{bench}: recall usage', 'outputs with a span (%)', usage)})",
             "",
         ]
         tasks, per_task = _by_task(summaries, bench, "score")
-        if len(tasks) > 1 or bench == "in_domain":
+        _, task_counts = _by_task(summaries, bench, "n")
+        if tasks:  # every task any run has (one task too), each run's count beside
             title = "category" if bench == "in_domain" else "task"
-            lines += [f"Score (%) per {title}, all lengths:", ""]
+            lines += [f"Score (%) per {title}, all lengths (examples in parentheses; – : not in that run):", ""]
             lines += _table(
-                [title] + list(summaries), [[t] + [_pct(per_task[r].get(t)) for r in summaries] for t in tasks]
+                [title] + list(summaries),
+                [[t] + [_count(per_task[r].get(t), task_counts[r].get(t)) for r in summaries] for t in tasks],
             )
             lines += [
                 f"![{bench} per {title}]({plots.bars(f'{bench}_{title}', f'{bench}: score per {title}', tasks, per_task)})",
@@ -575,15 +798,20 @@ def _benchmark_sections(ctx: ReportContext) -> list[str]:
 
 def _recall_spans(ctx: ReportContext) -> list[str]:
     benches = sorted({b for s in ctx.summaries.values() for b in (s.get("benchmarks") or {})})
-    lines = ["## Recall spans", "", "Verbatim spans (% of spans; – without spans):", ""]
-    lines += _table(
-        ["run"] + benches,
-        [
-            [run] + [_pct(ctx.bench(run, b).get("overall", {}).get("span_verbatim_rate")) for b in benches]
-            for run in ctx.summaries
-        ],
-    )
-    return lines
+    lines = ["## Recall spans", "", "Verbatim spans (% of spans, spans in parentheses; n/a without spans):", ""]
+    rows = []
+    for run in ctx.summaries:
+        row = [run]
+        for b in benches:
+            overall = ctx.bench(run, b).get("overall")
+            if not overall:
+                row.append("–")
+                continue
+            spans = round(float(overall.get("spans_per_output") or 0.0) * int(overall.get("n") or 0))
+            rate = overall.get("span_verbatim_rate")
+            row.append("n/a (0 spans)" if not spans or rate is None else _count(rate, spans))
+        rows.append(row)
+    return lines + _table(["run"] + benches, rows)
 
 
 #: the report, in order (append a function of ``ReportContext`` returning Markdown lines to extend it)

@@ -30,7 +30,10 @@ def rec(bench, task, length, index, score, **metrics):
     }
 
 
-HELMET_TASKS = ["json_kv", "nq", "trec_coarse", "alce_asqa", "msmarco_rerank", "narrativeqa", "multi_lexsum"]
+from recallm.eval.benchmarks.helmet.tasks import REPORTED, TASKS  # noqa: E402
+from recallm.eval.benchmarks.ruler import RULER_TASKS  # noqa: E402
+
+HELMET_TASKS = list(TASKS)
 
 
 def store(path, records, run_info, benchmarks):
@@ -38,6 +41,7 @@ def store(path, records, run_info, benchmarks):
     summary = summarize(records, benchmarks, run_info)
     summary["planned"] = len(records)
     (path / "summary.json").write_text(json.dumps(summary))
+    (path / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
     return path
 
 
@@ -47,7 +51,7 @@ def runs(tmp_path_factory):
     suite = {
         "generation": {"max_new_tokens": 8},
         "benchmarks": {
-            "ruler": {"lengths": LENGTHS, "per_cell": 1, "tasks": ["niah_single_2", "vt"]},
+            "ruler": {"lengths": LENGTHS, "per_cell": 1, "tasks": list(RULER_TASKS)},
             "helmet": {"lengths": [4096, 8192, 131072], "per_cell": 1, "tasks": HELMET_TASKS},
             "lost_in_thought": {"lengths": [4096, 65536], "per_cell": 2},
             "in_domain": {"data_dir": "unused"},
@@ -55,14 +59,18 @@ def runs(tmp_path_factory):
     }
     benchmarks = make_benchmarks(suite)
     records = []
-    # RULER: both tasks right up to 32K, half right at 64K, wrong at 128K -> 100, 100, 100, 100, 50, 0; avg 75
+    # RULER: all 13 tasks right up to 32K, half right at 64K, wrong at 128K -> 100, 100, 100, 100, 50, 0; avg 75
     for n in LENGTHS:
         value = {65536: 0.5, 131072: 0.0}.get(n, 1.0)
-        records += [rec("ruler", "niah_single_2", n, 0, value), rec("ruler", "vt", n, 0, value)]
-    # HELMET: one task per category; 0 at 4K (outside Table 2's 8K-128K), 1 at 8K, 0.5 at 128K -> 75 each
+        records += [rec("ruler", task, n, 0, value) for task in RULER_TASKS]
+    # HELMET: every task; 0 at 4K (outside Table 2's 8K-128K), 1 at 8K, 0.5 at 128K -> 75 each; no judge: the judged
+    # tasks have only their fallback metric
     for task in HELMET_TASKS:
-        extra = {"judged": 0.0} if task in ("alce_asqa", "narrativeqa", "multi_lexsum") else {}
-        records += [rec("helmet", task, n, 0, v, **extra) for n, v in ((4096, 0.0), (8192, 1.0), (131072, 0.5))]
+        main, fallback = REPORTED[task]
+        names = fallback or main
+        judged = {"judged": 0.0} if TASKS[task].judged else {}
+        records += [rec("helmet", task, n, 0, v, **{m: v for m in names}, **judged)
+                    for n, v in ((4096, 0.0), (8192, 1.0), (131072, 0.5))]  # fmt: skip
     # lost in thought (no judge: string-matched injection): 4K retrieval 100, reasoning retrieval 50, injected 100
     lit = [
         rec("lost_in_thought", "retrieval", 4096, 0, 1.0, accuracy=1.0),
@@ -81,7 +89,8 @@ def runs(tmp_path_factory):
     info = {"name": "qwen", "model_path": "/m/qwen", "backend": "vllm", "paper_model": "RecaLLM-Qwen2.5-7B",
             "notes": ["the sandbox ran unisolated"]}  # fmt: skip
     qwen = store(root / "qwen", records, info, benchmarks)
-    base = store(root / "base", [r for r in records if r["benchmark"] == "ruler"], {"name": "base"}, benchmarks)
+    two = [r for r in records if r["benchmark"] == "ruler" and r["task"] in ("niah_single_2", "vt")]
+    base = store(root / "base", two, {"name": "base"}, benchmarks)  # RULER with 2 of its 13 tasks
     return {"qwen": qwen, "base": base}
 
 
@@ -95,14 +104,23 @@ def test_paper_tables_with_the_papers_numbers_beside(runs, tmp_path):
     report = build_report({"qwen": runs["qwen"], "base": runs["base"]}, tmp_path)
     text = report.read_text()
     assert "| qwen | " in section(text, "## Runs") and "* qwen: the sandbox ran unisolated" in text
+    assert "* qwen · helmet: judge = none (ROUGE fallbacks); citation_nli = none" in text  # the protocol header
     ruler = section(text, "## Table 2 / Table 8: RULER")
-    assert "| qwen | 100.0 | 100.0 | 100.0 | 100.0 | 50.0 | 0.0 | 75.0 | 2 | -17.8 |" in ruler  # 75.0 - 92.8
-    assert "| base | 100.0 | 100.0 | 100.0 | 100.0 | 50.0 | 0.0 | 75.0 | 2 | – |" in ruler
+    # 13 tasks x 1 example per length; the average's bootstrap interval is a point: every cell holds one value
+    assert (
+        "| qwen | 100.0 (13) | 100.0 (13) | 100.0 (13) | 100.0 (13) | 50.0 (13) | 0.0 (13) | 75.0 [75.0, 75.0] | 13 | -17.8 |"
+        in ruler
+    )  # 75.0 - 92.8
+    assert "| base | n/a (2 of 13 tasks) |" in ruler and "| n/a (2 of 13 tasks) | 2 | – |" in ruler  # no average
     assert "| paper · RecaLLM-Qwen2.5-7B (Table 2) | 98.8 | 96.7 | 95.8 | 93.1 | 89.7 | 82.9 | 92.8 | 13 |  |" in ruler
     assert "| paper · RecaLLM-Qwen2.5-7B (No Recall Reward) (Table 8) | 96.7 |" in ruler
     assert "the essay haystack is generated English-word sentences (offline default" in ruler
     helmet = section(text, "## Table 2 / Table 9: HELMET")
-    assert "| qwen | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | 75.0 | +21.5 |" in helmet  # 75.0 - 53.5
+    # every task 1 at 8K and 0.5 at 128K (4K is outside 8K-128K): 75 per category; examples = tasks x 2 lengths
+    assert (
+        "| qwen | 75.0 (8) | 75.0 (8) | 75.0 (10) | 75.0 (4) | 75.0 (2) | 75.0 (6) | 75.0 (4) | 75.0 [75.0, 75.0] | "
+        "75.0 [75.0, 75.0] | +21.5 |" in helmet
+    )  # 75.0 - 53.5
     assert (
         "| paper · Llama-3.1-8B-Instruct (Table 2) | 77.0 | 63.0 | 3.0 | 10.0 | 21.3 | 36.3 | 39.2 | 35.7 | 34.9 (computed) |  |"
         in helmet
@@ -111,10 +129,11 @@ def test_paper_tables_with_the_papers_numbers_beside(runs, tmp_path):
         "| paper · RecaLLM-Qwen2.5-7B (No Logit Masking) (Table 9) | 87.7 | 78.3 | 76.7 | 15.4 | 44.9 | – | – | – |"
         in helmet
     )
-    assert "Recall has 1 of its 4 tasks (json_kv)" in helmet and "no judge - NarrativeQA by ROUGE-L F1" in helmet
+    assert "infbench_sum, multi_lexsum, narrativeqa scored by the deterministic fallback" in helmet
+    assert "no citation NLI" in helmet
     lit = section(text, "## Table 4: lost in thought")
     # S: reasoning retrieval 50, injected 100, retrieval 100, gap 50%, coverage not measured, 0 extra tokens
-    assert "| qwen | 50.0 | 0.0 | 100.0 | – | 100.0 | 0.0 | 50 | – | – | – | 0 | 0 |" in lit
+    assert "| qwen | 50.0 (2) | 0.0 (1) | 100.0 (2) | – | 100.0 (2) | 0.0 (1) | 50 | – | – | – | 0 | 0 |" in lit
     assert (
         "| paper · Llama-3.1-8B-Instruct (Table 4) | 27.1 | 2.2 | 40.7 | 7.9 | 80.6 | 25.5 | 66.3 | 91.4 | 95.8 | 60.7 | – | – |"
         in lit
@@ -161,3 +180,40 @@ def test_the_reference_file_matches_the_papers_own_sums():
     assert helmet["RecaLLM-Llama-3.1-8B"]["values"][-1] - helmet["Llama-3.1-8B-Instruct"]["values"][
         -1
     ] == pytest.approx(17.7)
+
+
+def test_honest_numbers_outside_the_papers_grid(tmp_path):
+    """A 384 / 1,536-token run is not filed under the paper's 4K-32K rows; a rate with no span is n/a (0 spans);
+    a HELMET category with a task missing has no number; an interval comes from the examples."""
+    from recallm.eval.report import bootstrap_ci, build_report
+
+    suite = {
+        "generation": {"max_new_tokens": 8},
+        "benchmarks": {
+            "lost_in_thought": {"lengths": [384, 1536], "per_cell": 1, "key_type": "toy", "value_type": "toy"},
+            "helmet": {"lengths": [8192], "per_cell": 1, "tasks": ["json_kv", "nq"]},
+        },
+    }
+    benchmarks = make_benchmarks(suite)
+    records = []
+    for n in (384, 1536):
+        records += [
+            rec("lost_in_thought", "retrieval", n, 0, 1.0, accuracy=1.0),
+            rec("lost_in_thought", "reasoning_retrieval", n, 0, 0.0, accuracy=0.0, math=1.0, accuracy_given_math=0.0),
+        ]
+    records += [rec("helmet", "json_kv", 8192, 0, 1.0, substring_exact_match=1.0)]
+    records += [rec("helmet", "nq", 8192, 0, 0.0, substring_exact_match=0.0)]
+    for r in records:
+        r["spans"] = {"count": 0, "verbatim": 0, "source": "tokens"}
+    run = store(tmp_path / "small", records, {"name": "small"}, benchmarks)
+    text = build_report({"small": run}, tmp_path / "report").read_text()
+    lit = section(text, "## Table 4: lost in thought")
+    assert "| small | n/a | n/a | n/a |" in lit and "its lengths (384, 1536) are outside the paper's buckets" in lit
+    helmet = section(text, "## Table 2 / Table 9: HELMET")
+    assert "| small | n/a (1 of 4 tasks) | n/a (1 of 4 tasks) | – |" in helmet and "n/a (0 of 7 categories)" in helmet
+    spans = section(text, "## Recall spans")
+    assert "| small | n/a (0 spans) | n/a (0 spans) |" in spans
+    # the interval: 100 examples half right -> about 50 +- 10 points; a cell of equal values -> a point
+    lo, hi = bootstrap_ci({"a": [[0.0], [1.0]] * 50}, lambda v: v["a"])
+    assert 0.38 < lo < 0.5 < hi < 0.62
+    assert bootstrap_ci({"a": [[1.0]] * 5}, lambda v: v["a"]) == (1.0, 1.0)
