@@ -44,7 +44,7 @@ PHASES = (
 
 def run(model: Path, data: Path, out: Path, steps: int, *, recall: bool, baseline: bool) -> dict[str, list[float]]:
     """One ``recallm-grpo`` run; ``{timing key: [seconds of each step after the first]}``."""
-    from recallm.grpo.curves import read_metrics
+    from recallm.eval.curves import read_metrics
 
     cmd = [
         sys.executable,

@@ -41,7 +41,7 @@ from typing import Any
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.grpo.curves import METRICS_FILE
+from recallm.grpo import METRICS_FILE
 
 __all__ = [
     "Job",
@@ -605,7 +605,7 @@ def _shared_sft(variants: Mapping[str, VariantSpec]) -> dict[str, str]:
 
 def _grpo_metric(ref: ResultMetric, run_dir: Path, key: str) -> float:
     """A GRPO run's logged metric averaged over its first or last ``n`` steps."""
-    from recallm.grpo.curves import read_metrics, window_mean
+    from recallm.eval.curves import read_metrics, window_mean
 
     path = Path(run_dir) / "grpo" / str(ref.grpo) / METRICS_FILE
     first, last = ref.first, ref.last

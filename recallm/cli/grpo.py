@@ -42,7 +42,7 @@ def plot(argv: list[str]) -> int:
     from pathlib import Path
 
     from recallm.errors import RecallmError
-    from recallm.grpo.curves import report_section
+    from recallm.eval.curves import report_section
 
     parser = argparse.ArgumentParser(
         prog="recallm-grpo plot",

@@ -846,7 +846,7 @@ def build_report(
 ) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for ``runs`` under ``out_dir``; return the report's
     path. ``sections``: the report's sections (default ``SECTIONS``); ``curves``: ``{name: GRPO
-    metrics log}`` whose training curves the report adds (``recallm.grpo.curves``)."""
+    metrics log}`` whose training curves the report adds (``recallm.eval.curves``)."""
     resolved = resolve_runs(runs)
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
@@ -856,7 +856,7 @@ def build_report(
     for section in SECTIONS if sections is None else sections:
         lines += section(ctx)
     if curves:
-        from recallm.grpo.curves import report_section
+        from recallm.eval.curves import report_section
 
         lines += ["", *report_section(curves, out_dir)]
     report = out_dir / "report.md"

@@ -205,7 +205,7 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
         RECALLM_GRPO_CPU="1" if rm.cpu else "0",
     )
     metrics_log = metrics_log_path(cfg)
-    if metrics_log is not None:  # verl's JSONL logger writes next to the checkpoints (recallm.grpo.curves reads it)
+    if metrics_log is not None:  # verl's JSONL logger writes next to the checkpoints (recallm.eval.curves reads it)
         env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
     forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(("NCCL_", "VLLM_CPU_"))}
     for key, value in {**forwarded, **env}.items():  # Ray workers on other nodes get them through the runtime env
@@ -222,7 +222,7 @@ def metrics_log_path(cfg: DictConfig) -> Path | None:
         return None
     if os.environ.get("VERL_FILE_LOGGER_PATH"):
         return Path(os.environ["VERL_FILE_LOGGER_PATH"])
-    from recallm.grpo.curves import METRICS_FILE
+    from recallm.grpo import METRICS_FILE
 
     return Path(str(cfg.trainer.default_local_dir)).resolve() / METRICS_FILE
 

@@ -6,12 +6,13 @@
 * ``recallm/answer/<category>``: mean answer score of the responses of each task category (the
   rows' ``extra_info.category``, else their ground truth's), Figure 10d's per-category curves;
 * ``recallm/spans_per_response``, ``recallm/recall_usage`` (share of responses with a span),
-  ``recallm/spans_verbatim`` (share of spans that are verbatim copies of their searchable context:
-  1.0 whenever the recall processor is active), ``recallm/response_length``;
+  ``recallm/spans_checked`` (closed spans judged), ``recallm/spans_verbatim`` (share of them that are
+  verbatim copies of their searchable context: 1.0 whenever the recall processor is active; not
+  logged at a step without a span), ``recallm/response_length``;
 * ``recallm/logprob_gap_in_spans`` and ``recallm/logprob_gap_outside_spans``: mean absolute
   difference between the rollout's log-probs and the actor's (``rollout_log_probs`` vs
   ``old_log_probs``), over response tokens inside and outside recall spans — near zero when the
-  rollout and the masked actor see the same distribution.
+  rollout and the masked actor see the same distribution (each left out when there is no such token).
 
 ``recall_batch_metrics`` is a pure function of the batch; ``recallm.grpo.runtime`` adds it to the
 metrics verl computes every step.
@@ -61,12 +62,17 @@ def recall_batch_metrics(batch, start_id: int | None, end_id: int | None) -> dic
     metrics["recallm/spans_per_response"] = float(n_spans.float().mean())
     metrics["recallm/recall_usage"] = float((n_spans > 0).float().mean())
     metrics["recallm/response_length"] = float(valid.sum(dim=1).float().mean())
-    metrics["recallm/spans_verbatim"] = _verbatim_fraction(batch, responses, valid, start_id, end_id)
+    checked, verbatim = _verbatim_counts(batch, responses, valid, start_id, end_id)
+    metrics["recallm/spans_checked"] = float(checked)
+    if checked:  # no span: nothing measured (never a perfect 1.0); the curves report says "n/a (0 spans)"
+        metrics["recallm/spans_verbatim"] = verbatim / checked
     if "rollout_log_probs" in tensors.keys() and "old_log_probs" in tensors.keys():
         gap = (tensors["rollout_log_probs"].float() - tensors["old_log_probs"].float()).abs()
         outside = valid & ~inside
-        metrics["recallm/logprob_gap_in_spans"] = float(gap[inside].mean()) if inside.any() else 0.0
-        metrics["recallm/logprob_gap_outside_spans"] = float(gap[outside].mean()) if outside.any() else 0.0
+        if inside.any():  # (no span token: no gap to report, not a 0.000)
+            metrics["recallm/logprob_gap_in_spans"] = float(gap[inside].mean())
+        if outside.any():
+            metrics["recallm/logprob_gap_outside_spans"] = float(gap[outside].mean())
     return metrics
 
 
@@ -98,7 +104,7 @@ def _answer_by_category(non_tensor) -> dict[str, float]:
     return {f"recallm/answer/{c}": float(np.mean(v)) for c, v in sorted(sums.items())}
 
 
-def _verbatim_fraction(batch, responses, valid, start_id: int, end_id: int) -> float:
+def _verbatim_counts(batch, responses, valid, start_id: int, end_id: int) -> tuple[int, int]:
     from recallm.recall import find_spans
 
     tensors = batch.batch
@@ -116,4 +122,4 @@ def _verbatim_fraction(batch, responses, valid, start_id: int, end_id: int) -> f
             if span.start >= len(prompt) and span.closed:
                 total += 1
                 verbatim += span.verbatim
-    return verbatim / total if total else 1.0
+    return total, verbatim

@@ -19,7 +19,7 @@
 * makes verl's JSONL ``file`` logger append instead of truncate: verl 0.9.1's ``FileLogger``
   opens its file with ``"wb"``, so a resumed run would erase the metrics of the steps before its
   checkpoint. Its ``__init__`` is replaced by one that opens the same path with ``"ab"``; readers
-  (``recallm.grpo.curves``) keep the last record of a step logged twice.
+  (``recallm.eval.curves``) keep the last record of a step logged twice.
 """
 
 from __future__ import annotations

@@ -423,7 +423,23 @@ def test_recall_batch_metrics():
     assert m["recallm/spans_verbatim"] == pytest.approx(2 / 3)
     assert m["recallm/logprob_gap_in_spans"] == pytest.approx(0.01)
     assert m["recallm/logprob_gap_outside_spans"] == pytest.approx(0.2)
-    assert m["recallm/response_length"] == 7.5
+    assert m["recallm/response_length"] == 7.5 and m["recallm/spans_checked"] == 3
+    # no span at all: the span metrics are not logged (never a perfect 1.0 verbatim share or a 0.000 gap)
+    plain = DataProto.from_dict(
+        tensors={
+            "prompts": prompts,
+            "responses": torch.where((responses == S) | (responses == E), torch.full_like(responses, 5), responses),
+            "response_mask": response_mask,
+            "attention_mask": attention,
+            "rollout_log_probs": rollout,
+            "old_log_probs": actor,
+        },
+        non_tensors={"score": np.array([1.0, 0.5])},
+    )
+    m = recall_batch_metrics(plain, S, E)
+    assert m["recallm/spans_checked"] == 0 and m["recallm/spans_per_response"] == 0
+    assert "recallm/spans_verbatim" not in m and "recallm/logprob_gap_in_spans" not in m
+    assert m["recallm/logprob_gap_outside_spans"] > 0
 
 
 def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):

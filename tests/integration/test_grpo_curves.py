@@ -1,4 +1,4 @@
-"""Training curves from verl's metric logs (recallm.grpo.curves), the appending file logger, the
+"""Training curves from verl's metric logs (recallm.eval.curves), the appending file logger, the
 per-category answer metric, `recallm-grpo plot` and the report hook."""
 
 from __future__ import annotations
@@ -11,7 +11,15 @@ import numpy as np
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.grpo.curves import PANELS, read_metrics, read_runs, report_section, series, window_mean
+from recallm.eval.curves import (
+    PANELS,
+    read_metrics,
+    read_runs,
+    report_section,
+    series,
+    training_steps,
+    window_mean,
+)
 
 
 def record(step: int, score: float, **extra) -> str:
@@ -74,6 +82,25 @@ def test_console_log_and_bad_input(tmp_path):
         read_metrics(empty)
     with pytest.raises(RecallmError, match="no GRPO metrics logs"):
         read_runs({})
+
+
+def test_steps_and_span_metrics_are_counted_honestly(tmp_path):
+    """verl's validation before training logs step 0: two training steps are two, not three; a step without
+    spans has no verbatim share or gap (an old log's 1.0 / 0.0 there is not drawn or averaged)."""
+    log = tmp_path / "metrics.jsonl"
+    val = json.dumps({"step": 0, "data": {"val-core/acc": 0.1}})
+    steps = [
+        record(s, 0.5, **{"recallm/spans_per_response": 0.0, "recallm/spans_verbatim": 1.0,
+                          "recallm/logprob_gap_in_spans": 0.0})
+        for s in (1, 2)
+    ]  # fmt: skip
+    log.write_text("\n".join([val, *steps]) + "\n")
+    metrics = read_metrics(log)
+    assert sorted(metrics) == [0, 1, 2] and training_steps(metrics) == [1, 2]
+    assert series(metrics, "recallm/spans_verbatim") == ([], []) and series(metrics, "critic/score/mean")[0] == [1, 2]
+    table = "\n".join(report_section({"run": log}, tmp_path / "report"))
+    assert "run: 2 training steps (+1 validation-only record)" in table
+    assert "| recallm/logprob_gap_in_spans | n/a (0 spans) | n/a (0 spans) |" in table
 
 
 def test_report_section_and_plot_cli(tmp_path):

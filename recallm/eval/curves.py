@@ -34,12 +34,14 @@ from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
+from recallm.grpo import METRICS_FILE
 
 __all__ = [
     "PANELS",
     "read_metrics",
     "read_runs",
     "series",
+    "training_steps",
     "window_mean",
     "plot_curves",
     "report_section",
@@ -48,7 +50,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-METRICS_FILE = "metrics.jsonl"
 SCORE = "critic/score/mean"
 ANSWER_PREFIX = "recallm/answer/"
 
@@ -158,10 +159,25 @@ def read_runs(runs: Mapping[str, str | Path]) -> dict[str, dict[int, dict[str, f
     return {str(name): read_metrics(path) for name, path in runs.items()}
 
 
+#: metrics measured inside recall spans: a step without spans has none (older logs wrote 1.0 / 0.0 there)
+SPAN_KEYS = ("recallm/spans_verbatim", "recallm/logprob_gap_in_spans")
+SPANS = "recallm/spans_per_response"
+
+
 def series(metrics: Mapping[int, Mapping[str, float]], key: str) -> tuple[list[int], list[float]]:
-    """Steps and values of one metric (steps where it was not logged are skipped)."""
-    steps = [s for s in sorted(metrics) if key in metrics[s]]
+    """Steps and values of one metric (steps where it was not logged are skipped; so are a span
+    metric's values at steps that had no recall span: logs written before it was left out there)."""
+    steps = [
+        s for s in sorted(metrics)
+        if key in metrics[s] and not (key in SPAN_KEYS and metrics[s].get(SPANS, 1.0) == 0.0)
+    ]  # fmt: skip
     return steps, [metrics[s][key] for s in steps]
+
+
+def training_steps(metrics: Mapping[int, Mapping[str, float]]) -> list[int]:
+    """The steps that logged training metrics (verl's validation before training logs step 0 with
+    ``val-*`` metrics only: it is not a training step)."""
+    return [s for s in sorted(metrics) if any(not k.startswith("val") for k in metrics[s])]
 
 
 def window_mean(
@@ -275,8 +291,18 @@ def report_section(
     for key in keys:
         cells = [key]
         for metrics in read.values():
-            cells += [_fmt(_window(metrics, key, 10, "first")), _fmt(_window(metrics, key, 10, "last"))]
+            for which in ("first", "last"):
+                value = _window(metrics, key, 10, which)
+                no_spans = key in SPAN_KEYS and any(SPANS in m for m in metrics.values())
+                cells.append("n/a (0 spans)" if value is None and no_spans else _fmt(value))
         lines.append("| " + " | ".join(cells) + " |")
-    steps = ", ".join(f"{name}: {len(m)} steps" for name, m in read.items())
+    parts = []
+    for name, m in read.items():
+        trained = training_steps(m)
+        extra = len(m) - len(trained)
+        parts.append(
+            f"{name}: {len(trained)} training steps" + (f" (+{extra} validation-only record)" if extra else "")
+        )
+    steps = ", ".join(parts)
     lines += ["", f"Logged steps: {steps}. Sources: " + ", ".join(f"`{p}`" for p in runs.values()), ""]
     return lines
