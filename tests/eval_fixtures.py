@@ -118,6 +118,26 @@ def write_helmet_data(root: Path, seed: int = 0, n: int = 6) -> tuple[Path, Path
     _jsonl(helmet / "data" / "multi_lexsum" / "multi_lexsum_val.jsonl",
            [{"id": f"case{i}", "summary/short_keypoints": [f"case {i} settled"], "summary/long": f"Case {i} settled."}
             for i in range(n)])  # fmt: skip
+    # Recall: HELMET's JSON KV file (50 pairs at 4K) and its RULER needle files (context, query, type_needle_v, outputs)
+    kv_records = []
+    for i in range(n):
+        pairs = [(f"{rng.getrandbits(64):016x}-k{i}-{j}", f"{rng.getrandbits(64):016x}-v{i}-{j}") for j in range(50)]
+        gold = pairs[(7 * i) % 50]
+        kv_records.append({"context": "JSON data:\n" + json.dumps(dict(pairs)), "question": json.dumps(gold[0]),
+                           "answer": gold[1], "num_kvs": 50,
+                           "demos": [[json.dumps(a), json.dumps(b)] for a, b in (pairs[1], pairs[2], pairs[3])]})  # fmt: skip
+    _jsonl(helmet / "data" / "json_kv" / "test_k50_dep6.jsonl", kv_records)
+    for task, kind, values in (("niah_multikey_2", "number", 1), ("niah_multikey_3", "uuid", 1),
+                               ("niah_multivalue", "numbers", 4)):  # fmt: skip
+        for length in (2048, 4096):
+            rows = []
+            for i in range(n):
+                answers = [f"{rng.randrange(10**6, 10**7)}" for _ in range(values)]
+                needles = [f"One of the special magic {kind} for key-{i} is: {a}." for a in answers]
+                filler = [f"One of the special magic {kind} for other-{i}-{j} is: {j}{i}." for j in range(40)]
+                rows.append({"context": "\n".join(filler[:20] + needles + filler[20:]), "query": f"key-{i}",
+                             "type_needle_v": kind, "outputs": answers, "length": length})  # fmt: skip
+            _jsonl(helmet / "data" / "ruler" / task / f"validation_{length}.jsonl", rows)
     # HELMET's judge prompts are read from its scripts/ (module-level string constants): stand-ins with its field names
     from recallm.eval.judge import JudgePrompts
 

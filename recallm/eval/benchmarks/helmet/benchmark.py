@@ -60,11 +60,13 @@ from recallm.eval.benchmarks.helmet.tasks import (
     Source,
     alce_source,
     icl_source,
+    json_kv_source,
     infbench_source,
     kilt_source,
     msmarco_source,
     multi_lexsum_source,
     narrativeqa_source,
+    ruler_file_source,
     size_at,
 )
 from recallm.eval.types import Example, Generation, Score, Spec
@@ -112,6 +114,10 @@ class HelmetOptions(BenchmarkOptions):
     helmet_dir: str | None = None
     dataset_root: str | None = None
     haystack_path: str | None = None
+    recall_data: str = "files"
+    """``files``: the Recall category from HELMET's own files (``helmet_dir``: data/json_kv, data/ruler), prompted and
+    cut at the end of the context as HELMET does; ``generated``: generated offline (json_kv with HELMET's counts, the
+    needle tasks with our RULER generator; a deviation, shown in the report)"""
     judge_prompts: str = "helmet"
     """``helmet``: HELMET's judge prompts, read from ``helmet_dir`` (needed when a judge scores LongQA or
     Summ); ``ours``: our short rubrics (a deviation, shown in the report)"""
@@ -158,7 +164,10 @@ class Helmet(Benchmark):
                         f"{self.name}.task_params.{name}.{key} must be a non-negative integer, got {value!r}"
                     )
             self.params[name] = {**task.options, **extra}
-        ruler_tasks = [t.options["ruler_task"] for t in self.tasks.values() if t.family == "ruler"]
+        if self.cfg["recall_data"] not in ("files", "generated"):
+            raise RecallmError(f"{self.name}.recall_data must be files or generated, got {self.cfg['recall_data']!r}")
+        generated = self.cfg["recall_data"] == "generated"
+        ruler_tasks = [t.options["ruler_task"] for t in self.tasks.values() if t.family == "ruler" and generated]
         self._ruler = None
         if ruler_tasks:
             from recallm.eval.benchmarks.ruler import Ruler
@@ -207,11 +216,15 @@ class Helmet(Benchmark):
                 out["judge_prompts"] = self.cfg["judge_prompts"]
         if cite:
             out["citation_nli"] = nli.name if nli is not None else "none (substring / ROUGE-L fallback)"
-        if any(t.family == "ruler" for t in self.tasks.values()) or "json_kv" in self.tasks:
-            out["recall_data"] = "generated offline (not HELMET's files)"
+        recall = any(t.family in ("ruler", "json_kv") for t in self.tasks.values())
+        if recall and self.cfg["recall_data"] == "generated":
+            out["recall_data"] = "generated offline (not HELMET's files; over-long prompts lose pairs, not context)"
         return out
 
     # --- planning ------------------------------------------------------------------------------
+
+    def from_files(self, task: HelmetTask) -> bool:
+        return task.data_backed or self.cfg["recall_data"] == "files"
 
     def target(self, length: int) -> int:
         """HELMET's cell of ``length`` tokens (``input_max_length``): the prompt leaves the task's
@@ -245,6 +258,10 @@ class Helmet(Benchmark):
                 )
             path = default.replace("{helmet_dir}", str(root)).replace("{dataset_root}", str(root))
         path = str(path)
+        if "{length}" in path:
+            if target is None:
+                return path
+            path = path.replace("{length}", str(target))
         if "{k}" in path:
             if target is None:
                 return path
@@ -260,7 +277,7 @@ class Helmet(Benchmark):
             self._ruler.specs()  # (checks the essays' path)
         specs = []
         for name, task in self.tasks.items():
-            if task.data_backed:  # every file the plan reads exists (its content is checked when read)
+            if self.from_files(task):  # every file the plan reads exists (its content is checked when read)
                 for which in ("path", "demo_path"):
                     for length in self.lengths:
                         path = self.path_of(name, which, self.target(length))
@@ -309,6 +326,10 @@ class Helmet(Benchmark):
             elif family == "multi_lexsum":
                 keypoints = self.path_of(name, "keypoints_path") if self.settings.judge is not None else None
                 source = multi_lexsum_source(task, path, keypoints, seed, shots)
+            elif family == "json_kv":
+                source = json_kv_source(task, path, HELMET_SEED, shots, self.per_cell_of(name))
+            elif family == "ruler":
+                source = ruler_file_source(task, path, HELMET_SEED, self.per_cell_of(name))
             elif family == "icl":
                 source = icl_source(task, path, HELMET_SEED, self.per_cell_of(name))
             else:  # pragma: no cover - the table has no other family
@@ -322,12 +343,12 @@ class Helmet(Benchmark):
     def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
         task = self.tasks[spec.task]
         target = self.target(spec.length)
-        if task.family == "ruler":
+        if task.family == "ruler" and not self.from_files(task):
             ruler_spec = Spec(spec.length, "ruler", spec.index, task.options["ruler_task"])
             ex = self._ruler.build(ruler_spec, renderer, budget=target - task.gen_tokens)
             return Example(spec, ex.messages, ex.prompt_text, ex.prompt_tokens, dict(ex.reference))
         rng = self.rng(spec.task, spec.length, spec.index)
-        if task.family == "json_kv":
+        if task.family == "json_kv" and not self.from_files(task):
             return self._json_kv(spec, task, target, renderer, rng)
         pool = self._pool(spec.task, target)
         accept = None
@@ -655,7 +676,7 @@ class HelmetJsonKV(Helmet):
 
     def __init__(self, cfg, settings) -> None:
         Benchmark.__init__(self, cfg, settings)
-        self.cfg = {**Helmet.own_options(), "tasks": ["json_kv"]}
+        self.cfg = {**Helmet.own_options(), "tasks": ["json_kv"], "recall_data": "generated"}
         self.task_names = ["json_kv"]
         self.tasks = {"json_kv": TASKS["json_kv"]}
         self.params = {"json_kv": {}}

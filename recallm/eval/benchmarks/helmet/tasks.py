@@ -26,6 +26,8 @@ from recallm.errors import RecallmError
 
 __all__ = [
     "CATEGORIES",
+    "json_kv_source",
+    "ruler_file_source",
     "REPORTED",
     "HELMET_SEED",
     "balance_labels",
@@ -94,6 +96,7 @@ class HelmetTask:
 
     @property
     def data_backed(self) -> bool:
+        """Read from local files in every mode (the Recall tasks only with ``recall_data: files``)."""
         return self.family not in ("json_kv", "ruler")
 
 
@@ -138,6 +141,19 @@ MULTI_LEXSUM_TEMPLATE = (
     "please summarize the case."
 )
 
+# HELMET's Recall needle templates (data.py load_ruler): RULER's, singular for one asked value (niah_mk_*), plural
+# for several (niah_mv); its files hold context, query, type_needle_v and the answers
+NIAH_MANY = (
+    "Some special magic {type_needle_v} are hidden within the following text. Make sure to memorize it. I will quiz "
+    "you about the {type_needle_v} afterwards.\n{context}\nWhat are all the special magic {type_needle_v} for {query} "
+    "mentioned in the provided text?"
+)
+NIAH_ONE = (
+    "A special magic {type_needle_v} is hidden within the following text. Make sure to memorize it. I will quiz you "
+    "about the {type_needle_v} afterwards.\n{context}\nWhat is the special magic {type_needle_v} for {query} "
+    "mentioned in the provided text?"
+)
+
 _KILT_HINT = "HELMET's data (bash scripts/download_data.sh in a princeton-nlp/HELMET checkout; set helmet_dir)"
 _ALCE_HINT = "HELMET's data/alce and prompts/ (scripts/download_data.sh of princeton-nlp/HELMET; set helmet_dir)"
 
@@ -170,12 +186,16 @@ TASKS: dict[str, HelmetTask] = {
     for t in (
         # Recall: generated offline (json_kv) or by our RULER generator (the three needle tasks HELMET keeps)
         HelmetTask("json_kv", "Recall", "json_kv", JSON_KV_TEMPLATE, 100, "substring_exact_match",
-                   (50, 105, 220, 440, 900, 1800), prefix="corresponding value:"),
-        HelmetTask("ruler_niah_mk_2", "Recall", "ruler", "", 50, "ruler_recall",
+                   (50, 105, 220, 440, 900, 1800), prefix="corresponding value:",
+                   files={"path": "{helmet_dir}/data/json_kv/test_k{k}_dep6.jsonl"}, hint=_KILT_HINT),
+        HelmetTask("ruler_niah_mk_2", "Recall", "ruler", NIAH_ONE, 50, "ruler_recall",
+                   files={"path": "{helmet_dir}/data/ruler/niah_multikey_2/validation_{length}.jsonl"}, hint=_KILT_HINT,
                    options={"ruler_task": "niah_multikey_2"}),
-        HelmetTask("ruler_niah_mk_3", "Recall", "ruler", "", 100, "ruler_recall",
+        HelmetTask("ruler_niah_mk_3", "Recall", "ruler", NIAH_ONE, 100, "ruler_recall",
+                   files={"path": "{helmet_dir}/data/ruler/niah_multikey_3/validation_{length}.jsonl"}, hint=_KILT_HINT,
                    options={"ruler_task": "niah_multikey_3"}),
-        HelmetTask("ruler_niah_mv", "Recall", "ruler", "", 50, "ruler_recall",
+        HelmetTask("ruler_niah_mv", "Recall", "ruler", NIAH_MANY, 50, "ruler_recall",
+                   files={"path": "{helmet_dir}/data/ruler/niah_multivalue/validation_{length}.jsonl"}, hint=_KILT_HINT,
                    options={"ruler_task": "niah_multivalue"}),
         # RAG over KILT passages
         _kilt("nq", "nq-dev-multikilt_1000_k{k}_dep6.jsonl", "nq-train-multikilt_1000_k3_dep6.jsonl"),
@@ -307,6 +327,46 @@ def _select(keys: Sequence[str], seed: int, n: int | None = None) -> list[int]:
     random.Random(seed).shuffle(order)
     chosen = [seen[k] for k in order]
     return chosen if n is None else chosen[:n]
+
+
+def _first(n: int, per_cell: int | None, seed: int) -> list[int]:
+    """HELMET's ``data.shuffle(seed).select(range(min(max_test_samples, len(data))))``."""
+    order = hf_permutation(n, seed)
+    return order if per_cell is None else order[:per_cell]
+
+
+def json_kv_source(task: HelmetTask, path: str, seed: int, shots: int, per_cell: int | None) -> Source:
+    """HELMET's JSON KV files (``data/json_kv/test_k{k}_dep6.jsonl``: ``context``, ``question``,
+    ``answer``, ``demos`` as key-value pairs), as ``load_json_kv`` reads them."""
+    records = _records(path, task)
+    for r in records[:1]:
+        for name in ("context", "question", "answer", "demos"):
+            _field(r, task, path, name)
+
+    def make(record, size, rng) -> Sample:
+        demos = [(str(k), str(v)) for k, v in list(record["demos"])[:shots]]
+        text = "\n\n".join(f"Key: {k}\nCorresponding value: {v}" for k, v in demos) + ("\n\n" if shots > 0 else "")
+        fields = {"context": str(record["context"]), "question": str(record["question"]), "demos": text}
+        return Sample(fields, {"answers": _strings(record["answer"])})
+
+    return Source([records[i] for i in _first(len(records), per_cell, seed)], make)
+
+
+def ruler_file_source(task: HelmetTask, path: str, seed: int, per_cell: int | None) -> Source:
+    """HELMET's RULER files (``data/ruler/<task>/validation_<length>.jsonl``: ``context``,
+    ``query``, ``type_needle_v``, the answers as ``answer`` or ``outputs``), as ``load_ruler``."""
+    records = _records(path, task)
+    for r in records[:1]:
+        for name in ("context", "query", "type_needle_v"):
+            _field(r, task, path, name)
+        if "answer" not in r and "outputs" not in r:
+            _field(r, task, path, "outputs")
+
+    def make(record, size, rng) -> Sample:
+        fields = {k: str(record[k]) for k in ("context", "query", "type_needle_v")}
+        return Sample(fields, {"answers": _strings(record["answer"] if "answer" in record else record["outputs"])})
+
+    return Source([records[i] for i in _first(len(records), per_cell, seed)], make)
 
 
 def kilt_source(task: HelmetTask, path: str, demo_path: str, seed: int, shots: int) -> Source:
