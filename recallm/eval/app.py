@@ -47,9 +47,9 @@ _FINGERPRINT_BACKEND_KEYS = (
 def _print_summary(summary: dict[str, Any]) -> None:
     for name, bench in summary["benchmarks"].items():
         cells = bench["by_length"]
-        row = "  ".join(f"{n}: {100 * cells[n]['all']['score']:.1f}" for n in cells)
-        usage = bench["overall"]["recall_usage"]
-        print(f"{name:16} score (%) by length  {row}   | recall usage {100 * usage:.0f}%")
+        row = "  ".join(f"{n}: {100 * cells[n]['all']['score']:.1f} ({cells[n]['all']['n']})" for n in cells)
+        usage, n = bench["overall"]["recall_usage"], bench["overall"]["n"]
+        print(f"{name:16} score (%) by length (examples)  {row}   | recall usage {100 * usage:.0f}% of {n}")
     if not summary.get("complete", True):
         print(f"incomplete: {summary['n_examples']} of {summary['planned']} examples done; rerun to continue")
 
