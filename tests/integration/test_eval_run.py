@@ -136,7 +136,7 @@ def test_report_compares_runs(hf_runs, tmp_path):
     assert "| paper · Qwen2.5-7B-Instruct (Table 4) | 33.0 | 11.9 |" in text  # the paper's numbers beside the runs
     # the verbatim table: 100.0 for the constrained run
     spans = text.split("## Recall spans")[1]
-    assert re.search(r"\| constrained \| 100\.0 \| 100\.0 \|", spans)
+    assert re.search(r"\| constrained \| 100\.0 \(\d+\) \| 100\.0 \(\d+\) \|", spans)  # (spans in parentheses)
     pngs = sorted(p.name for p in (tmp_path / "report" / "plots").glob("*.png"))
     for name in ("helmet_json_kv_score.png", "lost_in_thought.png", "lost_in_thought_recall_usage.png"):
         assert name in pngs
@@ -297,7 +297,7 @@ def test_cli_resumes_and_refuses_other_settings(tiny_dir, tmp_path, capsys):
 
 
 def _solve(text: str) -> int:
-    m = re.search(r"solve for x: (\d+)x \+ (\d+) - (\d+)x = (\d+)\.", text)
+    m = re.search(r"solve for x: (\d+)x \+ (\d+) - (\d+)x = (-?\d+)\.", text)
     if m:
         a, b, d, c = map(int, m.groups())
         return (c - b) // (a - d)
@@ -307,7 +307,7 @@ def _solve(text: str) -> int:
 
 def _entry(text: str, key: str) -> tuple[str, str]:
     """(the dictionary line of ``key``, its value) in a lines / CSV / JSON dictionary."""
-    m = re.search(rf'(?m)^\s*("?{key}"?(?:: |,)"?(\w+)"?)', text)
+    m = re.search(rf'(?m)^\s*((?:Key )?"?{key}"?(?:: |,)"?(\w+)"?)', text)  # (lines: "Key -3328: value")
     return m.group(1), m.group(2)
 
 
@@ -323,7 +323,7 @@ def canned(prompt: str) -> str:
         key = str(_solve(prompt))
         line, value = _entry(prompt, key)
         return f"So x = {key}. {S}{line}{E}</think>\nAnswer: {value if good else 'wrongvalue'}"
-    m = re.search(r"Your key: (\d+)", prompt)
+    m = re.search(r"Your key: (-?\d+)", prompt)
     if m:  # retrieval: a recall span that is not in the prompt
         _, value = _entry(prompt, m.group(1))
         return f"{S}this text is nowhere{E}</think>\nAnswer: {value if good else 'wrongvalue'}"
@@ -338,7 +338,7 @@ def respond(path: str, body: dict) -> str:
     """The stub model behind the OpenAI-compatible stub server (``tests/openai_stub.py``)."""
     if path.endswith("/chat/completions"):
         return canned(body["messages"][-1]["content"])
-    injected = re.search(r"Looking up key (\d+) in the dictionary: [^\n]*$", body["prompt"])
+    injected = re.search(r"Looking up key (-?\d+) in the dictionary: [^\n]*$", body["prompt"])
     if injected:  # a continuation after the lost-in-thought injection: always the right value
         return _entry(body["prompt"], injected.group(1))[1] + "\nThat is it."
     user = re.search(r"<\|im_start\|>user\n(.*?)<\|im_end\|>", body["prompt"], re.DOTALL)  # api=completions
@@ -412,8 +412,8 @@ def test_openai_backend_scores_are_exact(stub, tiny_dir, tmp_path):
     rr = recs["lost_in_thought/reasoning_retrieval/512/0"]
     assert rr["spans"] == {"count": 1, "verbatim": 1, "source": "text"}
     prefix = rr["followup"]["prefix"]  # the output cut after the key, then the injection (lines format: "key: ")
-    m = re.search(r"\nLooking up key (\d+) in the dictionary: (.*)$", prefix)
-    assert m.group(2) == f"{m.group(1)}: " and rr["output"].startswith(prefix[: m.start()])
+    m = re.search(r"\nLooking up key (-?\d+) in the dictionary: (.*)$", prefix)
+    assert m.group(2) == f"Key {m.group(1)}: " and rr["output"].startswith(prefix[: m.start()])
     assert prefix[: m.start()].endswith(m.group(1))
     assert rr["output_tokens"] == len(rr["output"].split())
     paths = [p for p, _ in stub.requests]

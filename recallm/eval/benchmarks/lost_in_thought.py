@@ -311,7 +311,13 @@ class LostInThought(Benchmark):
                 buckets[name]["relative_gap_pct"] = _gap(
                     buckets[name]["retrieval"], buckets[name]["reasoning_retrieval"]
                 )
-        return {"by_length": by_length, "buckets": buckets, "locator": self.locator, "injection_examples": cap}
+        protocol = {}
+        if self.cfg["injection"] and self.locator == "string":
+            protocol["locator"] = "string matching (no judge; the paper: a judge model)"
+        if self.cfg["key_type"] != "signed":
+            protocol["keys"] = f"{self.cfg['key_type']} (the paper's Figure 5: signed)"
+        return {"by_length": by_length, "buckets": buckets, "locator": self.locator, "injection_examples": cap,
+                "protocol": protocol}  # fmt: skip
 
 
 def _mean(values: Sequence[float]) -> float | None:

@@ -685,7 +685,9 @@ class Ruler(Benchmark):
             lo, hi = (mid, hi) if tokens(mid) <= budget else (lo, mid)
         text = content(lo)
         if lo < 4 or int(lo * 4**-alpha / zeta) < 1:
-            raise RecallmError(f"ruler fwe: {spec.length} tokens are too few for RULER's coded text")
+            raise RecallmError(
+                f"task ruler/fwe cannot reach a prompt of {budget} tokens: RULER's coded text needs more room"
+            )
         prompt, _ = renderer.render(text)
         return Example(spec, renderer.messages(text), prompt, renderer.length(prompt), {"answers": vocab[1:4]})
 
