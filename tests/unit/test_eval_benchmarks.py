@@ -278,7 +278,7 @@ def test_helmet_json_kv(renderer):
     assert bench.score(ex, gen(f"ok</think>\nAnswer: ({value.upper()})."), None).score == 1.0
     assert bench.score(ex, gen(f"ok</think>\nAnswer: {value[:-1]}"), None).score == 0.0
     assert bench.score(ex, gen(f"{value}</think>\nAnswer: none"), None).score == 0.0
-    assert bench.describe() == {"lengths": [512, 2048], "per_cell": 6, "prompt": "helmet"}
+    assert bench.describe() == {"lengths": [512, 2048], "per_cell": 6, "prompt": "helmet", "scoring": "helmet-2"}
 
 
 # --------------------------------------------------------------------------- in-domain

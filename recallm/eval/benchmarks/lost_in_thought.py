@@ -149,6 +149,7 @@ class LostInThought(Benchmark):
     def describe(self) -> dict[str, Any]:
         out = super().describe()
         out["prompts"] = "A.2"  # the Figure-5-shaped prompts (earlier runs had others)
+        out["solved"] = "stated-result"  # math_solved (earlier runs: the key anywhere in the output)
         if self.cfg["injection"]:
             out["locator"] = self.settings.judge.describe() if self.settings.judge is not None else "string"
         return out

@@ -687,4 +687,4 @@ class HelmetJsonKV(Helmet):
 
     def describe(self) -> dict[str, Any]:
         out = {k: v for k, v in Benchmark.describe(self).items() if k in ("lengths", "per_cell", "fit_lengths")}
-        return {**out, "prompt": "helmet"}  # HELMET's template and demonstrations (earlier runs had our own)
+        return {**out, "prompt": "helmet", "scoring": "helmet-2"}  # (earlier runs: our template; best of four readings)
