@@ -246,7 +246,9 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
         raise RecallmError(f"{where}.{message}" if about_a_field else f"{where}: {message}") from None
 
 
-def register_schema(name: str, cls: type, *, plus_keys: Sequence[str] = (), sections: Sequence[str] = ()) -> None:
+def register_schema(
+    name: str, cls: type, *, plus_keys: Sequence[str] = (), sections: Sequence[str] = ()
+) -> None:
     """Store settings dataclass ``cls`` in Hydra's ConfigStore as ``schema/<name>``: a YAML's defaults
     list puts it under a section (``- /schema/<name>@<section>``), or, first in a primary config's
     list, under the config's own keys (``- /schema/<name>@_here_``), so the node has every field

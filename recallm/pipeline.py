@@ -453,14 +453,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             ["--fetch", model_cfg.fetch] if model_cfg.fetch else ["--base", str(Path(str(model_cfg.base)).resolve())]
         )
         dtype = ["--dtype", model_cfg.dtype]
-        jobs = [
-            Job(
-                "model",
-                [*_tool("recallm-create-model"), *source, *dtype, "--out", str(model_dir)],
-                [model_dir],
-                fresh=True,
-            )
-        ]
+        jobs = [Job("model", [*_tool("recallm-create-model"), *source, *dtype, "--out", str(model_dir)], [model_dir], fresh=True)]
         if model_cfg.plain_base:
             base_dir = run_dir / "base"
             argv = [*_tool("recallm-create-model"), *source, *dtype, "--plain", "--out", str(base_dir)]
@@ -556,7 +549,9 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             )
         chosen = dict(evaluated, **sft_final) if which == "sft" else evaluated
         if variant not in chosen:
-            raise RecallmError(f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(chosen)}")
+            raise RecallmError(
+                f"experiment.eval.runs.{run_name}: unknown variant {variant!r}; known: {list(chosen)}"
+            )
         argv = [
             *_tool("recallm-eval"),
             f"eval={ev.suite}",

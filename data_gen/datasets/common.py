@@ -233,11 +233,7 @@ class DocumentTask(Task):
                 made = pieces(i)
             else:
                 doc_id = next(ids, None)
-                made = (
-                    None
-                    if doc_id is None
-                    else [doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])]
-                )
+                made = None if doc_id is None else [doc_piece(fmt, doc_id, corpus.titles[i] if titled else "", corpus.texts[i])]
             if made is None:
                 return
             yield from made

@@ -272,9 +272,7 @@ class _MultiHop(DocumentTask):
             titled,
             exclude=exclude,
             reject=lambda i: mentions_answer(pool.texts[i]),
-            pieces=lambda i: self._pieces(
-                Paragraph(pool.titles[i], pool.texts[i]), kind, fmt, ids, gold=False, titled=titled
-            ),
+            pieces=lambda i: self._pieces(Paragraph(pool.titles[i], pool.texts[i]), kind, fmt, ids, gold=False, titled=titled),
         )
         instruction, which = self.pick_instruction(rng)
         return Draft(

@@ -169,15 +169,7 @@ class _SingleHop(DocumentTask):
         neg_rng = random.Random(rng.random())
 
         distractors = self.distractor_docs(
-            corpus,
-            source,
-            ex.question,
-            neg_rng,
-            ids,
-            fmt,
-            titled,
-            exclude=exclude,
-            reject=lambda i: mentions_answer(corpus.texts[i]),
+            corpus, source, ex.question, neg_rng, ids, fmt, titled, exclude=exclude, reject=lambda i: mentions_answer(corpus.texts[i])
         )
         instruction, which = self.pick_instruction(rng)
         question = ex.question if ex.question.endswith("?") else ex.question + "?"

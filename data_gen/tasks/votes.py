@@ -51,9 +51,7 @@ class _Votes(Task):
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
-        self.candidates = int_range(
-            "candidates", candidates if candidates is not None else (self.top + 2, self.top + 7)
-        )
+        self.candidates = int_range("candidates", candidates if candidates is not None else (self.top + 2, self.top + 7))
         self.margin = int_range("margin", margin)
         if self.candidates[0] < self.top + 1 or self.margin[0] < 1:
             from recallm.errors import RecallmError

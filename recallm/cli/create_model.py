@@ -82,9 +82,7 @@ def main(argv: list[str] | None = None) -> int:
                 args.base = fetch_known_base(args.fetch)
             if args.plain:
                 if not is_gguf(args.base):
-                    raise RecallmError(
-                        f"--plain converts a GGUF file; {args.base} is not one (an HF directory is plain already)"
-                    )
+                    raise RecallmError(f"--plain converts a GGUF file; {args.base} is not one (an HF directory is plain already)")
                 out = gguf_to_hf(args.base, args.out, dtype=args.dtype)
                 print(f"wrote {out} (plain base, no recall tokens)")
                 return 0

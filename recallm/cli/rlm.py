@@ -32,7 +32,6 @@ from recallm.rlm.settings import MODES, RLMRun
 
 log = logging.getLogger(__name__)
 
-
 def check(cfg: DictConfig) -> None:
     """The command's own keys, before anything is written (``recallm.cli.common``); the sections are
     checked by the mode that reads them."""

@@ -85,17 +85,13 @@ class PolicyChatModel(ChatModel):
     def complete(self, messages, *, max_new_tokens: int | None, seed: int = 0, cancel=None) -> Reply:
         if cancel is not None:
             cancel.check()
-        text = self.tokenizer.apply_chat_template(
-            [dict(m) for m in messages], tokenize=False, add_generation_prompt=True
-        )
+        text = self.tokenizer.apply_chat_template([dict(m) for m in messages], tokenize=False, add_generation_prompt=True)
         ids = list(self.tokenizer(text, add_special_tokens=False)["input_ids"])
         params = {**self.sampling, "logprobs": False}
         if max_new_tokens is not None:
             params["max_tokens"] = int(max_new_tokens)
         future = asyncio.run_coroutine_threadsafe(
-            self.server_manager.generate(
-                request_id=f"rlm-sub-{uuid.uuid4().hex}", prompt_ids=ids, sampling_params=params
-            ),
+            self.server_manager.generate(request_id=f"rlm-sub-{uuid.uuid4().hex}", prompt_ids=ids, sampling_params=params),
             self.loop,
         )
         remove = cancel.add_callback(future.cancel) if cancel is not None else None
@@ -178,10 +174,7 @@ class RLMAgentLoop(AgentLoopBase):
         )
         trajectory = None
         if self.trajectory_dir:
-            trajectory = (
-                Path(self.trajectory_dir)
-                / f"{spec.get('task_id', task).replace('/', '-')}-{uuid.uuid4().hex[:8]}.jsonl"
-            )
+            trajectory = Path(self.trajectory_dir) / f"{spec.get('task_id', task).replace('/', '-')}-{uuid.uuid4().hex[:8]}.jsonl"
         session = rlm.session(context, query, task_id=spec.get("task_id"), trajectory=trajectory)
         metrics = {"generate_sequences": 0.0, "tool_calls": 0.0}
         try:

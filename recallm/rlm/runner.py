@@ -480,12 +480,9 @@ class _Level:
         self.task.budget.start_subcalls(len(pairs))
         answers: list[str | None] = [None] * len(pairs)
         fallbacks: list[int] = []
-        with (
-            self.task.repls.waiting(self.rlm_id),
-            ThreadPoolExecutor(
-                max_workers=max(1, min(len(pairs), self.task.repls.size)), thread_name_prefix="rlm-child"
-            ) as pool,
-        ):
+        with self.task.repls.waiting(self.rlm_id), ThreadPoolExecutor(
+            max_workers=max(1, min(len(pairs), self.task.repls.size)), thread_name_prefix="rlm-child"
+        ) as pool:
             futures = {}
             for index, (context, query) in enumerate(pairs):
                 owner = self.task.child_id(self.rlm_id)

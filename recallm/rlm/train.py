@@ -88,7 +88,6 @@ def train_settings(section: Any) -> RLMTrainSettings:
         section = OmegaConf.to_container(section, resolve=True)
     return typed(RLMTrainSettings, section, "recallm.rlm")
 
-
 log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.rlm.runtime"
 #: the file verl's ``agent_loop_config_path`` reads (``recallm.rlm.agent_loop``)

@@ -303,9 +303,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
     max_length = recipe.max_length
     strip = (ids.start, ids.end) if recipe.strip_spans else None
     strip_args = dict(strip_spans=strip, strip_fraction=recipe.strip_spans_fraction, seed=recipe.seed)
-    train_set, train_stats = load_sft_file(
-        run.train_file, tokenizer, max_length=max_length, vocab_size=vocab, **strip_args
-    )
+    train_set, train_stats = load_sft_file(run.train_file, tokenizer, max_length=max_length, vocab_size=vocab, **strip_args)
     val_set, val_records = None, []
     if run.val_file:
         val_set, _ = load_sft_file(run.val_file, tokenizer, max_length=max_length, vocab_size=vocab, **strip_args)

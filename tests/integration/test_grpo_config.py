@@ -237,10 +237,7 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
             "must split into micro batches",
         ),
         (
-            [
-                "actor_rollout_ref.actor.use_dynamic_bsz=false",
-                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",
-            ],
+            ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"],
             r"must split into micro batches of actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=7",
         ),
         (["data.val_files=/nope.parquet"], "data file /nope.parquet does not exist"),

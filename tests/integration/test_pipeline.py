@@ -93,7 +93,7 @@ def test_redo_moves_a_resuming_jobs_outputs_aside(tmp_path):
         out = pathlib.Path({str(out)!r})
         if not (out / 'final').exists():
             out.mkdir(exist_ok=True); (out / 'final').write_text('trained')
-            open({str(tmp_path / "train.runs")!r}, 'a').write('x\\n')
+            open({str(tmp_path / 'train.runs')!r}, 'a').write('x\\n')
     """
     stages = [Stage("train", [Job("train", py(code), outputs=[out])])]
     messages: list[str] = []

@@ -27,11 +27,7 @@ SMOLLM2_MIX = {
         "lengths": [256, 320],
         "entries": [
             {"task": "kv_retrieval", "count": 8, "params": {"key_type": "int", "value_type": "alnum"}},
-            {
-                "task": "math_retrieval",
-                "count": 4,
-                "params": {"key_type": "int", "value_type": "alnum", "near_keys": 2},
-            },
+            {"task": "math_retrieval", "count": 4, "params": {"key_type": "int", "value_type": "alnum", "near_keys": 2}},
         ],
     },
     "sft": {"count": 8, "val_fraction": 0.25},
@@ -152,12 +148,8 @@ def test_sft_steps_then_constrained_generation(smollm2_data, smollm2_dir, tmp_pa
     # under the constraint
     opening = record["completion"].index("<|start_recall|>")
     requests = [
-        TextRequest(
-            prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:opening]
-        ),
-        TextRequest(
-            prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:8]
-        ),
+        TextRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:opening]),
+        TextRequest(prompt_text=record["prompt_text"], messages=None, max_new_tokens=24, prefix=record["completion"][:8]),
     ]
     gens = backend.generate(requests, GenerationSettings(max_new_tokens=24))
     assert gens[0].spans.count > 0, gens[0]

@@ -28,16 +28,9 @@ def test_backend_section():
     from recallm.eval.backends import BackendSettings, make_backend
 
     assert BackendSettings.from_mapping({}) == BackendSettings()
-    _one_line(
-        lambda: make_backend({"name": "hf", "batch_sise": 2}, "m", None), r"^backend has unknown keys \['batch_sise'\]"
-    )
-    _one_line(
-        lambda: make_backend({"name": "hf", "batch_size": "two"}, "m", None),
-        r"^backend\.batch_size must be an integer, got 'two'",
-    )
-    _one_line(
-        lambda: make_backend({"name": "hf", "batch_size": 0}, "m", None), r"^backend\.batch_size must be >= 1, got 0"
-    )
+    _one_line(lambda: make_backend({"name": "hf", "batch_sise": 2}, "m", None), r"^backend has unknown keys \['batch_sise'\]")
+    _one_line(lambda: make_backend({"name": "hf", "batch_size": "two"}, "m", None), r"^backend\.batch_size must be an integer, got 'two'")
+    _one_line(lambda: make_backend({"name": "hf", "batch_size": 0}, "m", None), r"^backend\.batch_size must be >= 1, got 0")
     _one_line(lambda: make_backend({"name": "tgi"}, "m", None), r"^backend\.name: unknown backend 'tgi'")
     _one_line(lambda: make_backend({"name": "openai"}, "m", None), r"backend\.served_model")
 
@@ -48,16 +41,9 @@ def test_model_sections_of_an_rlm():
     engine = ModelSection(name="hf", batch_size=3).engine_values()
     assert engine["name"] == "hf" and engine["batch_size"] == 3 and "replies" not in engine and "rlm" not in engine
     _one_line(lambda: make_model({"name": "hf", "devise": "cpu"}, "sub"), r"^sub has unknown keys \['devise'\]")
-    _one_line(
-        lambda: make_model({"name": "openai", "timeout": "soon"}, "root"),
-        r"^root\.timeout must be a number, got 'soon'",
-    )
-    _one_line(
-        lambda: make_model({"name": "scripted", "replies": "x"}, "root"), r"^root\.replies must be a list, got 'x'"
-    )
-    _one_line(
-        lambda: make_model({"name": "gpt"}, "root"), r"^root\.name must be one of hf, vllm, openai, scripted, got 'gpt'"
-    )
+    _one_line(lambda: make_model({"name": "openai", "timeout": "soon"}, "root"), r"^root\.timeout must be a number, got 'soon'")
+    _one_line(lambda: make_model({"name": "scripted", "replies": "x"}, "root"), r"^root\.replies must be a list, got 'x'")
+    _one_line(lambda: make_model({"name": "gpt"}, "root"), r"^root\.name must be one of hf, vllm, openai, scripted, got 'gpt'")
     _one_line(lambda: make_model({"name": "openai", "served_model": "m", "max_tokens_key": "n"}, "root"),
               r"^root\.max_tokens_key must be one of max_tokens, max_completion_tokens")  # fmt: skip
 
@@ -103,10 +89,7 @@ def test_reward_sections():
         ("categories.icl.tua=0.5", r"^reward\.categories\.icl has unknown keys \['tua'\]"),
         ("categories.icl.top_k=two", r"^reward\.categories\.icl\.top_k must be an integer, got 'two'"),
         ("data_sources.multi_niah.free_span=3", r"^reward\.data_sources\.multi_niah has unknown keys \['free_span'\]"),
-        (
-            "data_sources.multi_niah.free_spans=many",
-            r"^reward\.data_sources\.multi_niah\.free_spans must be an integer",
-        ),
+        ("data_sources.multi_niah.free_spans=many", r"^reward\.data_sources\.multi_niah\.free_spans must be an integer"),
     ]
     for override, pattern in cases:
         _one_line(lambda override=override: load_reward_config(overrides=[override]), pattern)
@@ -176,9 +159,7 @@ def test_result_metric_section(tmp_path):
     from recallm.pipeline import result_line
 
     exp = _experiment(result={"metrics": {"acc": {"run": "recall", "benchmark": "synthetic", "lenght": 360}}})
-    _one_line(
-        lambda: result_line(exp, tmp_path, {}), r"^experiment\.result\.metrics\.acc has unknown keys \['lenght'\]"
-    )
+    _one_line(lambda: result_line(exp, tmp_path, {}), r"^experiment\.result\.metrics\.acc has unknown keys \['lenght'\]")
     exp = _experiment(result={"metrics": {"acc": {"grpo": "recall", "last": "ten"}}})
     _one_line(lambda: result_line(exp, tmp_path, {}), r"^experiment\.result\.metrics\.acc\.last must be an integer")
 
@@ -274,9 +255,7 @@ def test_yaml_sections_with_a_schema_restate_no_default():
         defaults = yaml.safe_load((CONFIGS / f"{app}.yaml").read_text())["defaults"]
         assert defaults[0] == f"/schema/{schema}@_here_", app  # first: the groups and _self_ merge onto it
     train = yaml.safe_load((CONFIGS / "rlm_train.yaml").read_text())["defaults"]
-    assert "/schema/rlm_train@recallm.rlm" in train and train.index("/schema/rlm_train@recallm.rlm") < train.index(
-        "_self_"
-    )
+    assert "/schema/rlm_train@recallm.rlm" in train and train.index("/schema/rlm_train@recallm.rlm") < train.index("_self_")
 
 
 def test_the_restated_default_check_catches_each_section():
@@ -344,32 +323,16 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
     from recallm.config import check_overrides
 
     sft = check_overrides("sft", ["max_steps=3", "resume=never"])
-    assert (sft.max_steps, sft.resume, sft.logger, sft.models_dir, sft.stage) == (
-        3,
-        "never",
-        "console",
-        "outputs/models",
-        "embed",
-    )
+    assert (sft.max_steps, sft.resume, sft.logger, sft.models_dir, sft.stage) == (3, "never", "console", "outputs/models", "embed")
     data = check_overrides("data_gen", ["data=tiny", "workers=4"])
     assert (data.workers, data.tokenizer, data.progress, data.out_dir) == (4, "tiny", True, "outputs/data/tiny")
     pipeline = check_overrides("pipeline", ["redo=[eval,report]"])
     assert list(pipeline.redo) == ["eval", "report"] and pipeline.only is None and pipeline.threads is None
     ev = check_overrides("eval", ["mode=report", "runs=[a,b]"])
-    assert (ev.mode, list(ev.runs), ev.model_path, ev.report, ev.report_dir) == (
-        "report",
-        ["a", "b"],
-        "tiny",
-        True,
-        "outputs/eval/report",
-    )
+    assert (ev.mode, list(ev.runs), ev.model_path, ev.report, ev.report_dir) == ("report", ["a", "b"], "tiny", True, "outputs/eval/report")
     rlm = check_overrides("rlm", ["parallel=3", "tasks.per_cell=2"])
     assert (rlm.parallel, rlm.mode, rlm.tasks.per_cell, rlm.tasks.needles, rlm.tasks.name) == (3, "run", 2, 2, "tiny")
-    assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (
-        2,
-        100_000,
-        "outputs/rlm/tiny/sft.jsonl",
-    )
+    assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
 
 
 @pytest.mark.parametrize("app", ["sft", "data_gen", "pipeline", "eval", "rlm", "rlm_train"])

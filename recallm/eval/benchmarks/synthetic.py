@@ -59,16 +59,12 @@ class SyntheticTask(Benchmark):
         entries = self.cfg["tasks"]
         if entries is None:
             if not self.cfg["task"]:
-                raise RecallmError(
-                    "benchmark synthetic: task (or tasks) is required (a data_gen task name, e.g. toy_lookup)"
-                )
+                raise RecallmError("benchmark synthetic: task (or tasks) is required (a data_gen task name, e.g. toy_lookup)")
             entries = [{"task": self.cfg["task"], "params": self.cfg["params"]}]
         elif self.cfg["task"]:
             raise RecallmError("benchmark synthetic: give task or tasks, not both")
         if not isinstance(entries, (list, tuple)) or not entries:
-            raise RecallmError(
-                f"benchmark synthetic: tasks must be a non-empty list of {{task, params}}, got {entries!r}"
-            )
+            raise RecallmError(f"benchmark synthetic: tasks must be a non-empty list of {{task, params}}, got {entries!r}")
         self.reward_config = load_reward_config(settings.reward_config)
         self.tasks = {}
         for i, raw in enumerate(entries):
@@ -98,12 +94,7 @@ class SyntheticTask(Benchmark):
 
         rng = self.rng(spec.task, spec.length, spec.index)
         row = draft_row(
-            self.tasks[spec.task],
-            renderer,
-            spec.length,
-            rng,
-            seed=rng.getrandbits(63),
-            tolerance=self.settings.tolerance,
+            self.tasks[spec.task], renderer, spec.length, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance
         )
         return self.example_from_row(spec, row, {"ground_truth": row.ground_truth, "data_source": row.data_source})
 
