@@ -139,6 +139,8 @@ def bootstrap_ci(
     examples x metrics (NaN where an example lacks a metric); a resample draws each cell's examples
     with replacement, a cell's value is the mean over metrics of each metric's mean. None when a
     resample leaves the statistic undefined or there is nothing to resample."""
+    import warnings
+
     import numpy as np
 
     if not cells:
@@ -147,17 +149,18 @@ def bootstrap_ci(
     arrays = {k: np.asarray(v, dtype=float).reshape(len(v), -1) for k, v in cells.items() if len(v)}
     if not arrays:
         return None
+    draws: dict[Any, np.ndarray] = {}  # per cell: the n resamples' values at once
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # (an all-NaN metric: undefined, below)
+        for key, arr in arrays.items():
+            means = np.nanmean(arr[rng.integers(0, len(arr), (n, len(arr)))], axis=1)  # n x metrics
+            draws[key] = np.where(np.isnan(means).any(axis=1), np.nan, means.mean(axis=1))
     stats = []
-    with np.errstate(invalid="ignore"):
-        for _ in range(n):
-            values = {}
-            for key, arr in arrays.items():
-                means = np.nanmean(arr[rng.integers(0, len(arr), len(arr))], axis=0)
-                values[key] = None if np.isnan(means).any() else float(means.mean())
-            stat = combine(values)
-            if stat is None:
-                return None
-            stats.append(stat)
+    for i in range(n):
+        stat = combine({k: (None if np.isnan(v[i]) else float(v[i])) for k, v in draws.items()})
+        if stat is None:
+            return None
+        stats.append(stat)
     lo, hi = np.percentile(stats, [2.5, 97.5])
     return float(lo), float(hi)
 
