@@ -144,6 +144,17 @@ def _section_type(hint: Any) -> Any:
     return args[0] if len(args) == 1 else hint
 
 
+def _mapping_entry(hint: Any) -> type | None:
+    """``X`` of a field annotated ``dict[str, X]`` (or ``Mapping[str, X]``) where ``X`` is a dataclass."""
+    import collections.abc
+    import typing
+
+    if typing.get_origin(hint) not in (dict, collections.abc.Mapping):
+        return None
+    args = typing.get_args(hint)
+    return args[1] if len(args) == 2 and dataclasses.is_dataclass(args[1]) else None
+
+
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
@@ -151,7 +162,8 @@ def _key(where: str, name: str) -> str:
 def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """The values ``cfg`` sets for the fields of dataclass ``cls``, each converted to the field's
     declared type (``int``, ``float``, ``str``, ``bool``; ``list[...]``/``tuple[...]`` take a list,
-    ``dict[...]`` a mapping, ``Any`` anything; ``X | None`` also takes None, which elsewhere means
+    ``dict[...]`` a mapping (``dict[str, X]`` of a settings dataclass ``X``: each entry read with
+    ``typed``), ``Any`` anything; ``X | None`` also takes None, which elsewhere means
     "not set": the field's default is kept). A key that is not a
     field, or a value of the wrong kind, is a one-line ``RecallmError`` naming ``where``; a field
     whose type is itself a settings dataclass is read with ``typed`` (or with the dataclass's own
@@ -196,6 +208,9 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
             value = _plain(value)
             if not isinstance(value, Mapping):
                 raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
+            entry = _mapping_entry(_hints(cls).get(name))
+            if entry is not None:  # dict[str, <a settings dataclass>]: each entry read with its schema
+                value = {k: typed(entry, v, f"{_key(where, name)}.{k}") for k, v in value.items()}
             values[name] = dict(value)
         elif dataclasses.is_dataclass(nested := _section_type(_hints(cls).get(name))):
             # a nested section with its own schema; one that checks itself in from_mapping (the RLM's

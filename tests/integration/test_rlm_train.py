@@ -25,10 +25,11 @@ REPLIES = [
 
 
 def compose(tmp_path, tiny_dir, *overrides):
-    from recallm.rlm.train import compose_config
+    from recallm.grpo.app import compose as compose_grpo
 
-    return compose_config(
-        [f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}", *overrides]
+    return compose_grpo(
+        [f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}", *overrides],
+        config_name="rlm_train",
     )
 
 
@@ -207,9 +208,9 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
         prepare_data(variant(fresh, **{"data.max_prompt_length": 100}))
     with pytest.raises(RecallmError, match="recallm.rlm.rlm.max_depth must be in"):
         prepare_data(variant(fresh, **{"recallm.rlm.rlm.max_depth": 7}))
-    with pytest.raises(RecallmError, match="plain model without recall tokens: set recallm.recall=false"):
+    with pytest.raises(RecallmError, match="plain model without recall tokens: set recallm.recall_constrained=false"):
         prepare(variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir)}))
-    plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall": False})
+    plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall_constrained": False})
     env = prepare(plain)
     assert "recallm.rlm.runtime" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
 
@@ -226,7 +227,7 @@ def test_the_paper_recipe_composes(tmp_path, tiny_dir):
     assert cfg.trainer.total_training_steps == 150 and cfg.trainer.test_freq == 50 and cfg.trainer.val_before_train
     assert list(rlm.data.train.lengths) == ["32K", "64K"] and rlm.data.train.needles == 2
     assert list(rlm.data.val.lengths) == ["512K", "1M"] and rlm.data.val.needles == 8
-    assert arr.rollout.name == "vllm" and not cfg.recallm.cpu and not cfg.recallm.recall
+    assert arr.rollout.name == "vllm" and cfg.recallm.platform == "gpu" and not cfg.recallm.recall_constrained
 
 
 # --- two real GRPO steps on this CPU, then a resumed third ---------------------------------------------
