@@ -501,6 +501,28 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
     assert cfg.ray_kwargs.ray_init.num_gpus == cfg.trainer.n_gpus_per_node == 1
 
 
+@pytest.mark.parametrize("platform", ["cpu", "vllm_cpu"])
+def test_the_command_composes_once(platform, tiny_dir, tiny_data, monkeypatch, capsys):
+    """``recallm-grpo --print-config``: Hydra composes the config one time (checked, prepared, printed), the
+    CPU platforms included (they are a config group, not a second composition with their overrides)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from recallm.cli.grpo import main
+
+    calls = []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("config_name", args[0] if args else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    main([f"grpo/platform={platform}", f"actor_rollout_ref.model.path={tiny_dir}",
+          f"data.train_files={tiny_data[0]}", f"data.val_files={tiny_data[1]}", "--print-config"])  # fmt: skip
+    assert calls == ["grpo"]
+    assert f"platform: {platform}" in capsys.readouterr().out
+
+
 def test_vllm_rollout_on_cpu_composes(tiny_dir, tiny_data):
     """grpo/platform=vllm_cpu: verl's own vLLM rollout on vLLM's CPU build (the vLLM tier runs it)."""
     from recallm.grpo.app import HF_OVERRIDES_ENV, VLLM_PROCESSOR

@@ -215,6 +215,45 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
     assert "recallm.rlm.runtime" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
 
 
+def test_rlm_training_takes_every_platform_and_guard_of_grpos_launch(tmp_path, tiny_dir):
+    """One launch: the vLLM-on-CPU platform and grpo's checks apply to recallm-rlm train as to recallm-grpo."""
+    from recallm.grpo.app import problems
+    from recallm.rlm.train import prepare
+
+    cfg = compose(tmp_path, tiny_dir, "grpo/platform=vllm_cpu", "data.train_files=x.parquet")
+    env = prepare(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    assert r.name == "vllm" and r.enable_sleep_mode is False and r.dtype == "float32"
+    assert (
+        env["RECALLM_VLLM_CPU"] == "1"
+        and "recallm.recall.vllm:RecallLogitsProcessorV1" in r.engine_kwargs.vllm.logits_processors
+    )
+    assert cfg.actor_rollout_ref.model.override_config.recall_constrained is True
+    cfg = compose(tmp_path, tiny_dir, "data.train_files=x.parquet", "actor_rollout_ref.rollout.name=vllm")
+    prepare(cfg)
+    assert any("on the cpu platform, whose rollout is hf_cpu: use grpo/platform=vllm_cpu" in p for p in problems(cfg))
+
+
+def test_the_command_composes_once(tmp_path, tiny_dir, monkeypatch, capsys):
+    """``recallm-rlm train --print-config``: one Hydra composition, then grpo's launch (prepare, check)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from recallm.cli.rlm import main
+
+    calls = []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("config_name", args[0] if args else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    main(["train", f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}",
+          "--print-config"])  # fmt: skip
+    assert calls == ["rlm_train"]
+    assert "default_agent_loop: rlm" in capsys.readouterr().out
+
+
 def test_the_paper_recipe_composes(tmp_path, tiny_dir):
     cfg = compose(tmp_path, tiny_dir, "rlm_train=mrcr_qwen3_4b")
     arr, rlm = cfg.actor_rollout_ref, cfg.recallm.rlm
