@@ -120,9 +120,8 @@ _PATH_KEYS = (
 # ------------------------------------------------------------------------------------------ compose
 def compose(overrides: Sequence[str], *, config_name: str = "grpo") -> DictConfig:
     """The one composition of a GRPO launch: ``configs/<config_name>.yaml`` (``grpo`` or
-    ``rlm_train``) with the overrides, each checked (``recallm.config.check_overrides``; the registered
-    schemas must be, ``recallm.cli.schemas.register``). What the command line does before
-    :func:`run`."""
+    ``rlm_train``) with the overrides, each checked (``recallm.config.check_overrides``; register the
+    schemas first, ``recallm.cli.schemas.register``). What the command line does before :func:`run`."""
     from recallm.config import check_overrides
 
     return check_overrides(config_name, list(overrides), closed=closed)
