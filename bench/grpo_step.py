@@ -8,10 +8,11 @@ model and data, spans forced open in all (every 8 tokens, 6 long), 4 prompts x 4
 
 * ``recall``: the recall processor in the rollout, masked log-probs (actor and reference) — the
   default CPU path;
-* ``plain``: ``recallm.recall=false`` — plain decoding, plain log-probs;
-* ``baseline``: as ``recall``, with ``RECALLM_CPU_BASELINE=1`` — the CPU step before the plugin
-  removed what is not inherent to it (verl's per-token log-prob loop, gradient checkpointing, Ray's
-  5-second reporter and autoscaler polling; see ``recallm.grpo.cpu``).
+* ``plain``: ``recallm.recall_constrained=false`` — plain decoding, plain log-probs;
+* ``baseline``: as ``recall``, with ``RECALLM_CPU_BASELINE=1`` and gradient checkpointing back on
+  (``actor_rollout_ref.model.enable_gradient_checkpointing=true``, which the CPU platform turns off) —
+  the CPU step before the plugin removed what is not inherent to it (verl's per-token log-prob loop,
+  gradient checkpointing, Ray's 5-second reporter and autoscaler polling; see ``recallm.grpo.cpu``).
 
 verl's ``timing_s/*`` of every step after the first (warm-up) are read from its JSONL metrics log;
 the medians are compared. Printed: the phase split (rollout, reward, old and reference log-probs,
@@ -61,7 +62,8 @@ def run(model: Path, data: Path, out: Path, steps: int, *, recall: bool, baselin
         "actor_rollout_ref.actor.ppo_mini_batch_size=4",
         "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.force_every=8",
         "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.force_length=6",
-        f"recallm.recall={'true' if recall else 'false'}",
+        f"recallm.recall_constrained={'true' if recall else 'false'}",
+        *(["actor_rollout_ref.model.enable_gradient_checkpointing=true"] if baseline else []),
         f"trainer.total_training_steps={steps}",
         "trainer.save_freq=-1",
         "trainer.test_freq=-1",

@@ -22,6 +22,7 @@ Three layers:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 from collections.abc import Callable, Mapping, Sequence
@@ -144,6 +145,17 @@ def _section_type(hint: Any) -> Any:
     return args[0] if len(args) == 1 else hint
 
 
+def _mapping_entry(hint: Any) -> type | None:
+    """``X`` of a field annotated ``dict[str, X]`` (or ``Mapping[str, X]``) where ``X`` is a dataclass."""
+    import collections.abc
+    import typing
+
+    if typing.get_origin(hint) not in (dict, collections.abc.Mapping):
+        return None
+    args = typing.get_args(hint)
+    return args[1] if len(args) == 2 and dataclasses.is_dataclass(args[1]) else None
+
+
 def _key(where: str, name: str) -> str:
     return f"{where}.{name}" if where else name
 
@@ -151,7 +163,8 @@ def _key(where: str, name: str) -> str:
 def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> dict[str, Any]:
     """The values ``cfg`` sets for the fields of dataclass ``cls``, each converted to the field's
     declared type (``int``, ``float``, ``str``, ``bool``; ``list[...]``/``tuple[...]`` take a list,
-    ``dict[...]`` a mapping, ``Any`` anything; ``X | None`` also takes None, which elsewhere means
+    ``dict[...]`` a mapping (``dict[str, X]`` of a settings dataclass ``X``: each entry read with
+    ``typed``), ``Any`` anything; ``X | None`` also takes None, which elsewhere means
     "not set": the field's default is kept). A key that is not a
     field, or a value of the wrong kind, is a one-line ``RecallmError`` naming ``where``; a field
     whose type is itself a settings dataclass is read with ``typed`` (or with the dataclass's own
@@ -196,6 +209,9 @@ def dataclass_values(cls: type, cfg: Mapping[str, Any] | None, where: str) -> di
             value = _plain(value)
             if not isinstance(value, Mapping):
                 raise RecallmError(f"{_key(where, name)} must be a mapping {{key: value}}, got {value!r}")
+            entry = _mapping_entry(_hints(cls).get(name))
+            if entry is not None:  # dict[str, <a settings dataclass>]: each entry read with its schema
+                value = {k: typed(entry, v, f"{_key(where, name)}.{k}") for k, v in value.items()}
             values[name] = dict(value)
         elif dataclasses.is_dataclass(nested := _section_type(_hints(cls).get(name))):
             # a nested section with its own schema; one that checks itself in from_mapping (the RLM's
@@ -303,6 +319,34 @@ def check_range(value: float, name: str, lo: float, hi: float, *, hi_open: bool 
 
 
 # ------------------------------------------------------------------------ command-line overrides
+def _group_overrides(config_name: str, parsed: Sequence[Any], overrides: Sequence[str]) -> list[bool]:
+    """Which overrides choose config groups or set Hydra's own node (they shape the defaults tree) and
+    which set values: Hydra's own split (``hydra._internal.defaults_list.Overrides``: a group of the
+    config repository - the primary config's search path included - unless the value is a mapping)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+
+    try:
+        _, repo = GlobalHydra.instance().config_loader()._parse_overrides_and_create_caching_repo(
+            config_name, list(overrides)
+        )
+    except HydraException as exc:
+        raise RecallmError(f"bad override: {_first_line(exc)}") from None
+    return [
+        o.is_hydra_override() or (repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict))
+        for o in parsed
+    ]
+
+
+def _apply_overrides(values: Sequence[Any], cfg: Any) -> None:
+    """The value overrides applied to a composed config, as Hydra's ``compose`` applies them."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from omegaconf import OmegaConf
+
+    OmegaConf.set_struct(cfg, True)
+    ConfigLoaderImpl._apply_overrides_to_config(list(values), cfg)
+
+
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip()
     line = text.splitlines()[0] if text else type(exc).__name__
@@ -497,7 +541,15 @@ def check_overrides(
     """Compose ``config_name`` with ``overrides`` as Hydra would and check them (module doc); returns
     the composed config (without its ``hydra`` node). A bad override, or one Hydra cannot apply, is
     a one-line ``RecallmError``. ``open_keys``: nodes under which any key may be added; ``closed``:
-    the keys the unknown-key rule applies to (default: all)."""
+    the keys the unknown-key rule applies to (default: all).
+
+    Hydra composes once: the defaults tree with the overrides that choose config groups (and Hydra's
+    own), which is also the reference each value override is checked against (the value it replaces),
+    then the value overrides applied to a copy the way Hydra's ``compose`` applies them
+    (``ConfigLoaderImpl._apply_overrides_to_config``, after the same split of the overrides). A line
+    with a sweep is composed by Hydra whole (it refuses it)."""
+    import copy
+
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.core.override_parser.overrides_parser import OverridesParser
@@ -514,31 +566,27 @@ def check_overrides(
     except HydraException as exc:
         raise RecallmError(f"bad override: {_first_line(exc)}") from None
 
-    def _compose(items: list[str], hydra_node: bool):
+    def _composed(items: list[str]):
         try:
-            if GlobalHydra.instance().is_initialized():
-                return compose(config_name, overrides=items, return_hydra_config=hydra_node)
-            with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-                return compose(config_name, overrides=items, return_hydra_config=hydra_node)
+            return compose(config_name, overrides=items, return_hydra_config=True)
         except (HydraException, OmegaConfBaseException) as exc:
             raise RecallmError(f"bad override: {_first_line(exc)}") from None
 
-    def _is_group(composed: Any) -> list[bool]:
-        choices = dict(composed.hydra.runtime.choices)
-        group_names = {str(c).partition("@")[0] for c in choices} | {str(c) for c in choices}
-        return [o.key_or_group in group_names or o.key_or_group.split(".")[0] == "hydra" for o in parsed]
-
-    try:
-        cfg = _compose(overrides, True)
-    except RecallmError:
-        # a value of the wrong type for a registered schema's field: said in our words
-        is_group = _is_group(_compose([], True))
-        groups_only = [o.input_line for o, g in zip(parsed, is_group, strict=True) if g]
-        base = _compose(groups_only, False)  # (a bad group choice: Hydra's message says which)
-        _explain([o for o, g in zip(parsed, is_group, strict=True) if not g], base)
-        raise
-    is_group = _is_group(cfg)
-    reference = _compose([o.input_line for o, g in zip(parsed, is_group, strict=True) if g], False)
+    with contextlib.ExitStack() as stack:
+        if not GlobalHydra.instance().is_initialized():
+            stack.enter_context(initialize_config_dir(config_dir=str(config_dir), version_base="1.3"))
+        if any(o.is_sweep_override() for o in parsed):
+            _composed(overrides)  # Hydra's own message
+            raise RecallmError(f"bad override: a sweep ({', '.join(o.input_line for o in parsed if o.is_sweep_override())})")
+        is_group = _group_overrides(config_name, parsed, overrides)
+        reference = _composed([o.input_line for o, g in zip(parsed, is_group, strict=True) if g])
+        values = [o for o, g in zip(parsed, is_group, strict=True) if not g]
+        cfg = copy.deepcopy(reference)
+        try:
+            _apply_overrides(values, cfg)
+        except (HydraException, OmegaConfBaseException) as exc:
+            _explain(values, reference)  # a value of the wrong type for a registered schema's field: our words
+            raise RecallmError(f"bad override: {_first_line(exc)}") from None
     groups = _group_settings(config_dir, dict(cfg.hydra.runtime.choices))
     for override, group in zip(parsed, is_group, strict=True):
         key = override.key_or_group

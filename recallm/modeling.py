@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
@@ -48,6 +49,7 @@ __all__ = [
     "recall_classes_for",
     "base_model_type",
     "vllm_hf_overrides",
+    "served_hf_overrides",
     "create_recallm_model",
     "check_recallm_model",
     "read_model_config",
@@ -272,6 +274,40 @@ def vllm_hf_overrides(config) -> dict[str, object]:
     """``hf_overrides`` that make vLLM serve a RecaLLM checkpoint as its base architecture."""
     _, _, base_model = recall_classes_for(config.model_type)
     return {"architectures": [base_model.__name__], "model_type": base_model_type(config.model_type)}
+
+
+def _as_mapping(value, where: str) -> dict[str, object]:
+    if value in (None, "", {}):
+        return {}
+    if isinstance(value, str):
+        import json
+
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError as exc:
+            raise RecallmError(f"{where} is not valid JSON: {exc.msg}") from exc
+    elif not isinstance(value, Mapping) and hasattr(value, "items"):  # an OmegaConf DictConfig
+        from omegaconf import OmegaConf
+
+        value = OmegaConf.to_container(value, resolve=True)
+    if not isinstance(value, Mapping):
+        raise RecallmError(f"{where} must be a mapping, got {type(value).__name__}")
+    return dict(value)
+
+
+def served_hf_overrides(user, base: Mapping[str, object], where: str = "hf_overrides") -> dict[str, object]:
+    """The user's ``hf_overrides`` (JSON string or mapping) plus ``base`` (what vLLM must serve: the base
+    architecture, :func:`vllm_hf_overrides`; the GRPO launcher adds the recall constraint). A user value
+    that contradicts one of ``base`` is refused: vLLM would refuse ``Recall*ForCausalLM``, build the
+    wrong model, or follow another constraint. The one merge, for ``recallm-serve`` and ``recallm-grpo``."""
+    merged = _as_mapping(user, where)
+    for key, value in base.items():
+        if key in merged and merged[key] != value:
+            raise RecallmError(
+                f"{where} sets {key}={merged[key]!r}, but this RecaLLM model is served by vLLM as {key}={value!r}"
+            )
+        merged[key] = value
+    return merged
 
 
 def recall_config_from(config, **overrides):

@@ -4,8 +4,8 @@ A RecaLLM checkpoint names its own architecture (``Recall<Base>ForCausalLM``, ``
 which vLLM does not know: vLLM serves it as its base architecture (``hf_overrides`` from
 :func:`recallm.modeling.vllm_hf_overrides`) and the recall logits processor
 (``recallm.recall.vllm:RecallLogitsProcessorV1``) keeps every recall span a verbatim copy of its
-context, reading the recall token ids from the same config. :func:`served_hf_overrides` merges a
-user's own overrides with those (one place, used by ``recallm-serve`` and ``recallm-grpo``);
+context, reading the recall token ids from the same config (``recallm.modeling.served_hf_overrides``
+merges a user's own overrides with those: one place, used by ``recallm-serve`` and ``recallm-grpo``);
 :func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
 OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
 at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``).
@@ -15,50 +15,19 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 from recallm.errors import RecallmError
 
-__all__ = ["served_hf_overrides", "serve_command", "ServeSettings"]
+__all__ = ["serve_command", "ServeSettings"]
 
 PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
 
 
-def _as_mapping(value: Any, where: str) -> dict[str, Any]:
-    if value in (None, "", {}):
-        return {}
-    if isinstance(value, str):
-        try:
-            value = json.loads(value)
-        except json.JSONDecodeError as exc:
-            raise RecallmError(f"{where} is not valid JSON: {exc.msg}") from exc
-    elif not isinstance(value, Mapping) and hasattr(value, "items"):  # an OmegaConf DictConfig
-        from omegaconf import OmegaConf
-
-        value = OmegaConf.to_container(value, resolve=True)
-    if not isinstance(value, Mapping):
-        raise RecallmError(f"{where} must be a mapping, got {type(value).__name__}")
-    return dict(value)
-
-
-def served_hf_overrides(user: Any, base: Mapping[str, Any], where: str = "hf_overrides") -> dict[str, Any]:
-    """The user's ``hf_overrides`` (JSON string or mapping) plus ``base`` (serve the base
-    architecture). A user value naming another architecture or model type is refused: vLLM would
-    refuse ``Recall*ForCausalLM`` or build the wrong model."""
-    merged = _as_mapping(user, where)
-    for key, value in base.items():
-        if key in merged and merged[key] != value:
-            raise RecallmError(
-                f"{where} sets {key}={merged[key]!r}, but this RecaLLM model is served by vLLM as {key}={value!r}"
-            )
-        merged[key] = value
-    return merged
-
-
 class ServeSettings:
-    """``recallm-serve``'s own options (everything else goes to ``vllm serve`` unchanged)."""
+    """``recallm-serve``'s own options (everything else goes to ``vllm serve`` unchanged);
+    ``recall_constrained=False`` (``--no-recall``) serves without the recall processor."""
 
     def __init__(
         self,
@@ -67,7 +36,7 @@ class ServeSettings:
         host: str = "127.0.0.1",
         port: int = 8000,
         served_model_name: str | None = None,
-        recall: bool = True,
+        recall_constrained: bool = True,
     ) -> None:
         if not 0 < int(port) < 65536:
             raise RecallmError(f"--port must be in 1..65535, got {port}")
@@ -75,7 +44,7 @@ class ServeSettings:
         self.host = host
         self.port = int(port)
         self.served_model_name = served_model_name or self.model.resolve().name
-        self.recall = bool(recall)
+        self.recall_constrained = bool(recall_constrained)
 
 
 def _pop_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
@@ -104,7 +73,7 @@ def _pop_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
 def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: str | None = None) -> list[str]:
     """The ``vllm serve`` command for ``settings`` (checks the model first; ``extra``: more
     ``vllm serve`` arguments, whose ``--hf-overrides`` are merged and ``--logits-processors`` kept)."""
-    from recallm.modeling import check_recallm_model, vllm_hf_overrides
+    from recallm.modeling import check_recallm_model, served_hf_overrides, vllm_hf_overrides
 
     check_recallm_model(settings.model)  # one line for a directory that is no RecaLLM model
     from transformers import AutoConfig
@@ -125,7 +94,7 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
         user_overrides[0] if user_overrides else None, vllm_hf_overrides(config), "--hf-overrides"
     )
     extra, processors = _pop_option(extra, "--logits-processors")
-    if settings.recall:
+    if settings.recall_constrained:
         processors = [*processors, PROCESSOR] if PROCESSOR not in processors else processors
     else:
         processors = [p for p in processors if p != PROCESSOR]

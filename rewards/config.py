@@ -29,7 +29,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
 
 from recallm.errors import RecallmError
 
@@ -43,8 +42,8 @@ __all__ = [
     "RECALL_MODES",
     "CategoryReward",
     "DataSourceOverride",
-    "RewardFile",
     "RewardConfig",
+    "OverlongSection",
     "load_reward_config",
     "check_ground_truth",
     "gold_choice",
@@ -131,89 +130,112 @@ class DataSourceOverride:
         return {k: v for k, v in values.items() if v is not None}
 
 
-# The sections of a reward YAML (``configs/reward/*.yaml``): read with ``recallm.config.typed``, so an
-# unknown key or a value of the wrong kind is one line naming it. They carry no defaults: a reward
-# recipe file states every value (with its source), and a partial mapping is merged onto
-# ``configs/reward/paper.yaml`` (``load_reward_config``) - the values are held there once.
+# The sections of a reward YAML (``configs/reward/*.yaml``), read with ``recallm.config.typed`` into
+# ``RewardConfig`` itself: an unknown key or a value of the wrong kind is one line naming it. They carry
+# no defaults: a reward recipe file states every value (with its source), and a partial mapping is
+# merged onto ``configs/reward/paper.yaml`` (``load_reward_config``) - the values are held there once.
 @dataclass(frozen=True)
 class WeightsSection:
+    """``weights``: eq. 1 and 3."""
+
     format: float
     additive: float
     multiplicative: float
     epsilon: float
 
-
-@dataclass(frozen=True)
-class FormatSection:
-    task_specific: bool
-    task_weight: float
-
-
-@dataclass(frozen=True)
-class DensitySection:
-    delta: float
-    half_life: float
-    per_tokens: int
-
-
-@dataclass(frozen=True)
-class OverlongSection:
-    enable: bool
-    max_response_length: int
-    buffer: int
-
-
-@dataclass(frozen=True)
-class RewardFile:
-    """The schema of a reward YAML."""
-
-    weights: WeightsSection
-    recall_reward: bool
-    format: FormatSection
-    density: DensitySection
-    overlong: OverlongSection
-    categories: dict[str, Any]
-    """name -> a ``CategoryReward`` row"""
-    data_sources: dict[str, Any] = field(default_factory=dict)
-    """data_source -> a ``DataSourceOverride``"""
-
-
-@dataclass(frozen=True)
-class RewardConfig:
-    """The whole reward: weights, penalties, overlong shaping, the category table (built from a
-    reward YAML, ``RewardFile``, by ``from_mapping``)."""
-
-    categories: Mapping[str, CategoryReward]
-    data_sources: Mapping[str, DataSourceOverride]
-    format_weight: float
-    additive_weight: float
-    multiplicative_weight: float
-    epsilon: float
-    density_delta: float
-    density_half_life: float
-    density_per_tokens: int
-    overlong_enable: bool
-    max_response_length: int
-    overlong_buffer: int
-    format_task_specific: bool  # add the reranking / citation answer-format terms
-    format_task_weight: float  # their share of the format reward when on
-    recall_reward: bool  # False: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)
-
     def __post_init__(self) -> None:
-        if not 0 <= self.format_task_weight <= 1:
-            raise RecallmError(f"format.task_weight must be in [0, 1], got {self.format_task_weight}")
-        weights = (self.format_weight, self.additive_weight, self.multiplicative_weight)
+        weights = (self.format, self.additive, self.multiplicative)
         if min(weights) < 0 or abs(sum(weights) - 1.0) > 1e-6:
             raise RecallmError(f"reward weights must be >= 0 and sum to 1, got {weights}")
         if self.epsilon <= 0:
             raise RecallmError(f"epsilon must be > 0, got {self.epsilon}")
-        if self.density_half_life <= 0 or self.density_per_tokens <= 0:
+
+
+@dataclass(frozen=True)
+class FormatSection:
+    """``format``: the task-specific answer-format terms."""
+
+    task_specific: bool
+    """add the reranking / citation answer-format terms"""
+    task_weight: float
+    """their share of the format reward when on"""
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.task_weight <= 1:
+            raise RecallmError(f"task_weight must be in [0, 1], got {self.task_weight}")
+
+
+@dataclass(frozen=True)
+class DensitySection:
+    """``density``: P_density (eq. 6-7)."""
+
+    delta: float
+    half_life: float
+    per_tokens: int
+
+    def __post_init__(self) -> None:
+        if self.half_life <= 0 or self.per_tokens <= 0:
             raise RecallmError("density half_life and per_tokens must be > 0")
-        if self.max_response_length < 1 or self.overlong_buffer < 0:
+
+
+@dataclass(frozen=True)
+class OverlongSection:
+    """``overlong``: DAPO's overlong shaping, multiplicative. A response's factor is 1 up to
+    :attr:`onset` = ``max_response_length - buffer`` tokens, then falls linearly to 0 at
+    ``max_response_length``, the generation cap (DAPO: the penalty starts ``buffer`` tokens before
+    the longest response the rollout generates). In a GRPO run ``max_response_length`` *is* the
+    generation cap ``data.max_response_length`` (``configs/grpo.yaml`` interpolates it; another value
+    is refused)."""
+
+    enable: bool
+    max_response_length: int
+    """the generation cap: no response is longer (DAPO's L_max)"""
+    buffer: int
+    """the tokens before the cap over which the factor falls from 1 to 0 (DAPO's overlong buffer)"""
+
+    def __post_init__(self) -> None:
+        if self.max_response_length < 1:
+            raise RecallmError(f"max_response_length must be >= 1, got {self.max_response_length}")
+        if self.buffer < 0:
+            raise RecallmError(f"buffer must be >= 0, got {self.buffer}")
+        if not self.enable:
+            return
+        if self.buffer == 0:
             raise RecallmError(
-                f"overlong max_response_length must be >= 1 and buffer >= 0, got "
-                f"{self.max_response_length} and {self.overlong_buffer}"
+                f"buffer must be >= 1 with enable=true: with 0 the penalty would start at the generation cap "
+                f"(max_response_length={self.max_response_length}), which no response passes; or set enable=false"
             )
+        if self.buffer > self.max_response_length:
+            raise RecallmError(
+                f"buffer must be <= max_response_length={self.max_response_length} (the generation cap), "
+                f"got {self.buffer}"
+            )
+
+    @property
+    def onset(self) -> int:
+        """The response length after which the penalty applies."""
+        return self.max_response_length - self.buffer
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """The whole reward, and the schema of a reward YAML (``configs/reward/paper.yaml``): weights,
+    penalties, overlong shaping, the category table and its per-data-set exceptions."""
+
+    weights: WeightsSection
+    recall_reward: bool
+    """false: R_ret = 1 for every response (the paper's "No Recall Reward" ablation)"""
+    format: FormatSection
+    density: DensitySection
+    overlong: OverlongSection
+    categories: dict[str, CategoryReward]
+    """name -> one row of Table 5"""
+    data_sources: dict[str, DataSourceOverride] = field(default_factory=dict)
+    """data_source -> that data set's exceptions to its category's row"""
+
+    def __post_init__(self) -> None:
+        if not self.categories:
+            raise RecallmError("reward config has no categories")
         for source, override in self.data_sources.items():
             if override.category not in self.categories:
                 raise RecallmError(
@@ -224,37 +246,10 @@ class RewardConfig:
 
     @classmethod
     def from_mapping(cls, cfg: Mapping) -> RewardConfig:
-        """Build from a ``configs/reward/*.yaml``-shaped mapping (OmegaConf or plain dict; the schema
-        is ``RewardFile``)."""
+        """Build from a ``configs/reward/*.yaml``-shaped mapping (OmegaConf or plain dict)."""
         from recallm.config import typed
 
-        file = typed(RewardFile, _plain(cfg), "reward")
-        categories = {
-            name: typed(CategoryReward, row, f"reward.categories.{name}") for name, row in file.categories.items()
-        }
-        if not categories:
-            raise RecallmError("reward config has no categories")
-        data_sources = {
-            name: typed(DataSourceOverride, row, f"reward.data_sources.{name}")
-            for name, row in file.data_sources.items()
-        }
-        return cls(
-            categories=categories,
-            data_sources=data_sources,
-            format_weight=file.weights.format,
-            additive_weight=file.weights.additive,
-            multiplicative_weight=file.weights.multiplicative,
-            epsilon=file.weights.epsilon,
-            density_delta=file.density.delta,
-            density_half_life=file.density.half_life,
-            density_per_tokens=file.density.per_tokens,
-            overlong_enable=file.overlong.enable,
-            max_response_length=file.overlong.max_response_length,
-            overlong_buffer=file.overlong.buffer,
-            format_task_specific=file.format.task_specific,
-            format_task_weight=file.format.task_weight,
-            recall_reward=file.recall_reward,
-        )
+        return typed(cls, _plain(cfg), "reward")
 
     def for_row(self, category: str, data_source: str | None = None) -> CategoryReward:
         """The settings of one row: its category's, with its data source's exceptions."""

@@ -63,23 +63,23 @@ class RewardBreakdown(NamedTuple):
 
 def composite(format_score: float, answer: float, recall: float, config: RewardConfig) -> float:
     """Eq. 1-3."""
-    eps = config.epsilon
+    eps = config.weights.epsilon
     additive = 0.5 * answer + 0.5 * recall
     multiplicative = math.sqrt((answer + eps) * (recall + eps)) - eps
     return (
-        config.format_weight * format_score
-        + config.additive_weight * additive
-        + config.multiplicative_weight * multiplicative
+        config.weights.format * format_score
+        + config.weights.additive * additive
+        + config.weights.multiplicative * multiplicative
     )
 
 
 def overlong_factor(n_tokens: int, config: RewardConfig) -> float:
-    """1 up to ``max_response_length`` tokens, then linearly down to 0 over ``overlong_buffer``."""
-    if not config.overlong_enable or n_tokens <= config.max_response_length:
+    """1 up to the onset (``overlong.max_response_length - overlong.buffer`` tokens), then linearly
+    down to 0 at ``overlong.max_response_length``, the generation cap (DAPO's overlong buffer)."""
+    overlong = config.overlong
+    if not overlong.enable or n_tokens <= overlong.onset:
         return 1.0
-    if config.overlong_buffer == 0:
-        return 0.0
-    return max(0.0, 1.0 - (n_tokens - config.max_response_length) / config.overlong_buffer)
+    return max(0.0, 1.0 - (n_tokens - overlong.onset) / overlong.buffer)
 
 
 def format_reward(
@@ -102,7 +102,7 @@ def format_reward(
         and parsed.n_answers == 1
         and parsed.n_markers_after_think == 0
     )
-    if config is None or not config.format_task_specific or row.answer not in ("ndcg", "citation"):
+    if config is None or not config.format.task_specific or row.answer not in ("ndcg", "citation"):
         return base, 1.0
     if row.answer == "ndcg":
         ranked = metrics.parse_ranking(parsed.answer)
@@ -111,7 +111,7 @@ def format_reward(
     else:
         items = metrics.parse_citations(parsed.answer)
         part = sum(bool(text) and bool(ids) for text, ids in items) / len(items) if items else 0.0
-    w = config.format_task_weight
+    w = config.format.task_weight
     return (1 - w) * base + w * part, part
 
 
@@ -218,9 +218,9 @@ def score_response(
         n_spans,
         n_tokens,
         free_spans=row.free_spans,
-        delta=config.density_delta,
-        half_life=config.density_half_life,
-        per_tokens=config.density_per_tokens,
+        delta=config.density.delta,
+        half_life=config.density.half_life,
+        per_tokens=config.density.per_tokens,
     )
     p_correct = correctness_penalty(n_short, n_mismatch, n_spans)
     # R_ret; with recall_reward=false it is 1 for every response (the paper's "No Recall Reward"

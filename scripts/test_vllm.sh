@@ -3,7 +3,7 @@
 # with RecaLLM on top (tests/vllm_tier/):
 #   * recallm.recall.vllm:RecallLogitsProcessorV1 in vLLM's engine on the tiny model;
 #   * recallm-serve: vLLM's OpenAI-compatible server with the processor, a chat request;
-#   * recallm-grpo with rollout.name=vllm: verl 0.9.1's own vLLM server, agent loop and weight
+#   * recallm-grpo grpo/platform=vllm_cpu: verl 0.9.1's own vLLM server, agent loop and weight
 #     transfer on the CPU (recallm.grpo.vllm_cpu adds what verl lacks there), two steps + resume.
 #
 # Not part of `make test` (those tests skip when vLLM is not importable). This script builds its

@@ -54,10 +54,10 @@ _ROLLOUT_ARGS = {
         f"+{_ARR}.rollout.engine_kwargs.hf_cpu.force_every=8",
         f"+{_ARR}.rollout.engine_kwargs.hf_cpu.force_length=6",
     ),
-    # rollout.name=vllm makes the launcher add recallm.grpo.vllm_cpu; a logits processor biases
-    # toward opening spans (tests/vllm_tier/span_bias.py)
+    # the vllm_cpu platform (configs/grpo/platform/vllm_cpu.yaml: verl's vLLM rollout on vLLM's CPU build);
+    # a logits processor biases toward opening spans (tests/vllm_tier/span_bias.py)
     "vllm": (
-        f"{_ARR}.rollout.name=vllm",
+        "grpo/platform=vllm_cpu",
         f"{_ARR}.rollout.n=4",
         f"{_ARR}.rollout.max_num_seqs=16",
         f"{_ARR}.rollout.max_num_batched_tokens=2048",

@@ -17,8 +17,10 @@ What every such command does, in this order:
    nothing at all is written. Lines with Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go
    to Hydra unchecked.
 5. Hydra runs ``run(cfg, **flags)`` (its output directory, logging, ``--cfg``...); or, with
-   ``hydra_run=False``, ``run(overrides, **flags)`` is called directly (``recallm-grpo``, which hands
-   the composed config to verl's own trainer). A non-zero integer from ``run`` is the exit code.
+   ``hydra_run=False``, ``run(cfg, **flags)`` is called directly with the config step 4 composed and
+   checked — the one composition of the command (``recallm-grpo`` and ``recallm-rlm train``, which hand
+   it to verl's own trainer; Hydra's own flags are not theirs). A non-zero integer from ``run`` is the
+   exit code.
 
 The config tree is ``recallm.paths.CONFIG_DIR`` (the source checkout's ``configs/`` or the copy a
 wheel carries). Commands that take no config tree use ``argparse`` and say why in their module doc.
@@ -106,10 +108,10 @@ def hydra_command(
         args = rewrite_argv(args, modes, positional)
         given = {name[2:].replace("-", "_"): name in args for name in flags}
         args = [a for a in args if a not in flags]
+        if not hydra_run:  # the composed and checked config is what runs: composed once
+            return _exit(run(precheck(config_name, args, check, open_keys=open_keys, closed=closed), **given))
         if not any(arg.startswith("-") for arg in args):
             precheck(config_name, args, check, open_keys=open_keys, closed=closed)
-        if not hydra_run:
-            return _exit(run(args, **given))
         return _run_hydra(config_name, args, run, given, quiet, quiet_level)
 
     main.__doc__ = f"recallm command on configs/{config_name}.yaml" + "".join(

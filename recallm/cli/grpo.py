@@ -4,7 +4,8 @@ recallm-grpo [--print-config] [key=value ...]       # Hydra overrides, any verl 
 recallm-grpo plot [NAME=]METRICS [...] --out DIR     # training curves (Figure 10's panels) from verl's metric logs
 
 The command line is read by ``recallm.cli.common.hydra_command`` like every Hydra command's, except
-that Hydra does not run the job: the composed config goes to verl's own trainer (``launch``).
+that Hydra does not run the job: the config it composes (once) and checks goes to the one GRPO launch
+(``recallm.grpo.app.run``: prepare, check, verl's own trainer), which ``recallm-rlm train`` shares.
 ``plot`` is not a run of the config and takes its own flags (argparse: positional files and
 ``--out``, no config tree).
 """
@@ -15,23 +16,14 @@ import sys
 
 from recallm.cli.common import hydra_command
 from recallm.errors import cli_errors
+from recallm.grpo.settings import closed as grpo_keys_closed
 
 
 @cli_errors
-def run(args: list[str], print_config: bool = False) -> int:
-    from omegaconf import OmegaConf
+def run(cfg, print_config: bool = False) -> int:
+    from recallm.grpo.app import run as launch_grpo
 
-    from recallm.grpo.app import compose_config, describe, launch, prepare, validate
-
-    cfg = compose_config(args)
-    env = prepare(cfg)
-    validate(cfg)
-    if print_config:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    print(describe(cfg), flush=True)
-    launch(cfg, env)
-    return 0
+    return launch_grpo(cfg, print_config=print_config)
 
 
 @cli_errors
@@ -70,7 +62,7 @@ def plot(argv: list[str]) -> int:
 main = hydra_command(
     "grpo",
     run,
-    closed=lambda key: key.split(".")[0] == "recallm",  # verl's keys: its own config gives the types
+    closed=grpo_keys_closed,  # ours under recallm.; verl's keys: its own config gives the types
     flags={"--print-config": "print the composed and validated config, launch nothing"},
     subcommands={"plot": plot},
     hydra_run=False,

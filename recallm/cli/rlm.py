@@ -28,6 +28,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recallm.cli import common
 from recallm.errors import RecallmError, cli_errors
+from recallm.grpo.settings import closed as grpo_keys_closed
 from recallm.rlm.settings import MODES, RLMRun
 
 log = logging.getLogger(__name__)
@@ -196,18 +197,18 @@ def rewrite_argv(argv: list[str]) -> list[str]:
 
 
 @cli_errors
-def _train(overrides: list[str], print_config: bool = False) -> int:
+def _train(cfg, print_config: bool = False) -> int:
     from recallm.rlm.train import main as train_main
 
-    return train_main(overrides, print_config=print_config)
+    return train_main(cfg, print_config=print_config)
 
 
-#: ``recallm-rlm train ...``: GRPO of the RLM root (``recallm.rlm.train``, its own config; verl's
-#: keys are typed by verl's config, ours under ``recallm.`` are a closed set)
+#: ``recallm-rlm train ...``: GRPO of the RLM root (``recallm.rlm.train``, its own config composed once
+#: here; verl's keys are typed by verl's config, ours under ``recallm.`` are a closed set)
 train = common.hydra_command(
     "rlm_train",
     _train,
-    closed=lambda key: key.split(".")[0] == "recallm",
+    closed=grpo_keys_closed,
     flags={"--print-config": "print the composed and validated config, launch nothing"},
     hydra_run=False,
 )

@@ -33,7 +33,11 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=int, default=8000)
     p.add_argument("--served-model-name", default=None, help="model name clients send (default: the directory name)")
-    p.add_argument("--no-recall", action="store_true", help="serve without the recall processor (unconstrained)")
+    p.add_argument(
+        "--no-recall",
+        action="store_true",
+        help="recall_constrained=false: serve without the recall processor (unconstrained)",
+    )
     p.add_argument("--print-command", action="store_true", help="print the vllm serve command and exit")
     return p
 
@@ -49,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
         host=args.host,
         port=args.port,
         served_model_name=args.served_model_name,
-        recall=not args.no_recall,
+        recall_constrained=not args.no_recall,
     )
     command = serve_command(settings, extra)
     if args.print_command:
@@ -66,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         settings.served_model_name,
         settings.host,
         settings.port,
-        "on" if settings.recall else "OFF",
+        "on" if settings.recall_constrained else "OFF",
     )
     sys.stdout.flush()
     os.execv(command[0], command)  # vLLM's own server from here on (signals, logs, exit code)

@@ -1,26 +1,34 @@
-"""``recallm-grpo``: GRPO on upstream verl 0.9.1 with masked rollouts and the RecaLLM reward.
+"""The one GRPO launch on upstream verl 0.9.1, with masked rollouts and the RecaLLM reward:
+``recallm-grpo`` (``configs/grpo.yaml``) and ``recallm-rlm train`` (``configs/rlm_train.yaml``,
+``recallm.rlm.train``) both go through it, so every platform, every derived key and every guard
+applies to both. Four steps:
 
-The config (``configs/grpo.yaml``) composes verl's own ``ppo_trainer`` config, our reward table
-(``recallm.reward``, the same ``configs/reward/*.yaml`` the data and the scorer use) and a recipe
-from ``configs/grpo/`` (the paper's Qwen2.5-7B and Llama-3.1-8B runs, ``tiny_cpu``); any verl key
-can be overridden on the command line. The launcher then
-
-1. fills in what RecaLLM needs: the reward manager (``rewards.verl_adapter.RecallRewardManager``
-   with the reward table), ``external_lib=recallm.modeling`` (actor and reference load the masked model
-   classes, so their log-probs are computed under the rollout's mask), the recall logits
-   processor of the rollout engine (vLLM on GPUs, with ``hf_overrides`` so vLLM serves the base
-   architecture; the HF rollout on CPUs), the modules every verl process imports, and the CPU
-   plugin and its overrides when ``recallm.cpu=true``;
-   Paths (model, data, checkpoints, dumps) become absolute — Ray workers on other nodes do not
-   share the launcher's working directory — and the environment a run must carry to every Ray
-   worker (W&B mode, NCCL/Gloo interfaces, the job's expiration timestamp) goes into Ray's
-   runtime environment;
-2. checks the config before Ray starts (:func:`validate`): anything that would bypass, split or
-   mismatch the recall mask, batch sizes that do not divide, token caps below the longest
-   sequence, data whose ground truth the reward cannot score — each a one-line ``RecallmError``
-   — then verl's own ``validate_config``;
-3. runs ``verl.trainer.main_ppo``'s ``run_ppo`` (the legacy trainer, ``trainer.use_v1=false``) and
-   says where checkpoints, rollouts and logs go.
+1. **compose** — one Hydra composition of the command's config (verl's own ``ppo_trainer``, our
+   reward table ``recallm.reward`` — the same ``configs/reward/*.yaml`` the data and the scorer use —,
+   a recipe from ``configs/grpo/`` or ``configs/rlm_train/`` and the platform it chooses from
+   ``configs/grpo/platform/``: ``gpu``, ``cpu``, ``vllm_cpu``), every override checked
+   (``recallm.config.check_overrides``). The command line does it once
+   (``recallm.cli.common.hydra_command``) and passes the object down; :func:`compose` is the same
+   call for code and tests. Any verl key can be overridden.
+2. **prepare** (:func:`prepare`) — :data:`PREPARE_STEPS`, small functions of the config that fill
+   in what RecaLLM needs: paths made absolute (Ray workers on other nodes do not share the
+   launcher's working directory); the model checked and ``external_lib=recallm.modeling`` (actor and
+   reference load the masked model classes); the reward manager
+   (``rewards.verl_adapter.RecallRewardManager`` with the reward table); the recall constraint
+   (:func:`recall_constraint`: the one place verl's keys are derived from
+   ``recallm.recall_constrained``); a vLLM rollout's ``hf_overrides`` (vLLM serves the base
+   architecture) and context length; the platform's environment (the CPU plugin's, vLLM's CPU
+   build's); the modules every verl process imports; the environment every Ray worker must carry
+   (W&B mode, NCCL/Gloo interfaces, the job's expiration timestamp). A recipe adds its own steps
+   (``recallm.rlm.train``: the data set and the agent loop); a new feature of GRPO adds one function
+   to :data:`PREPARE_STEPS`;
+3. **check** (:func:`problems`, :func:`validate`) — before Ray starts: the platform and the
+   rollout agree; nothing would bypass, split or mismatch the recall mask; batch sizes divide;
+   token caps cover the longest sequence; the overlong penalty can be reached; the evaluated
+   checkpoint is kept; data files exist and the reward can score their rows. Each check yields its
+   problems as one-line messages naming the key; then verl's own ``validate_config``;
+4. **run** (:func:`launch`) — ``verl.trainer.main_ppo``'s ``run_ppo`` (the legacy trainer,
+   ``trainer.use_v1=false``), after saying where checkpoints, rollouts and logs go (:func:`run`).
 """
 
 from __future__ import annotations
@@ -28,24 +36,35 @@ from __future__ import annotations
 import json
 import logging
 import os
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
-from recallm.grpo.settings import settings_of
-from recallm.paths import CONFIG_DIR
+from recallm.grpo.settings import closed, settings_of
 
 __all__ = [
-    "compose_config",
+    "compose",
+    "closed",
+    "Prepared",
+    "PREPARE_STEPS",
     "prepare",
+    "recall_constraint",
+    "CHECKS",
+    "problems",
     "validate",
+    "describe",
+    "run",
     "launch",
+    "metrics_log_path",
     "RUNTIME_MODULE",
     "FLASH_VARLEN_ATTENTION",
     "HF_OVERRIDES_ENV",
     "FORWARDED_ENV",
+    "VLLM_PROCESSOR",
 ]
 
 log = logging.getLogger(__name__)
@@ -98,33 +117,17 @@ _PATH_KEYS = (
 )
 
 
-def compose_config(overrides: list[str]) -> DictConfig:
-    """Compose ``configs/grpo.yaml`` (verl's ``ppo_trainer`` + ours) with command-line overrides;
-    CPU recipes get the CPU plugin's overrides first (the user's still win)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
+# ------------------------------------------------------------------------------------------ compose
+def compose(overrides: Sequence[str], *, config_name: str = "grpo") -> DictConfig:
+    """The one composition of a GRPO launch: ``configs/<config_name>.yaml`` (``grpo`` or
+    ``rlm_train``) with the overrides, each checked (``recallm.config.check_overrides``; register the
+    schemas first, ``recallm.cli.schemas.register``). What the command line does before :func:`run`."""
+    from recallm.config import check_overrides
 
-    def _compose(items: list[str]) -> DictConfig:
-        try:
-            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-                return compose("grpo", overrides=items)
-        except (HydraException, OmegaConfBaseException) as exc:
-            raise RecallmError(f"bad GRPO config: {str(exc).splitlines()[0]}") from exc
-
-    cfg = _compose(list(overrides))
-    if cfg.recallm.cpu:
-        from recallm.grpo.cpu import cpu_overrides
-
-        extra = list(cpu_overrides())
-        if OmegaConf.select(cfg, "actor_rollout_ref.rollout.name", default=None, throw_on_missing=False) == "vllm":
-            from recallm.grpo.vllm_cpu import vllm_cpu_overrides  # verl's vLLM rollout on vLLM's CPU build
-
-            extra += vllm_cpu_overrides()
-        cfg = _compose(extra + list(overrides))
-    return cfg
+    return check_overrides(config_name, list(overrides), closed=closed)
 
 
+# ------------------------------------------------------------------------------------------ prepare
 def _set(cfg: DictConfig, key: str, value: Any, *, only_if_unset: bool = False) -> None:
     if only_if_unset and OmegaConf.select(cfg, key, default=None) not in (None, "", [], {}):
         return
@@ -141,72 +144,163 @@ def _absolute(value: Any) -> Any:
     return str(Path(str(value)).expanduser().absolute())
 
 
-def prepare(cfg: DictConfig) -> dict[str, str]:
-    """Fill in the RecaLLM wiring (see module doc); returns the environment the run needs."""
-    from recallm.modeling import check_recallm_model, vllm_hf_overrides
-    from recallm.serve import served_hf_overrides
+@dataclass
+class Prepared:
+    """What the prepare steps of one launch share, and what the run needs from them."""
 
-    for key in _PATH_KEYS:  # before anything reads them: Ray workers have another working directory
+    plain_models: bool = False
+    """a model without recall tokens is accepted, with ``recallm.recall_constrained=false`` (RLM
+    training of a plain root); ``recallm-grpo`` trains RecaLLM models only"""
+    env: dict[str, str] = field(default_factory=dict)
+    """the environment the run needs: set in this process, and in every Ray worker's runtime env"""
+    modules: list[str] = field(default_factory=list)
+    """what every verl process imports (``VERL_USE_EXTERNAL_MODULES``), in order"""
+    model: dict[str, Any] | None = None
+    """``check_recallm_model``'s summary of a RecaLLM model; None for a plain one"""
+    hf_overrides: dict[str, Any] = field(default_factory=dict)
+    """what a vLLM rollout's server must serve, besides the base architecture (the recall constraint)"""
+
+    def add_module(self, module: str) -> None:
+        if module not in self.modules:
+            self.modules.append(module)
+
+
+#: one step of :func:`prepare`: fills in keys of the composed config, and what the run needs
+Step = Callable[[DictConfig, Prepared], None]
+
+
+def absolute_paths(cfg: DictConfig, run: Prepared) -> None:
+    """The model, data, checkpoint and dump paths, absolute (before anything reads them)."""
+    for key in _PATH_KEYS:
         value = OmegaConf.select(cfg, key, default=None)
         if value not in (None, ""):
             _set(cfg, key, _absolute(value))
-    model_path = Path(str(cfg.actor_rollout_ref.model.path))
-    summary = check_recallm_model(model_path)  # raises for a model without the recall tokens
-    start, end = summary["recall_start_token_id"], summary["recall_end_token_id"]
+
+
+def model(cfg: DictConfig, run: Prepared) -> None:
+    """A RecaLLM model: checked (``check_recallm_model``: one line for a directory that is not), its recall
+    token ids for the metrics, ``external_lib`` so that actor and reference load the masked classes. A plain
+    model where the recipe accepts one (:attr:`Prepared.plain_models`), only without the constraint."""
+    from recallm.modeling import check_recallm_model, read_model_config
+
+    path = Path(str(cfg.actor_rollout_ref.model.path))
+    if run.plain_models and not read_model_config(path).model_type.startswith("recallm_"):
+        if settings_of(cfg).recall_constrained:
+            raise RecallmError(
+                f"{path} is a plain model without recall tokens: set recallm.recall_constrained=false (or convert "
+                "it with recallm-create-model)"
+            )
+        return
+    run.model = check_recallm_model(path)  # raises for a model without the recall tokens
+    run.env["RECALLM_RECALL_TOKEN_IDS"] = f"{run.model['recall_start_token_id']},{run.model['recall_end_token_id']}"
+    libs = cfg.actor_rollout_ref.model.get("external_lib")
+    libs = [libs] if isinstance(libs, str) else list(libs or [])
+    if MODEL_LIB not in libs:
+        _set(cfg, "actor_rollout_ref.model.external_lib", MODEL_LIB if not libs else [MODEL_LIB, *libs])
+
+
+def reward_manager(cfg: DictConfig, run: Prepared) -> None:
+    """``recallm.reward_manager``: verl's reward loop scores with ``RecallRewardManager`` and the table."""
     rm = settings_of(cfg)
     if rm.reward_manager:
         _set(cfg, "reward.reward_manager.source", "importlib")
         _set(cfg, "reward.reward_manager.name", "RecallRewardManager")
         _set(cfg, "reward.reward_manager.module.path", "pkg://rewards.verl_adapter")
         _set(cfg, "reward.reward_kwargs.recallm", rm.reward)
-    libs = cfg.actor_rollout_ref.model.get("external_lib")
-    libs = [libs] if isinstance(libs, str) else list(libs or [])
-    if MODEL_LIB not in libs:
-        _set(cfg, "actor_rollout_ref.model.external_lib", MODEL_LIB if not libs else [MODEL_LIB, *libs])
-    rollout = cfg.actor_rollout_ref.rollout.name
-    env: dict[str, str] = {}
-    if rollout == "vllm":
-        vllm_key = "actor_rollout_ref.rollout.engine_kwargs.vllm"
-        if rm.recall:
-            processors = list(OmegaConf.select(cfg, f"{vllm_key}.logits_processors", default=None) or [])
-            if VLLM_PROCESSOR not in processors:
-                _set(cfg, f"{vllm_key}.logits_processors", [*processors, VLLM_PROCESSOR])
-        # every vLLM rollout (the ablation too) serves the base architecture; the overrides reach
-        # the server through the environment and are merged into verl's own (quantization), which
-        # a value in engine_kwargs would replace
-        merged = served_hf_overrides(
-            OmegaConf.select(cfg, f"{vllm_key}.hf_overrides", default=None),
-            vllm_hf_overrides(_model_config(model_path)),
-            f"{vllm_key}.hf_overrides",
-        )
-        _set(cfg, f"{vllm_key}.hf_overrides", None)
-        env[HF_OVERRIDES_ENV] = json.dumps(merged, sort_keys=True)
-        total = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
-        _set(cfg, "actor_rollout_ref.rollout.max_model_len", total, only_if_unset=True)
-    elif rollout == "hf_cpu":
-        _set(cfg, "actor_rollout_ref.rollout.engine_kwargs.hf_cpu.recall", bool(rm.recall))
-    if not rm.recall:  # the ablation without constrained decoding: plain log-probs too
-        _set(cfg, "actor_rollout_ref.model.override_config.recall_constrained", False)
+
+
+def recall_constraint(cfg: DictConfig, run: Prepared) -> None:
+    """The one place verl's keys are derived from ``recallm.recall_constrained`` (and never read back):
+
+    * ``actor_rollout_ref.model.override_config.recall_constrained``: the masked model classes of actor and
+      reference compute their log-probs under the mask or not, and the ``hf_cpu`` rollout, which loads
+      the model with ``override_config``, constrains its spans or not;
+    * a vLLM rollout: the recall logits processor in ``engine_kwargs.vllm.logits_processors`` (when on),
+      and ``recall_constrained`` in the ``hf_overrides`` of its server's model config, which the
+      processor reads.
+
+    A plain model has nothing to constrain (:func:`model` accepts it only with the constraint off)."""
+    if run.model is None:
+        return
+    constrained = settings_of(cfg).recall_constrained
+    _set(cfg, "actor_rollout_ref.model.override_config.recall_constrained", constrained)
+    if cfg.actor_rollout_ref.rollout.name == "vllm":
+        key = "actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors"
+        processors = list(OmegaConf.select(cfg, key, default=None) or [])
+        if constrained and VLLM_PROCESSOR not in processors:
+            _set(cfg, key, [*processors, VLLM_PROCESSOR])
+        run.hf_overrides["recall_constrained"] = constrained
+
+
+def vllm_rollout(cfg: DictConfig, run: Prepared) -> None:
+    """verl's vLLM rollout: every vLLM rollout (the ablation too) serves a RecaLLM model as its base
+    architecture. The ``hf_overrides`` reach the server through the environment (``HF_OVERRIDES_ENV``)
+    and are merged into verl's own there (quantization), which a value in ``engine_kwargs`` would
+    replace. The engine's context: the longest sequence, unless set."""
+    if cfg.actor_rollout_ref.rollout.name != "vllm":
+        return
+    if run.model is not None:
+        from recallm.modeling import read_model_config, served_hf_overrides, vllm_hf_overrides
+
+        key = "actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides"
+        base = vllm_hf_overrides(read_model_config(Path(str(cfg.actor_rollout_ref.model.path))))
+        merged = served_hf_overrides(OmegaConf.select(cfg, key, default=None), {**base, **run.hf_overrides}, key)
+        _set(cfg, key, None)
+        run.env[HF_OVERRIDES_ENV] = json.dumps(merged, sort_keys=True)
+    total = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
+    _set(cfg, "actor_rollout_ref.rollout.max_model_len", total, only_if_unset=True)
+
+
+def platform(cfg: DictConfig, run: Prepared) -> None:
+    """The platform's environment (its keys are the config group's): on CPUs the plugin's
+    (``recallm.grpo.cpu.cpu_env``: every verl process imports it), with vLLM's CPU build its patch."""
+    rm = settings_of(cfg)
     if rm.cpu:
-        from recallm.grpo.cpu import cpu_env
+        from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env
 
-        env.update(cpu_env())
-        if rollout == "vllm":
-            from recallm.grpo.vllm_cpu import VLLM_CPU_ENV
+        run.env.update(cpu_env())
+        for module in run.env["VERL_USE_EXTERNAL_MODULES"].split(","):
+            run.add_module(module)
+        run.add_module(PLUGIN_MODULE)
+    if rm.platform == "vllm_cpu":
+        from recallm.grpo.vllm_cpu import VLLM_CPU_ENV
 
-            env[VLLM_CPU_ENV] = "1"
-    modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
-    for module in (["recallm.grpo.cpu.plugin"] if rm.cpu else []) + [RUNTIME_MODULE]:
-        if module not in modules:
-            modules.append(module)
-    env.update(
-        VERL_USE_EXTERNAL_MODULES=",".join(modules),
-        RECALLM_RECALL_TOKEN_IDS=f"{start},{end}",
-        RECALLM_GRPO_CPU="1" if rm.cpu else "0",
-    )
+        run.env[VLLM_CPU_ENV] = "1"
+    run.env["RECALLM_GRPO_CPU"] = "1" if rm.cpu else "0"
+
+
+def runtime(cfg: DictConfig, run: Prepared) -> None:
+    """``recallm.grpo.runtime`` in every verl process (the masked classes, the platform's patches, the
+    recall metrics); verl's JSONL metrics log next to the checkpoints (``recallm.eval.curves`` reads it)."""
+    run.add_module(RUNTIME_MODULE)
     metrics_log = metrics_log_path(cfg)
     if metrics_log is not None:  # verl's JSONL logger writes next to the checkpoints (recallm.eval.curves reads it)
-        env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
+        run.env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
+
+
+#: the steps of :func:`prepare`, in order: a new GRPO feature adds its own here, and both launches
+#: (``recallm-grpo``, ``recallm-rlm train``) run it
+PREPARE_STEPS: tuple[Step, ...] = (
+    absolute_paths,
+    model,
+    reward_manager,
+    recall_constraint,
+    vllm_rollout,
+    platform,
+    runtime,
+)
+
+
+def prepare(cfg: DictConfig, steps: Iterable[Step] = PREPARE_STEPS, *, plain_models: bool = False) -> dict[str, str]:
+    """Fill in the RecaLLM wiring (module doc, step 2): run ``steps`` on the composed config, then put the
+    environment the run needs (and the forwarded variables of :data:`FORWARDED_ENV`) into Ray's runtime
+    env; returns that environment."""
+    run = Prepared(plain_models=plain_models)
+    for step in steps:
+        step(cfg, run)
+    env = dict(run.env)
+    if run.modules:
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(run.modules)
     forwarded = {k: v for k, v in os.environ.items() if k in FORWARDED_ENV or k.startswith(("NCCL_", "VLLM_CPU_"))}
     for key, value in {**forwarded, **env}.items():  # Ray workers on other nodes get them through the runtime env
         _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
@@ -227,23 +321,33 @@ def metrics_log_path(cfg: DictConfig) -> Path | None:
     return Path(str(cfg.trainer.default_local_dir)).resolve() / METRICS_FILE
 
 
-def _model_config(path: Path):
-    from recallm.modeling import read_model_config
-
-    return read_model_config(path)
-
-
-def _need(cond: bool, message: str) -> None:
-    if not cond:
-        raise RecallmError(message)
+# -------------------------------------------------------------------------------------------- check
+#: one check of :func:`problems`: yields one-line messages, each naming the key and what would work
+Check = Callable[[DictConfig], Iterable[str]]
 
 
-def _check_mask_is_kept(cfg: DictConfig) -> None:
+def _check_platform(cfg: DictConfig) -> Iterator[str]:
+    """The platform group's rollout and device, as the launcher prepares for them."""
+    rm = settings_of(cfg)
+    name, device = cfg.actor_rollout_ref.rollout.name, OmegaConf.select(cfg, "trainer.device", default=None)
+    rollout = {"cpu": "hf_cpu", "vllm_cpu": "vllm"}.get(rm.platform)
+    if rollout and name != rollout:
+        other = {"hf_cpu": "cpu", "vllm": "vllm_cpu"}.get(name)
+        hint = f"use grpo/platform={other}" if other else f"use actor_rollout_ref.rollout.name={rollout}"
+        yield f"actor_rollout_ref.rollout.name={name} on the {rm.platform} platform, whose rollout is {rollout}: {hint}"
+    if rm.cpu and device != "cpu":
+        yield f"trainer.device={device} on the {rm.platform} platform: choose the platform with grpo/platform=NAME"
+    if rm.platform == "gpu" and (name == "hf_cpu" or device == "cpu"):
+        what = "actor_rollout_ref.rollout.name=hf_cpu" if name == "hf_cpu" else "trainer.device=cpu"
+        yield f"{what} needs the CPU plugin: use grpo/platform=cpu"
+
+
+def _check_mask_is_kept(cfg: DictConfig) -> Iterator[str]:
     """What would bypass, split or mismatch the recall mask of the actor and the reference."""
     arr = cfg.actor_rollout_ref
     for role in ("actor_rollout_ref.model", "critic.model"):
         if OmegaConf.select(cfg, f"{role}.use_fused_kernels", default=False):
-            raise RecallmError(f"{role}.use_fused_kernels=true bypasses the logits, so the recall mask would not apply")
+            yield f"{role}.use_fused_kernels=true bypasses the logits, so the recall mask would not apply"
     for role in ("actor", "ref"):
         # the deprecated top-level key (copied into fsdp_config by verl) and the one the engine reads
         for key in (
@@ -251,44 +355,86 @@ def _check_mask_is_kept(cfg: DictConfig) -> None:
             f"actor_rollout_ref.{role}.fsdp_config.ulysses_sequence_parallel_size",
         ):
             sp = OmegaConf.select(cfg, key, default=1) or 1
-            _need(
-                int(sp) == 1,
-                f"{key}={sp}: a sequence split across ranks loses the searchable context of its recall spans "
-                "(verbatim tokens would get ~-1e4 log-probs); use 1",
-            )
+            if int(sp) != 1:
+                yield (
+                    f"{key}={sp}: a sequence split across ranks loses the searchable context of its recall spans "
+                    "(verbatim tokens would get ~-1e4 log-probs); use 1"
+                )
         strategy = OmegaConf.select(cfg, f"actor_rollout_ref.{role}.strategy", default=None)
-        _need(
-            strategy in MASKED_STRATEGIES,
-            f"actor_rollout_ref.{role}.strategy={strategy}: only {' / '.join(MASKED_STRATEGIES)} build the Hugging "
-            "Face model that applies the recall mask",
-        )
+        if strategy not in MASKED_STRATEGIES:
+            yield (
+                f"actor_rollout_ref.{role}.strategy={strategy}: only {' / '.join(MASKED_STRATEGIES)} build the "
+                "Hugging Face model that applies the recall mask"
+            )
     if arr.model.get("use_remove_padding", False):
         attn = OmegaConf.select(cfg, "actor_rollout_ref.model.override_config.attn_implementation", default=None)
         attn = attn or VERL_DEFAULT_ATTENTION
-        _need(
-            attn in FLASH_VARLEN_ATTENTION,
-            f"actor_rollout_ref.model.use_remove_padding=true with attn_implementation={attn}: packed sequences "
-            f"would attend to each other; use flash attention ({', '.join(FLASH_VARLEN_ATTENTION[:2])}) or "
-            "use_remove_padding=false",
-        )
+        if attn not in FLASH_VARLEN_ATTENTION:
+            yield (
+                f"actor_rollout_ref.model.use_remove_padding=true with attn_implementation={attn}: packed sequences "
+                f"would attend to each other; use flash attention ({', '.join(FLASH_VARLEN_ATTENTION[:2])}) or "
+                "use_remove_padding=false"
+            )
     mode = arr.rollout.get("logprobs_mode", "processed_logprobs")
-    _need(
-        mode == "processed_logprobs",
-        f"actor_rollout_ref.rollout.logprobs_mode={mode}: the rollout's log-probs must be the processed ones "
-        "(after the recall mask), as the masked actor computes them; use processed_logprobs",
-    )
+    if mode != "processed_logprobs":
+        yield (
+            f"actor_rollout_ref.rollout.logprobs_mode={mode}: the rollout's log-probs must be the processed ones "
+            "(after the recall mask), as the masked actor computes them; use processed_logprobs"
+        )
 
 
-def _check_lengths(cfg: DictConfig) -> None:
+def _check_rollout(cfg: DictConfig) -> Iterator[str]:
+    arr = cfg.actor_rollout_ref
+    if settings_of(cfg).recall_constrained and arr.rollout.name not in RECALL_ROLLOUTS:
+        yield (
+            f"rollout {arr.rollout.name!r} has no recall logits processor (use one of {', '.join(RECALL_ROLLOUTS)}, "
+            "or recallm.recall_constrained=false for the unconstrained ablation)"
+        )
+    n = int(arr.rollout.n)
+    if n < 2:
+        yield f"GRPO needs at least 2 rollouts per prompt (actor_rollout_ref.rollout.n={n})"
+
+
+def _check_batches(cfg: DictConfig) -> Iterator[str]:
+    """Batch sizes that divide: into mini batches, micro batches, devices (verl asserts some of these
+    inside a Ray worker)."""
+    arr = cfg.actor_rollout_ref
+    n = int(arr.rollout.n)
+    train_batch, mini = int(cfg.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
+    if not (mini >= 1 and train_batch % mini == 0):
+        yield (
+            f"data.train_batch_size={train_batch} must be a multiple of "
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
+        )
+    gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
+    micro = arr.actor.get("ppo_micro_batch_size_per_gpu")
+    if micro and not arr.actor.get("use_dynamic_bsz", False) and (mini * n) % (int(micro) * gpus) != 0:
+        yield (
+            f"ppo_mini_batch_size x rollout.n = {mini * n} responses must split into micro batches of {micro} on "
+            f"{gpus} device(s)"
+        )
+    if (train_batch * n) % gpus != 0:
+        yield f"{train_batch * n} responses per step do not divide over {gpus} device(s)"
+        return
+    per_device = train_batch * n // max(gpus, 1)
+    for role in ("rollout", "ref"):  # verl's compute_log_prob asserts it, inside a Ray worker
+        lp_micro = arr[role].get("log_prob_micro_batch_size_per_gpu")
+        if lp_micro and not arr[role].get("log_prob_use_dynamic_bsz", False) and per_device % int(lp_micro) != 0:
+            yield (
+                f"{per_device} responses per device must split into micro batches of "
+                f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={lp_micro}"
+            )
+
+
+def _check_lengths(cfg: DictConfig) -> Iterator[str]:
     """Context length of the rollout engine and the dynamic-batching token caps vs the longest sequence."""
     arr = cfg.actor_rollout_ref
     longest = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
     max_model_len = arr.rollout.get("max_model_len")
-    if max_model_len is not None:
-        _need(
-            int(max_model_len) >= longest,
+    if max_model_len is not None and int(max_model_len) < longest:
+        yield (
             f"actor_rollout_ref.rollout.max_model_len={max_model_len} is shorter than data.max_prompt_length + "
-            f"data.max_response_length = {longest}",
+            f"data.max_response_length = {longest}"
         )
     caps = []
     if arr.actor.get("use_dynamic_bsz", False):
@@ -298,98 +444,129 @@ def _check_lengths(cfg: DictConfig) -> None:
             caps.append(f"actor_rollout_ref.{role}.log_prob_max_token_len_per_gpu")
     for key in caps:
         cap = int(OmegaConf.select(cfg, key))
-        _need(
-            cap >= longest,
-            f"{key}={cap} is below the longest sequence (data.max_prompt_length + data.max_response_length = "
-            f"{longest}): one sequence would not fit in a micro batch",
+        if cap < longest:
+            yield (
+                f"{key}={cap} is below the longest sequence (data.max_prompt_length + data.max_response_length = "
+                f"{longest}): one sequence would not fit in a micro batch"
+            )
+
+
+def _check_reward(cfg: DictConfig) -> Iterator[str]:
+    """The reward table, and DAPO's overlong shaping against the generation cap: the penalty ends at
+    ``data.max_response_length`` and starts ``recallm.reward.overlong.buffer`` tokens before it."""
+    rm = settings_of(cfg)
+    if not rm.reward_manager:
+        return
+    overlong = rm.reward.get("overlong") or {}
+    cap = int(cfg.data.max_response_length)
+    end, buffer = overlong.get("max_response_length"), overlong.get("buffer")
+    if end != cap:
+        yield (
+            f"recallm.reward.overlong.max_response_length={end}: in a GRPO run the overlong penalty ends at the "
+            f"generation cap, data.max_response_length={cap}; set that (the penalty starts "
+            "recallm.reward.overlong.buffer tokens before it)"
         )
+        return
+    if overlong.get("enable") and isinstance(buffer, int) and not 1 <= buffer <= cap:
+        why = (
+            f"the overlong penalty would start at the generation cap data.max_response_length={cap}, which no "
+            "response passes"
+            if buffer < 1
+            else f"longer than the generation cap data.max_response_length={cap}"
+        )
+        yield f"recallm.reward.overlong.buffer={buffer}: {why}; use 1 to {cap}, or recallm.reward.overlong.enable=false"
+        return
+    from rewards import load_reward_config
+
+    try:
+        load_reward_config(rm.reward)
+    except RecallmError as exc:
+        yield f"recallm.{exc}" if str(exc).startswith("reward") else f"recallm.reward: {exc}"
 
 
-def _check_eval_step(cfg: DictConfig) -> None:
+def _check_eval_step(cfg: DictConfig) -> Iterator[str]:
     """``recallm.eval_step``: the checkpoint the paper evaluates must be saved and kept."""
     step = settings_of(cfg).eval_step
     if step is None:
         return
     t = cfg.trainer
     step, total, freq = int(step), int(t.total_training_steps or 0), int(t.save_freq)
-    _need(0 < step <= total, f"recallm.eval_step={step} must be within trainer.total_training_steps={total}")
-    _need(
-        freq > 0 and (step % freq == 0 or step == total),
-        f"recallm.eval_step={step} is not saved with trainer.save_freq={freq}",
-    )
+    if not 0 < step <= total:
+        yield f"recallm.eval_step={step} must be within trainer.total_training_steps={total}"
+        return
+    if not (freq > 0 and (step % freq == 0 or step == total)):
+        yield f"recallm.eval_step={step} is not saved with trainer.save_freq={freq}"
+        return
     keep = t.get("max_actor_ckpt_to_keep")
     if keep is not None:
         later = (total // freq) - (step // freq)  # checkpoints saved after it
-        _need(
-            int(keep) > later,
-            f"trainer.max_actor_ckpt_to_keep={keep} would delete the step-{step} checkpoint (recallm.eval_step) "
-            f"before step {total}; use null or more than {later}",
-        )
-
-
-def validate(cfg: DictConfig) -> None:
-    """RecaLLM's checks, then verl's ``validate_config`` — all before Ray starts.
-
-    Raises ``RecallmError`` (one line) for: fused kernels; Ulysses sequence parallelism (any of
-    the four keys, actor and reference); a training backend other than FSDP/FSDP2; packed
-    sequences without flash attention; rollout log-probs other than the processed ones; a
-    rollout without the recall processor; fewer than 2 rollouts; batch sizes that do not divide;
-    a rollout context or dynamic-batching token cap below the longest sequence; an evaluated
-    checkpoint (``recallm.eval_step``) that would not be saved or kept; missing data files and
-    rows the reward cannot score; and whatever verl's own ``validate_config`` rejects.
-    """
-    arr = cfg.actor_rollout_ref
-    rm = settings_of(cfg)
-    _check_mask_is_kept(cfg)
-    if rm.recall:
-        _need(
-            arr.rollout.name in RECALL_ROLLOUTS,
-            f"rollout {arr.rollout.name!r} has no recall logits processor (use one of {', '.join(RECALL_ROLLOUTS)}, "
-            "or recallm.recall=false for the unconstrained ablation)",
-        )
-    n = int(arr.rollout.n)
-    _need(n >= 2, f"GRPO needs at least 2 rollouts per prompt (actor_rollout_ref.rollout.n={n})")
-    train_batch, mini = int(cfg.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
-    _need(
-        mini >= 1 and train_batch % mini == 0,
-        f"data.train_batch_size={train_batch} must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size={mini}",
-    )
-    gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
-    micro = arr.actor.get("ppo_micro_batch_size_per_gpu")
-    if micro and not arr.actor.get("use_dynamic_bsz", False):
-        _need(
-            (mini * n) % (int(micro) * gpus) == 0,
-            f"ppo_mini_batch_size x rollout.n = {mini * n} responses must split into micro batches of {micro} on "
-            f"{gpus} device(s)",
-        )
-    _need((train_batch * n) % gpus == 0, f"{train_batch * n} responses per step do not divide over {gpus} device(s)")
-    per_device = train_batch * n // max(gpus, 1)
-    for role in ("rollout", "ref"):  # verl's compute_log_prob asserts it, inside a Ray worker
-        lp_micro = arr[role].get("log_prob_micro_batch_size_per_gpu")
-        if lp_micro and not arr[role].get("log_prob_use_dynamic_bsz", False):
-            _need(
-                per_device % int(lp_micro) == 0,
-                f"{per_device} responses per device must split into micro batches of "
-                f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={lp_micro}",
+        if int(keep) <= later:
+            yield (
+                f"trainer.max_actor_ckpt_to_keep={keep} would delete the step-{step} checkpoint (recallm.eval_step) "
+                f"before step {total}; use null or more than {later}"
             )
-    _check_lengths(cfg)
-    _check_eval_step(cfg)
+
+
+def _check_data(cfg: DictConfig) -> Iterator[str]:
+    """The data files exist, and the reward can score every row's ground truth (``recallm.check_data``)."""
+    rm = settings_of(cfg)
     files = []
     for key in ("data.train_files", "data.val_files"):
         value = OmegaConf.select(cfg, key, default=None)
         files += [value] if isinstance(value, str) else list(value or [])
-    for file in files:
-        _need(Path(str(file)).is_file(), f"data file {file} does not exist; generate it with `recallm-data`")
-    if rm.reward_manager and rm.check_data:
-        from data_gen.io import read_records
-        from rewards import check_rows, load_reward_config
+    missing = [file for file in files if not Path(str(file)).is_file()]
+    for file in missing:
+        yield f"data file {file} does not exist; generate it with `recallm-data`"
+    if missing or not (rm.reward_manager and rm.check_data):
+        return
+    from data_gen.io import read_records
+    from rewards import check_rows, load_reward_config
 
+    try:
         reward = load_reward_config(rm.reward)
-        for file in files:
-            try:
-                check_rows(read_records(file), reward)
-            except RecallmError as exc:
-                raise RecallmError(f"{file}: {exc}") from exc
+    except RecallmError:
+        return  # _check_reward says why
+    for file in files:
+        try:
+            check_rows(read_records(file), reward)
+        except RecallmError as exc:
+            yield f"{file}: {exc}"
+
+
+#: the checks of :func:`problems`, in order
+CHECKS: tuple[Check, ...] = (
+    _check_platform,
+    _check_mask_is_kept,
+    _check_rollout,
+    _check_batches,
+    _check_lengths,
+    _check_reward,
+    _check_eval_step,
+    _check_data,
+)
+
+
+def problems(cfg: DictConfig, checks: Iterable[Check] = CHECKS) -> list[str]:
+    """Every problem RecaLLM's checks find in a prepared config, each one line naming its key (empty: none)."""
+    return [problem for check in checks for problem in check(cfg)]
+
+
+def validate(cfg: DictConfig) -> None:
+    """RecaLLM's checks (:data:`CHECKS`), then verl's ``validate_config`` — all before Ray starts.
+
+    Raises ``RecallmError`` (one line, the first problem found) for: a platform whose rollout or device
+    was changed; fused kernels; Ulysses sequence parallelism (any of the four keys, actor and
+    reference); a training backend other than FSDP/FSDP2; packed sequences without flash attention;
+    rollout log-probs other than the processed ones; a rollout without the recall processor; fewer
+    than 2 rollouts; batch sizes that do not divide; a rollout context or dynamic-batching token cap
+    below the longest sequence; a reward table that does not read, or an overlong penalty that ends
+    elsewhere than the generation cap or cannot be reached; an evaluated checkpoint
+    (``recallm.eval_step``) that would not be saved or kept; missing data files and rows the reward
+    cannot score; and whatever verl's own ``validate_config`` rejects.
+    """
+    found = problems(cfg)
+    if found:
+        raise RecallmError(found[0])
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
@@ -401,26 +578,48 @@ def validate(cfg: DictConfig) -> None:
         ) from exc
 
 
+# ---------------------------------------------------------------------------------------------- run
 def describe(cfg: DictConfig) -> str:
     t = cfg.trainer
+    rm = settings_of(cfg)
     lines = [
         f"model:        {cfg.actor_rollout_ref.model.path}",
-        f"rollout:      {cfg.actor_rollout_ref.rollout.name} (n={cfg.actor_rollout_ref.rollout.n}, "
-        f"recall processor {'on' if cfg.recallm.recall else 'OFF'})",
+        f"rollout:      {cfg.actor_rollout_ref.rollout.name} on the {rm.platform} platform "
+        f"(n={cfg.actor_rollout_ref.rollout.n}, recall processor {'on' if rm.recall_constrained else 'OFF'})",
         f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode})",
         f"rollouts:     {t.get('rollout_data_dir') or '(not saved: trainer.rollout_data_dir=<dir> to dump them)'}",
         f"logs:         {', '.join(t.logger) if not isinstance(t.logger, str) else t.logger} "
         f"(project {t.project_name}, run {t.experiment_name})",
         f"steps:        {t.get('total_training_steps') or 'one pass over the data'}"
         + (
-            f" (the checkpoint to evaluate: global_step_{cfg.recallm.eval_step}; export it with"
-            f" recallm-export --checkpoint {t.default_local_dir} --step {cfg.recallm.eval_step} --out DIR)"
-            if settings_of(cfg).eval_step
+            f" (the checkpoint to evaluate: global_step_{rm.eval_step}; export it with"
+            f" recallm-export --checkpoint {t.default_local_dir} --step {rm.eval_step} --out DIR)"
+            if rm.eval_step
             else ""
         ),
         f"metrics:      {metrics_log_path(cfg) or '(console only: trainer.logger=[console,file] to keep them)'}",
     ]
     return "\n".join(lines)
+
+
+def run(
+    cfg: DictConfig,
+    *,
+    print_config: bool = False,
+    steps: Iterable[Step] = PREPARE_STEPS,
+    plain_models: bool = False,
+    describe: Callable[[DictConfig], str] = describe,
+) -> int:
+    """The launch of a composed config (module doc, steps 2-4): prepare it with ``steps``, check it, then
+    print it (``print_config``) or say what runs where (``describe``) and run verl's trainer."""
+    env = prepare(cfg, steps, plain_models=plain_models)
+    validate(cfg)
+    if print_config:
+        print(OmegaConf.to_yaml(cfg))
+        return 0
+    print(describe(cfg), flush=True)
+    launch(cfg, env)
+    return 0
 
 
 def launch(cfg: DictConfig, env: dict[str, str]) -> None:

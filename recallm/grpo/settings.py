@@ -12,27 +12,45 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["GRPOSettings", "settings_of"]
+__all__ = ["GRPOSettings", "settings_of", "closed", "PLATFORMS"]
+
+
+#: the platforms: ``configs/grpo/platform/<name>.yaml``, chosen with ``grpo/platform=<name>``
+PLATFORMS = ("gpu", "cpu", "vllm_cpu")
 
 
 @dataclass(frozen=True)
 class GRPOSettings:
     """``recallm.*`` of a GRPO run."""
 
-    recall: bool
-    """the recall logits processor in rollouts and masked log-probs in training (false: the ablation)"""
+    recall_constrained: bool
+    """the recall constraint: the rollout's recall logits processor and the masked log-probs of actor and
+    reference (false: the "no logit masking" ablation). The one setting every engine follows: the launcher
+    derives verl's keys from it (``recallm.grpo.app.recall_constraint``)."""
     reward_manager: bool
     """the RecaLLM reward manager with the ``reward`` table (false: the agent loop scores, RLM training)"""
-    cpu: bool
-    """run on CPUs: the out-of-tree CPU plugin and its overrides (``recallm.grpo.cpu``)"""
     check_data: bool
     """check every data row's ground truth before Ray starts"""
+    platform: str = field(default="gpu", metadata={"choices": PLATFORMS})
+    """set by the platform group (``configs/grpo/platform/``): ``cpu`` adds the CPU plugin's environment,
+    ``vllm_cpu`` also vLLM's CPU build's"""
     reward: dict[str, Any] = field(default_factory=dict)
-    """the composite reward's table (``configs/reward/``; ``rewards.config`` is its schema)"""
+    """the composite reward's table (``configs/reward/``; ``rewards.config.RewardConfig`` is its schema)"""
     eval_step: int | None = field(default=None, metadata={"min": 1})
     """the step whose checkpoint the paper evaluates: it must be saved and kept"""
     rlm: dict[str, Any] | None = None
     """``recallm-rlm train``: the RLM sections (``recallm.rlm.train``)"""
+
+    @property
+    def cpu(self) -> bool:
+        """Training on CPUs (the CPU plugin): platforms ``cpu`` and ``vllm_cpu``."""
+        return self.platform in ("cpu", "vllm_cpu")
+
+
+def closed(key: str) -> bool:
+    """The keys of a GRPO config whose names ``recallm.config.check_overrides`` knows: ours, under
+    ``recallm.`` (verl's keys are typed by verl's own config)."""
+    return key.split(".")[0] == "recallm"
 
 
 def settings_of(cfg: Any) -> GRPOSettings:

@@ -8,8 +8,8 @@ stops it on a CPU, and what this module does about each, from outside:
 
 1. verl's rollout config turns vLLM's sleep mode on (``RolloutConfig.enable_sleep_mode``) and frees
    the engine between rollouts (``free_cache_engine``); vLLM's CPU platform has no sleep mode
-   (``ModelConfig`` refuses it): :func:`vllm_cpu_overrides` turns both off, runs the engine eagerly,
-   in fp32 (the actor's dtype on a CPU, so rollout and actor log-probs agree).
+   (``ModelConfig`` refuses it): the platform ``configs/grpo/platform/vllm_cpu.yaml`` turns both off,
+   runs the engine eagerly, in fp32 (the actor's dtype on a CPU, so rollout and actor log-probs agree).
 2. vLLM's CPU backend repacks every linear layer's weight for oneDNN after loading and drops the
    parameter (``UnquantizedLinearMethod.process_weights_after_loading`` ->
    ``dispatch_cpu_unquantized_gemm(layer, remove_weight=True)``,
@@ -24,8 +24,8 @@ stops it on a CPU, and what this module does about each, from outside:
    ``verl/third_party/vllm/__init__.py:31``), which the CPU build does not have (it is
    ``vllm-cpu``): ``scripts/test_vllm.sh`` records it as metadata (``vllm 0.24.0+cpu``).
 
-``recallm-grpo recallm.cpu=true actor_rollout_ref.rollout.name=vllm`` (or the ``tiny_cpu`` recipe
-with that override) applies all of it; ``tests/vllm_tier/test_grpo_vllm.py`` runs it.
+``recallm-grpo grpo/platform=vllm_cpu`` (the CPU platform's keys, then these) applies all of it;
+``tests/vllm_tier/test_grpo_vllm.py`` runs it.
 """
 
 from __future__ import annotations
@@ -33,26 +33,13 @@ from __future__ import annotations
 import logging
 from types import ModuleType
 
-__all__ = ["VLLM_CPU_ENV", "vllm_cpu_overrides", "activate"]
+__all__ = ["VLLM_CPU_ENV", "activate"]
 
 log = logging.getLogger(__name__)
 
 VLLM_CPU_ENV = "RECALLM_VLLM_CPU"
 _GEMM_MODULE = "vllm.model_executor.layers.utils"
 _state = {"active": False}
-
-
-def vllm_cpu_overrides() -> list[str]:
-    """Hydra overrides for verl's vLLM rollout on a CPU (after the CPU plugin's; the user's win)."""
-    r = "actor_rollout_ref.rollout"
-    return [
-        f"{r}.name=vllm",
-        f"{r}.free_cache_engine=False",
-        f"++{r}.enable_sleep_mode=False",
-        f"{r}.enforce_eager=True",
-        f"{r}.dtype=float32",
-        f"{r}.load_format=dummy",  # verl's default: the actor's weights arrive with the first update
-    ]
 
 
 def _patch_gemm(utils: ModuleType) -> None:

@@ -14,12 +14,19 @@ the paper's RL run). Any verl key can be overridden on the command line. The lau
 2. registers our agent loop through verl's extension point: a file listing
    ``recallm.rlm.agent_loop.RLMAgentLoop`` as ``rlm`` (``actor_rollout_ref.rollout.agent.
    agent_loop_config_path``), the default agent loop;
-3. wires the rest as ``recallm-grpo`` does (``recallm.grpo.app``): a RecaLLM model gets the
-   masked model classes and the rollout's recall processor; ``recallm.cpu=true`` the CPU plugin
-   and its ``hf_cpu`` rollout; no reward manager (the agent loop sets each rollout's reward, the
-   task's score); ``recallm.rlm.runtime`` adds the metrics of the masking (``rlm/...``);
-4. checks the config (batch sizes, files, verl's ``validate_config``) and runs verl's trainer.
-   Checkpoints and resume are verl's (``trainer.save_freq``, ``trainer.resume_mode=auto``).
+3. wires the rest through the one GRPO launch (``recallm.grpo.app.run``, with the steps of
+   :data:`PREPARE_STEPS` around grpo's): a RecaLLM model gets the masked model classes and the
+   rollout's recall processor (``recallm.recall_constrained``), a plain one runs without; the
+   platform is the recipe's (``grpo/platform=cpu``: the CPU plugin and its ``hf_cpu`` rollout;
+   ``vllm_cpu``: verl's vLLM rollout on vLLM's CPU build); no reward manager (the agent loop sets each
+   rollout's reward, the task's score); ``recallm.rlm.runtime`` adds the metrics of the masking
+   (``rlm/...``);
+4. checks the config (grpo's checks: platform, mask, batch sizes, lengths, files; verl's
+   ``validate_config``) and runs verl's trainer. Checkpoints and resume are verl's
+   (``trainer.save_freq``, ``trainer.resume_mode=auto``).
+
+The command line is composed once, by ``recallm.cli.rlm`` (``recallm.grpo.app.compose`` with
+``config_name="rlm_train"`` is the same call for code and tests).
 """
 
 from __future__ import annotations
@@ -33,8 +40,9 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
+from recallm.grpo.app import PREPARE_STEPS as GRPO_STEPS
+from recallm.grpo.app import Prepared
 from recallm.io import atomic_path
-from recallm.paths import CONFIG_DIR
 from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.runner import RLMSettings
 from recallm.rlm.sandbox import SandboxLimits
@@ -42,9 +50,9 @@ from recallm.rlm.subcalls import SubCallSettings
 
 __all__ = [
     "RLMTrainSettings",
-    "compose_config",
     "prepare_data",
     "prepare",
+    "PREPARE_STEPS",
     "main",
     "RUNTIME_MODULE",
     "trajectory_tokens",
@@ -88,32 +96,11 @@ def train_settings(section: Any) -> RLMTrainSettings:
         section = OmegaConf.to_container(section, resolve=True)
     return typed(RLMTrainSettings, section, "recallm.rlm")
 
+
 log = logging.getLogger(__name__)
 RUNTIME_MODULE = "recallm.rlm.runtime"
 #: the file verl's ``agent_loop_config_path`` reads (``recallm.rlm.agent_loop``)
 AGENT_LOOPS = [{"name": "rlm", "_target_": "recallm.rlm.agent_loop.RLMAgentLoop"}]
-
-
-def compose_config(overrides: list[str]) -> DictConfig:
-    """``configs/rlm_train.yaml`` with the overrides; CPU recipes get the CPU plugin's overrides
-    first (the user's still win)."""
-    from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    def _compose(items: list[str]) -> DictConfig:
-        try:
-            with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base=None):
-                return compose("rlm_train", overrides=items)
-        except (HydraException, OmegaConfBaseException) as exc:
-            raise RecallmError(f"bad RLM training config: {str(exc).splitlines()[0]}") from exc
-
-    cfg = _compose(list(overrides))
-    if cfg.recallm.cpu:
-        from recallm.grpo.cpu import cpu_overrides
-
-        cfg = _compose(list(cpu_overrides()) + list(overrides))
-    return cfg
 
 
 def _set(cfg: DictConfig, key: str, value: Any) -> None:
@@ -202,14 +189,14 @@ def prepare_data(cfg: DictConfig, tokenizer=None) -> dict[str, str]:
     return paths
 
 
-def _is_recallm_model(path: Path) -> bool:
-    from recallm.modeling import read_model_config
+def write_data(cfg: DictConfig, run: Prepared) -> None:
+    """Step 1 of the launch (module doc): the data set (:func:`prepare_data`)."""
+    prepare_data(cfg)
 
-    return read_model_config(path).model_type.startswith("recallm_")
 
-
-def prepare(cfg: DictConfig) -> dict[str, str]:
-    """Fill in the wiring (module doc, steps 2-3); returns the environment the run needs."""
+def agent_loop(cfg: DictConfig, run: Prepared) -> None:
+    """Our agent loop registered with verl (the default agent loop); no reward manager (the agent loop sets
+    each rollout's reward); the trajectory directory absolute."""
     section = cfg.recallm.rlm
     out_dir = Path(str(section.out_dir)).resolve()
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -223,31 +210,13 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
     if not (model_path / "config.json").is_file():
         raise RecallmError(f"actor_rollout_ref.model.path={model_path} is not a model directory (no config.json)")
     _set(cfg, "recallm.reward_manager", False)  # the agent loop sets each rollout's reward
-    if _is_recallm_model(model_path):
-        from recallm.grpo.app import prepare as grpo_prepare
 
-        env = grpo_prepare(cfg)
-    else:
-        if cfg.recallm.recall:
-            raise RecallmError(
-                f"{model_path} is a plain model without recall tokens: set recallm.recall=false (or convert it with "
-                "recallm-create-model)"
-            )
-        from recallm.grpo.app import RUNTIME_MODULE as GRPO_RUNTIME
 
-        env = {}
-        if cfg.recallm.cpu:
-            from recallm.grpo.cpu import cpu_env
-
-            env.update(cpu_env())
-        modules = [m for m in env.get("VERL_USE_EXTERNAL_MODULES", "").split(",") if m]
-        if GRPO_RUNTIME not in modules:
-            modules.append(GRPO_RUNTIME)
-        env.update(VERL_USE_EXTERNAL_MODULES=",".join(modules), RECALLM_GRPO_CPU="1" if cfg.recallm.cpu else "0")
-    modules = [m for m in env["VERL_USE_EXTERNAL_MODULES"].split(",") if m]
-    if RUNTIME_MODULE not in modules:
-        modules.append(RUNTIME_MODULE)
-    env["VERL_USE_EXTERNAL_MODULES"] = ",".join(modules)
+def rlm_runtime(cfg: DictConfig, run: Prepared) -> None:
+    """``recallm.rlm.runtime`` in every verl process (the metrics of the masking); a warning when the
+    longest trajectory would not fit ``data.max_response_length``."""
+    run.add_module(RUNTIME_MODULE)
+    section = cfg.recallm.rlm
     needed = trajectory_tokens(section.rlm)
     if needed > int(cfg.data.max_response_length):
         log.warning(
@@ -256,9 +225,19 @@ def prepare(cfg: DictConfig) -> dict[str, str]:
             int(section.rlm.max_iterations) + 1, section.rlm.root_max_new_tokens, needed,
             int(cfg.data.max_response_length),
         )  # fmt: skip
-    for key, value in env.items():  # Ray workers on other nodes get them through the runtime env
-        _set(cfg, f"ray_kwargs.ray_init.runtime_env.env_vars.{key}", value)
-    return env
+
+
+#: the RLM's prepare steps (module doc, steps 2-3): the agent loop, every step of grpo's launch (a plain
+#: model is accepted, with ``recallm.recall_constrained=false``), the RLM's metrics
+PREPARE_STEPS = (agent_loop, *GRPO_STEPS, rlm_runtime)
+
+
+def prepare(cfg: DictConfig) -> dict[str, str]:
+    """Fill in the wiring (module doc, steps 2-3; the data set is :func:`prepare_data`'s); returns the
+    environment the run needs."""
+    from recallm.grpo.app import prepare as grpo_prepare
+
+    return grpo_prepare(cfg, PREPARE_STEPS, plain_models=True)
 
 
 #: characters per token assumed for REPL output when bounding a trajectory (code output - numbers, ids,
@@ -312,18 +291,9 @@ def describe(cfg: DictConfig) -> str:
     )
 
 
-def main(overrides: list[str], print_config: bool = False) -> int:
-    """``recallm-rlm train [--print-config] key=value ...`` (module doc; the command line is read by
-    ``recallm.cli.rlm``)."""
-    from recallm.grpo.app import launch, validate
+def main(cfg: DictConfig, print_config: bool = False) -> int:
+    """``recallm-rlm train [--print-config] key=value ...`` on its composed config (module doc; the command
+    line is read and composed by ``recallm.cli.rlm``): grpo's one launch with the RLM's steps."""
+    from recallm.grpo.app import run
 
-    cfg = compose_config(list(overrides))
-    prepare_data(cfg)
-    env = prepare(cfg)
-    validate(cfg)
-    if print_config:
-        print(OmegaConf.to_yaml(cfg))
-        return 0
-    print(describe(cfg), flush=True)
-    launch(cfg, env)
-    return 0
+    return run(cfg, print_config=print_config, steps=(write_data, *PREPARE_STEPS), plain_models=True, describe=describe)

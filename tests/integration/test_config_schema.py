@@ -153,15 +153,21 @@ def test_rlm_task_and_export_sections_fit_their_schemas():
 @pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
 def test_grpo_recallm_section_fits_its_schema():
     pytest.importorskip("verl")
-    from recallm.grpo.app import compose_config
+    from recallm.grpo.app import compose
     from recallm.grpo.settings import settings_of
 
     for option in _options("grpo"):
-        rm = settings_of(compose_config([f"grpo={option}"]))
+        rm = settings_of(compose([f"grpo={option}"]))
         assert rm.reward_manager and rm.reward["categories"]
-    cfg = compose_config([])
-    cfg.recallm.cpu = "maybe"
-    with pytest.raises(RecallmError, match=r"recallm\.cpu must be true or false, got 'maybe'"):
+    for platform in _options("grpo/platform"):  # each platform of configs/grpo/platform/ names itself
+        assert settings_of(compose([f"grpo/platform={platform}"])).platform == platform
+    cfg = compose([])
+    cfg.recallm.check_data = "maybe"
+    with pytest.raises(RecallmError, match=r"recallm\.check_data must be true or false, got 'maybe'"):
+        settings_of(cfg)
+    cfg = compose([])
+    cfg.recallm.platform = "tpu"
+    with pytest.raises(RecallmError, match=r"recallm\.platform must be one of gpu, cpu, vllm_cpu, got 'tpu'"):
         settings_of(cfg)
 
 
@@ -171,8 +177,8 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
 
     seen: list = []
 
-    def run(args, status=False):
-        seen.append((args, status))
+    def run(cfg, status=False):  # hydra_run=False: the config composed (once) and checked
+        seen.append(((cfg.mode, cfg.trajectory, cfg.progress), status))
         return 0
 
     def sub(argv):
@@ -187,9 +193,9 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
     main(["train", "x=1", "--print-config"])
     main(["progress=false"])
     assert seen == [
-        (["mode=show", "trajectory='a b.jsonl'"], True),
+        (("show", "a b.jsonl", True), True),  # mode=show trajectory='a b.jsonl'
         ("sub", ["x=1", "--print-config"]),
-        (["progress=false"], False),
+        (("run", None, False), False),  # progress=false
     ]
     with pytest.raises(SystemExit) as exit_:  # the overrides are checked before run is called
         main(["progres=false"])
@@ -225,9 +231,10 @@ def test_rlm_train_section_is_registered_and_typed():
     """``recallm.rlm`` of rlm_train.yaml: RLMTrainSettings (registered), its four settings inside."""
     pytest.importorskip("verl")
     from recallm.config import check_overrides
-    from recallm.rlm.train import compose_config, train_settings
+    from recallm.grpo.app import compose
+    from recallm.rlm.train import train_settings
 
-    cfg = compose_config(["recallm.rlm.rlm.max_depth=2", "recallm.rlm.rlm.root_timeout_s=5"])
+    cfg = compose(["recallm.rlm.rlm.max_depth=2", "recallm.rlm.rlm.root_timeout_s=5"], config_name="rlm_train")
     section = train_settings(cfg.recallm.rlm)
     assert (section.rlm.max_depth, section.rlm.root_timeout_s, section.rlm.root_max_new_tokens) == (2, 5.0, 32)
     assert section.rlm.max_iterations == 2 and section.subcalls.max_prompt_chars == 100_000  # tiny_cpu; rlm_train.yaml
@@ -260,7 +267,8 @@ def test_hf_cpu_settings_schema():
     assert HFCPUSettings.from_engine_kwargs({"batch_wait_ms": 5}).batch_wait_ms == 5.0
     with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu has unknown keys \['thread'\]"):
         HFCPUSettings.from_engine_kwargs({"thread": 2})
-    with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu\.recall must be true or false, got 'on'"):
+    # the recall constraint is no setting of the rollout (it follows recallm.recall_constrained)
+    with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu has unknown keys \['recall'\]"):
         HFCPUSettings.from_engine_kwargs({"recall": "on"})
     with pytest.raises(RecallmError, match=r"engine_kwargs\.hf_cpu\.max_batch_size must be an integer, got 'x'"):
         HFCPUSettings.from_engine_kwargs({"max_batch_size": "x"})

@@ -19,7 +19,7 @@ from omegaconf import OmegaConf, open_dict
 pytest.importorskip("verl")
 
 from recallm.errors import RecallmError  # noqa: E402
-from recallm.grpo.app import compose_config, prepare, validate  # noqa: E402
+from recallm.grpo.app import compose, prepare, validate  # noqa: E402
 
 GPU_RECIPES = ["qwen2.5_7b", "llama3.1_8b"]
 
@@ -57,7 +57,7 @@ def composed(tiny_dir, tiny_data):
 
     def get(recipe):
         if recipe not in cache:
-            cache[recipe] = compose_config(_overrides(recipe, tiny_dir, tiny_data))
+            cache[recipe] = compose(_overrides(recipe, tiny_dir, tiny_data))
         return cache[recipe]
 
     return get
@@ -86,12 +86,19 @@ def test_gpu_recipes_compose_and_validate(recipe, composed):
     # the architecture overrides travel to the server through the environment (merged there into
     # verl's own hf_overrides), not as an engine kwarg that would replace verl's
     assert arr.rollout.engine_kwargs.vllm.hf_overrides is None
-    assert json.loads(env[HF_OVERRIDES_ENV]) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
+    assert json.loads(env[HF_OVERRIDES_ENV]) == {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "recall_constrained": True,  # the recall constraint, for the processor in the server (recall_constraint)
+    }
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars[HF_OVERRIDES_ENV] == env[HF_OVERRIDES_ENV]
     assert arr.model.external_lib == "recallm.modeling" and not arr.model.use_fused_kernels
     assert cfg.reward.reward_manager.name == "RecallRewardManager"
-    assert cfg.reward.reward_kwargs.recallm.overlong.max_response_length == 4096
-    assert cfg.data.max_response_length == 4096 + 1024
+    # the overlong penalty starts 1,024 tokens before the generation cap (DAPO), at 4,096
+    from rewards import load_reward_config
+
+    assert load_reward_config(cfg.reward.reward_kwargs.recallm).overlong.onset == 4096
+    assert cfg.data.max_response_length == 4096 + 1024 == cfg.reward.reward_kwargs.recallm.overlong.max_response_length
     assert arr.actor.optim.lr == 2e-6 and arr.actor.kl_loss_type == "low_var_kl"
     assert env["VERL_USE_EXTERNAL_MODULES"] == "recallm.grpo.runtime"
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.RECALLM_RECALL_TOKEN_IDS == env["RECALLM_RECALL_TOKEN_IDS"]
@@ -164,7 +171,7 @@ def test_export_picks_the_evaluated_step(tmp_path, capsys):
 
 
 def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
-    cfg = compose_config(
+    cfg = compose(
         _overrides(
             "qwen2.5_7b",
             tiny_dir,
@@ -237,10 +244,33 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
             "must split into micro batches",
         ),
         (
-            ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7"],
+            [
+                "actor_rollout_ref.actor.use_dynamic_bsz=false",
+                "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",
+            ],
             r"must split into micro batches of actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=7",
         ),
         (["data.val_files=/nope.parquet"], "data file /nope.parquet does not exist"),
+        # the overlong penalty: DAPO's, ending at the generation cap and starting `buffer` tokens before it
+        (
+            ["recallm.reward.overlong.buffer=0"],
+            r"recallm\.reward\.overlong\.buffer=0: the overlong penalty would start at the generation cap "
+            r"data\.max_response_length=5120, which no response passes; use 1 to 5120",
+        ),
+        (["recallm.reward.overlong.buffer=6000"], "buffer=6000: longer than the generation cap"),
+        (
+            ["recallm.reward.overlong.max_response_length=4096"],
+            r"overlong\.max_response_length=4096: in a GRPO run the overlong penalty ends at the generation cap, "
+            r"data\.max_response_length=5120",
+        ),
+        (["recallm.reward.weights.format=0.5"], r"^recallm\.reward\.weights: reward weights must be >= 0 and sum to 1"),
+        # the platform: its rollout and device stay as its config group sets them
+        (["actor_rollout_ref.rollout.name=hf_cpu"], "rollout.name=hf_cpu needs the CPU plugin: use grpo/platform=cpu"),
+        (
+            ["recallm.platform=cpu"],
+            "rollout.name=vllm on the cpu platform, whose rollout is hf_cpu: use grpo/platform=vllm_cpu",
+        ),
+        (["trainer.device=cpu"], "trainer.device=cpu needs the CPU plugin: use grpo/platform=cpu"),
     ],
 )
 def test_config_errors_before_ray(extra, message, composed):
@@ -250,9 +280,26 @@ def test_config_errors_before_ray(extra, message, composed):
         validate(cfg)
 
 
+def test_every_problem_is_listed(composed):
+    """The checks report every problem they find (``problems``); ``validate`` raises the first."""
+    from recallm.grpo.app import problems
+
+    cfg = _variant(
+        composed("qwen2.5_7b"), "actor_rollout_ref.model.use_fused_kernels=true", "actor_rollout_ref.rollout.n=1"
+    )
+    prepare(cfg)
+    found = problems(cfg)
+    assert len(found) == 2 and "use_fused_kernels=true" in found[0] and "at least 2 rollouts" in found[1]
+    with pytest.raises(RecallmError, match="use_fused_kernels=true"):
+        validate(cfg)
+    cfg = copy.deepcopy(composed("qwen2.5_7b"))
+    prepare(cfg)
+    assert problems(cfg) == []
+
+
 def test_bad_override_is_one_line_error(tiny_dir, tiny_data):
-    with pytest.raises(RecallmError, match="bad GRPO config"):
-        compose_config(_overrides("qwen2.5_7b", tiny_dir, tiny_data, "no_such_group=1"))
+    with pytest.raises(RecallmError, match="^bad override: Could not override .no_such_group."):
+        compose(_overrides("qwen2.5_7b", tiny_dir, tiny_data, "no_such_group=1"))
 
 
 def test_packed_sequences_without_flash_attention_pass_unpacked(composed):
@@ -276,7 +323,7 @@ def test_user_hf_overrides_are_merged_not_replaced(tiny_dir, tiny_data):
 
     # Hydra's own parsing: a dict, and a quoted JSON string
     for value in ("{max_position_embeddings: 65536}", "'{\"max_position_embeddings\": 65536}'"):
-        cfg = compose_config(
+        cfg = compose(
             _overrides(
                 "qwen2.5_7b", tiny_dir, tiny_data, f"+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides={value}"
             )
@@ -288,6 +335,7 @@ def test_user_hf_overrides_are_merged_not_replaced(tiny_dir, tiny_data):
             "architectures": ["Qwen2ForCausalLM"],
             "model_type": "qwen2",
             "max_position_embeddings": 65536,
+            "recall_constrained": True,
         }
 
 
@@ -365,18 +413,19 @@ def test_model_without_recall_tokens_and_bad_ground_truth(composed, tmp_path, ti
 def test_unconstrained_ablation(composed):
     from recallm.grpo.app import HF_OVERRIDES_ENV
 
-    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall=false", "actor_rollout_ref.rollout.name=sglang")
+    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall_constrained=false", "actor_rollout_ref.rollout.name=sglang")
     env = prepare(cfg)
     validate(cfg)  # no processor needed
     assert cfg.actor_rollout_ref.model.override_config.recall_constrained is False
     assert "logits_processors" not in (cfg.actor_rollout_ref.rollout.engine_kwargs.get("vllm") or {})
     assert HF_OVERRIDES_ENV not in env
     # on vLLM the ablation still needs the base architecture (vLLM refuses Recall*ForCausalLM)
-    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall=false")
+    cfg = _variant(composed("qwen2.5_7b"), "recallm.recall_constrained=false")
     env = prepare(cfg)
     validate(cfg)
     assert "logits_processors" not in cfg.actor_rollout_ref.rollout.engine_kwargs.vllm
     assert json.loads(env[HF_OVERRIDES_ENV])["architectures"] == ["Qwen2ForCausalLM"]
+    assert json.loads(env[HF_OVERRIDES_ENV])["recall_constrained"] is False  # what the server's processor reads
 
 
 def test_recall_batch_metrics():
@@ -440,7 +489,7 @@ def test_recall_batch_metrics():
 
 
 def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
-    cfg = compose_config(
+    cfg = compose(
         [
             f"actor_rollout_ref.model.path={tiny_dir}",
             f"data.train_files={tiny_data[0]}",
@@ -449,29 +498,57 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
     )
     env = prepare(cfg)
     validate(cfg)
-    assert cfg.recallm.cpu and cfg.actor_rollout_ref.rollout.name == "hf_cpu"
-    assert cfg.actor_rollout_ref.rollout.engine_kwargs.hf_cpu.recall is True
+    assert cfg.recallm.platform == "cpu" and cfg.actor_rollout_ref.rollout.name == "hf_cpu"
+    # the hf_cpu rollout loads the model with override_config: it follows recallm.recall_constrained
+    assert cfg.actor_rollout_ref.model.override_config.recall_constrained is True
+    assert "recall" not in (cfg.actor_rollout_ref.rollout.engine_kwargs.get("hf_cpu") or {})
     assert cfg.trainer.device == "cpu" and cfg.trainer.use_v1 is False
     modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
     assert modules.index("recallm.grpo.cpu.plugin") < modules.index("recallm.grpo.runtime")
     assert env["VERL_PLATFORM"] == "cpu" and env["RECALLM_GRPO_CPU"] == "1"
     # a user's override still wins over the CPU plugin's
-    cfg = compose_config(
+    cfg = compose(
         [f"actor_rollout_ref.model.path={tiny_dir}", "data.train_batch_size=8", "actor_rollout_ref.rollout.n=3"]
     )
     assert cfg.data.train_batch_size == 8 and cfg.actor_rollout_ref.rollout.n == 3
+    # a platform is a config group: any recipe takes another one from the command line
+    cfg = compose(["grpo=qwen2.5_7b", "grpo/platform=cpu", f"actor_rollout_ref.model.path={tiny_dir}"])
+    assert (cfg.recallm.platform, cfg.trainer.device, cfg.actor_rollout_ref.rollout.name) == ("cpu", "cpu", "hf_cpu")
+    assert cfg.ray_kwargs.ray_init.num_gpus == cfg.trainer.n_gpus_per_node == 1
+
+
+@pytest.mark.parametrize("platform", ["cpu", "vllm_cpu"])
+def test_the_command_composes_once(platform, tiny_dir, tiny_data, monkeypatch, capsys):
+    """``recallm-grpo --print-config``: Hydra composes the config one time (checked, prepared, printed), the
+    CPU platforms included (they are a config group, not a second composition with their overrides)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from recallm.cli.grpo import main
+
+    calls = []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("config_name", args[0] if args else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    main([f"grpo/platform={platform}", f"actor_rollout_ref.model.path={tiny_dir}",
+          f"data.train_files={tiny_data[0]}", f"data.val_files={tiny_data[1]}", "--print-config"])  # fmt: skip
+    assert calls == ["grpo"]
+    assert f"platform: {platform}" in capsys.readouterr().out
 
 
 def test_vllm_rollout_on_cpu_composes(tiny_dir, tiny_data):
-    """recallm.cpu with rollout.name=vllm: verl's own vLLM rollout on vLLM's CPU build (the vLLM tier runs it)."""
+    """grpo/platform=vllm_cpu: verl's own vLLM rollout on vLLM's CPU build (the vLLM tier runs it)."""
     from recallm.grpo.app import HF_OVERRIDES_ENV, VLLM_PROCESSOR
 
-    cfg = compose_config(
+    cfg = compose(
         [
             f"actor_rollout_ref.model.path={tiny_dir}",
             f"data.train_files={tiny_data[0]}",
             f"data.val_files={tiny_data[1]}",
-            "actor_rollout_ref.rollout.name=vllm",
+            "grpo/platform=vllm_cpu",
             "actor_rollout_ref.rollout.dtype=bfloat16",  # the user's override still wins
         ]
     )

@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from recallm.errors import RecallmError
-from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env, cpu_overrides
+from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env
 from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator
 from recallm.recall import find_spans
 from recallm.tokens import RecallTokenIds, load_tokenizer
@@ -104,8 +104,15 @@ def test_greedy_top_k_and_plain_decoding(tiny_dir):
     expected = expected.gather(1, torch.tensor(out.token_ids)[:, None]).squeeze(1)
     assert torch.allclose(torch.tensor(out.log_probs), expected, atol=1e-4)
 
-    plain = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings(recall=False))
-    assert not plain.recall
+    # the rollout follows the model config's recall_constrained (override_config, from recallm.recall_constrained)
+    from transformers import AutoConfig
+
+    import recallm.modeling  # noqa: F401
+
+    config = AutoConfig.from_pretrained(tiny_dir)
+    config.recall_constrained = False
+    plain = HFGenerator.from_pretrained(tiny_dir, HFCPUSettings(), config=config)
+    assert free.recall and not plain.recall
     out = plain.generate([plain.make_request(prompts[0], {"max_tokens": 12, "temperature": 1.0})])[0]
     assert len(out.token_ids) == len(out.log_probs) >= 1
 
@@ -149,11 +156,16 @@ def test_settings_and_requests(generator):
 
 
 def _compose(*overrides: str):
+    """verl's own ``ppo_trainer`` config with our CPU platform group added (how ``verl.trainer.main_ppo``
+    runs the plugin without recallm-grpo), then the user's overrides."""
     import verl.trainer.config
     from hydra import compose, initialize_config_dir
 
+    from recallm.paths import CONFIG_DIR
+
+    platform = [f"hydra.searchpath=[file://{CONFIG_DIR}]", "+grpo/platform=cpu"]
     with initialize_config_dir(config_dir=os.path.dirname(verl.trainer.config.__file__), version_base=None):
-        return compose(config_name="ppo_trainer", overrides=[*cpu_overrides(), *overrides])
+        return compose(config_name="ppo_trainer", overrides=[*platform, *overrides])
 
 
 def test_overrides_compose_and_user_overrides_win():
@@ -167,7 +179,8 @@ def test_overrides_compose_and_user_overrides_win():
     assert cfg.actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype == "fp32"
     assert cfg.actor_rollout_ref.ref.strategy == "fsdp2"  # follows the actor's
     assert HFCPUSettings.from_engine_kwargs(cfg.actor_rollout_ref.rollout.engine_kwargs.hf_cpu).force_every == 8
-    assert any(o.startswith("trainer.n_gpus_per_node=2") for o in cpu_overrides(workers=2))
+    # two workers: two logical Ray GPUs (the platform declares as many as trainer.n_gpus_per_node)
+    assert _compose("trainer.n_gpus_per_node=2").ray_kwargs.ray_init.num_gpus == 2
     env = cpu_env({"VERL_USE_EXTERNAL_MODULES": "a.b,recallm.grpo.cpu.plugin", "OMP_NUM_THREADS": "3"})
     assert env["VERL_USE_EXTERNAL_MODULES"] == f"{PLUGIN_MODULE},a.b"
     assert env["OMP_NUM_THREADS"] == "3" and env["VERL_PLATFORM"] == "cpu"
@@ -185,11 +198,12 @@ def test_step_speedups_and_their_baseline(monkeypatch):
     from recallm.grpo.cpu import patches
 
     monkeypatch.delenv("RECALLM_CPU_BASELINE", raising=False)
-    assert "actor_rollout_ref.model.enable_gradient_checkpointing=False" in cpu_overrides()
+    # the platform turns gradient checkpointing off; bench/grpo_step.py's baseline turns it back on
+    assert _compose().actor_rollout_ref.model.enable_gradient_checkpointing is False
     env = cpu_env({"AUTOSCALER_UPDATE_INTERVAL_S": "7"})
     assert env["REPORTER_UPDATE_INTERVAL_MS"] == "60000" and env["AUTOSCALER_UPDATE_INTERVAL_S"] == "7"
     monkeypatch.setenv("RECALLM_CPU_BASELINE", "1")
-    assert patches.baseline() and not any("gradient_checkpointing" in o for o in cpu_overrides())
+    assert patches.baseline()
     assert "REPORTER_UPDATE_INTERVAL_MS" not in cpu_env({})
     # the vectorised log-probs equal verl's per-token loop exactly, values and gradients, in chunks too
     logits = torch.randn(3, 37, 50, dtype=torch.float32, requires_grad=True)

@@ -101,8 +101,9 @@ def test_manager_loaded_by_verl_scores_like_the_library(tokenizer):
 def test_reward_settings_from_trainer_config(tokenizer):
     from verl.trainer.ppo.reward import load_reward_manager
 
+    # a generation cap of 104 tokens, the penalty over the last 100: it starts after 4 tokens
     manager = load_reward_manager(
-        _trainer_config(**{"overlong.max_response_length": 4, "overlong.buffer": 100}), tokenizer
+        _trainer_config(**{"overlong.max_response_length": 104, "overlong.buffer": 100}), tokenizer
     )
     row = _row(tokenizer, RESPONSES[0])
     out = manager.loop.run_until_complete(manager.run_single(_batch([row], {})))

@@ -25,10 +25,11 @@ REPLIES = [
 
 
 def compose(tmp_path, tiny_dir, *overrides):
-    from recallm.rlm.train import compose_config
+    from recallm.grpo.app import compose as compose_grpo
 
-    return compose_config(
-        [f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}", *overrides]
+    return compose_grpo(
+        [f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}", *overrides],
+        config_name="rlm_train",
     )
 
 
@@ -207,11 +208,50 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
         prepare_data(variant(fresh, **{"data.max_prompt_length": 100}))
     with pytest.raises(RecallmError, match="recallm.rlm.rlm.max_depth must be in"):
         prepare_data(variant(fresh, **{"recallm.rlm.rlm.max_depth": 7}))
-    with pytest.raises(RecallmError, match="plain model without recall tokens: set recallm.recall=false"):
+    with pytest.raises(RecallmError, match="plain model without recall tokens: set recallm.recall_constrained=false"):
         prepare(variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir)}))
-    plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall": False})
+    plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall_constrained": False})
     env = prepare(plain)
     assert "recallm.rlm.runtime" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
+
+
+def test_rlm_training_takes_every_platform_and_guard_of_grpos_launch(tmp_path, tiny_dir):
+    """One launch: the vLLM-on-CPU platform and grpo's checks apply to recallm-rlm train as to recallm-grpo."""
+    from recallm.grpo.app import problems
+    from recallm.rlm.train import prepare
+
+    cfg = compose(tmp_path, tiny_dir, "grpo/platform=vllm_cpu", "data.train_files=x.parquet")
+    env = prepare(cfg)
+    r = cfg.actor_rollout_ref.rollout
+    assert r.name == "vllm" and r.enable_sleep_mode is False and r.dtype == "float32"
+    assert (
+        env["RECALLM_VLLM_CPU"] == "1"
+        and "recallm.recall.vllm:RecallLogitsProcessorV1" in r.engine_kwargs.vllm.logits_processors
+    )
+    assert cfg.actor_rollout_ref.model.override_config.recall_constrained is True
+    cfg = compose(tmp_path, tiny_dir, "data.train_files=x.parquet", "actor_rollout_ref.rollout.name=vllm")
+    prepare(cfg)
+    assert any("on the cpu platform, whose rollout is hf_cpu: use grpo/platform=vllm_cpu" in p for p in problems(cfg))
+
+
+def test_the_command_composes_once(tmp_path, tiny_dir, monkeypatch, capsys):
+    """``recallm-rlm train --print-config``: one Hydra composition, then grpo's launch (prepare, check)."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+
+    from recallm.cli.rlm import main
+
+    calls = []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("config_name", args[0] if args else None))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    main(["train", f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}",
+          "--print-config"])  # fmt: skip
+    assert calls == ["rlm_train"]
+    assert "default_agent_loop: rlm" in capsys.readouterr().out
 
 
 def test_the_paper_recipe_composes(tmp_path, tiny_dir):
@@ -226,7 +266,7 @@ def test_the_paper_recipe_composes(tmp_path, tiny_dir):
     assert cfg.trainer.total_training_steps == 150 and cfg.trainer.test_freq == 50 and cfg.trainer.val_before_train
     assert list(rlm.data.train.lengths) == ["32K", "64K"] and rlm.data.train.needles == 2
     assert list(rlm.data.val.lengths) == ["512K", "1M"] and rlm.data.val.needles == 8
-    assert arr.rollout.name == "vllm" and not cfg.recallm.cpu and not cfg.recallm.recall
+    assert arr.rollout.name == "vllm" and cfg.recallm.platform == "gpu" and not cfg.recallm.recall_constrained
 
 
 # --- two real GRPO steps on this CPU, then a resumed third ---------------------------------------------

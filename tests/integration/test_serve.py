@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.serve import PROCESSOR, ServeSettings, serve_command, served_hf_overrides
+from recallm.serve import PROCESSOR, ServeSettings, serve_command
 
 
 def _option(command, name):
@@ -46,7 +46,7 @@ def test_user_overrides_and_processors_are_merged(tiny_dir):
     assert command[i + 1 : i + 3] == ["my.mod:Other", PROCESSOR]
     assert command.count("--hf-overrides") == 1 and command[-2:] == ["--seed", "3"]
     assert _option(command, "--served-model-name") == "recallm-tiny"
-    plain = serve_command(ServeSettings(tiny_dir, recall=False))
+    plain = serve_command(ServeSettings(tiny_dir, recall_constrained=False))
     assert "--logits-processors" not in plain and "--hf-overrides" in plain  # vLLM still needs the base architecture
 
 
@@ -86,11 +86,6 @@ def test_cli_errors_are_one_line(tiny_base_dir, tiny_dir, tmp_path, capsys, monk
     with pytest.raises(SystemExit):
         main([str(tiny_dir)])
     assert "recallm-serve needs vLLM" in capsys.readouterr().err
-
-
-def test_served_hf_overrides_accepts_mappings():
-    assert served_hf_overrides({"a": 1}, {"model_type": "qwen2"}) == {"a": 1, "model_type": "qwen2"}
-    assert served_hf_overrides(None, {"model_type": "qwen2"}) == {"model_type": "qwen2"}
 
 
 def test_the_served_process_knows_the_recallm_configs_before_vllm_reads_them(tmp_path, tiny_dir):

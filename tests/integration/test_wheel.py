@@ -46,11 +46,11 @@ _COMPOSE_ALL = textwrap.dedent(
                 with initialize_config_dir(config_dir=str(configs), version_base="1.3"):
                     compose(config_name=primary, overrides=[f"{group}={option.stem}"])
                 composed.append(f"{primary}:{group}={option.stem}")
-    from recallm.grpo.app import compose_config
-    assert compose_config([]).recallm is not None
+    from recallm.grpo.app import compose as compose_grpo
+    assert compose_grpo([]).recallm is not None
+    assert compose_grpo(["grpo/platform=vllm_cpu"]).recallm.platform == "vllm_cpu"
     composed.append("grpo:verl")
-    from recallm.rlm.train import compose_config as compose_rlm_train
-    compose_rlm_train([])
+    compose_grpo([], config_name="rlm_train")
     composed.append("rlm_train:verl")
     from rewards.config import load_reward_config
     load_reward_config()

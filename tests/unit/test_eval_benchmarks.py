@@ -317,15 +317,16 @@ def test_in_domain_scores_with_the_training_reward(renderer, tmp_path):
     assert scored.score == 1.0 and scored.correct and scored.answer == value
     assert scored.metrics["reward"] == expected.score and scored.metrics["recall"] == expected.recall > 0
     assert bench.score(ex, gen(response.replace(f"Answer: {value}", "Answer: nothing")), None).score == 0.0
-    # the reward settings are the run's, passed through (here: everything past 4 tokens is overlong)
+    # the reward settings are the run's, passed through (here: everything past 4 tokens is overlong: a cap of
+    # 5 tokens, the penalty over the last 1)
     strict = make_benchmarks(
         {"generation": GEN, "benchmarks": {"in_domain": {"data_dir": str(tmp_path)}}},
-        reward_config={"overlong": {"max_response_length": 4, "buffer": 1}},
+        reward_config={"overlong": {"max_response_length": 5, "buffer": 1}},
     )[0]
     strict.specs()
     scored = strict.score(strict.build(specs[1], renderer), gen(response, n_tokens=40), None)
     assert scored.score == 1.0 and scored.metrics["reward"] == 0.0
-    assert load_reward_config().max_response_length == 4096
+    assert load_reward_config().overlong.onset == 4096
 
 
 def test_in_domain_errors(renderer, tmp_path):

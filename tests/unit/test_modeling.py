@@ -100,3 +100,14 @@ def test_yarn_and_idempotent_conversion(tmp_path, tiny_dir):
         create_recallm_model(tiny_dir, tmp_path / "bad", yarn_factor=0.5)
     with pytest.raises(RecallmError, match="--out must differ from --base"):
         create_recallm_model(tiny_dir, tiny_dir)
+
+
+def test_served_hf_overrides_accepts_mappings():
+    # the one merge of a user's hf_overrides with what vLLM must serve (recallm-serve, recallm-grpo)
+    from recallm.modeling import served_hf_overrides
+
+    assert served_hf_overrides({"a": 1}, {"model_type": "qwen2"}) == {"a": 1, "model_type": "qwen2"}
+    assert served_hf_overrides(None, {"model_type": "qwen2"}) == {"model_type": "qwen2"}
+    assert served_hf_overrides('{"a": 1}', {"b": 2}) == {"a": 1, "b": 2}
+    with pytest.raises(RecallmError, match="sets model_type='llama', but this RecaLLM model is served by vLLM as"):
+        served_hf_overrides({"model_type": "llama"}, {"model_type": "qwen2"})

@@ -277,7 +277,7 @@ def test_ground_truth_errors():
 
 def test_config_overrides_and_validation(tmp_path):
     cfg = load_reward_config(overrides=["categories.icl.tau=0.5", "overlong.enable=false"])
-    assert cfg.categories["icl"].tau == 0.5 and not cfg.overlong_enable
+    assert cfg.categories["icl"].tau == 0.5 and not cfg.overlong.enable
     assert cfg.for_row("retrieval", "multi_niah").answer == "net_recall"
     assert cfg.for_row("retrieval", "multi_niah").free_spans == 6
     assert cfg.for_row("retrieval", "kv_retrieval").free_spans == 2

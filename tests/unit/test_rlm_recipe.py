@@ -10,14 +10,15 @@ from recallm.errors import RecallmError
 
 
 def _compose(tmp_path, tiny_dir):
-    from recallm.rlm.train import compose_config
+    from recallm.grpo.app import compose
 
-    return compose_config(
+    return compose(
         [
             f"recallm.rlm.out_dir={tmp_path / 'out'}",
             f"actor_rollout_ref.model.path={tiny_dir}",
             "rlm_train=mrcr_qwen3_4b",
-        ]
+        ],
+        config_name="rlm_train",
     )
 
 

@@ -1,4 +1,4 @@
-"""vLLM tier: ``recallm-grpo`` with ``rollout.name=vllm`` on a CPU — verl 0.9.1's own vLLM server
+"""vLLM tier: ``recallm-grpo grpo/platform=vllm_cpu`` on a CPU — verl 0.9.1's own vLLM server
 (vLLM's CPU build), agent loop and weight transfer from the FSDP actor (shared memory: no CUDA IPC
 here), the recall processor in the engine — two GRPO steps of the tiny model, then a resume.
 

@@ -9,28 +9,30 @@ verl 0.9.1 assumes an accelerator in a few places. This package fills them from 
 * the ``hf_cpu`` rollout (``rollout``): a Ray actor generating with Hugging Face ``generate``,
   the recall logits processor active, returning the processed log-prob of every token.
 
-Use::
+Use: ``recallm-grpo grpo/platform=cpu`` (the CPU recipes choose it), or verl's own trainer with our
+platform group added to its config (the group is the whole recipe of keys; your overrides win)::
 
     env = {**os.environ, **cpu_env()}             # every verl process imports the plugin
-    cmd = ["python", "-m", "verl.trainer.main_ppo", *cpu_overrides(), *your_overrides]
+    cmd = ["python", "-m", "verl.trainer.main_ppo", f"hydra.searchpath=[file://{CONFIG_DIR}]",
+           "+grpo/platform=cpu", *your_overrides]
 
-``cpu_env()`` makes every verl process (driver, TaskRunner, Ray workers) import
-``recallm.grpo.cpu.plugin``, which calls :func:`activate`. Your overrides come after ours and
-win; for the keys ours add with ``++`` (absent from verl's config: ``ray_kwargs.ray_init.num_gpus``,
-``...override_config.attn_implementation``, ``...fsdp_config.mixed_precision``) write
-``key=value`` or ``++key=value``, not ``+key=value``.
+The platform's keys live in ``configs/grpo/platform/cpu.yaml`` (trainer on ``cpu``, logical Ray GPUs, the
+``hf_cpu`` rollout, FSDP2 in fp32, sdpa attention, no gradient checkpointing); ``cpu_env()`` makes every
+verl process (driver, TaskRunner, Ray workers) import ``recallm.grpo.cpu.plugin``, which calls
+:func:`activate`.
 
 Rollout settings: ``+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.<key>=<value>`` with the
-keys of :class:`~recallm.grpo.cpu.hf_generate.HFCPUSettings` (``recall``, ``force_every``,
-``force_length``, ``dtype``, ``attn_implementation``, ``threads``, ``max_batch_size``,
-``batch_wait_ms``, ``seed``).
+keys of :class:`~recallm.grpo.cpu.hf_generate.HFCPUSettings` (``force_every``, ``force_length``,
+``dtype``, ``attn_implementation``, ``threads``, ``max_batch_size``, ``batch_wait_ms``, ``seed``). The
+recall constraint is not one of them: the rollout follows the model config's ``recall_constrained``,
+which the launcher derives from ``recallm.recall_constrained`` (as the actor's masked log-probs do).
 
 What a CPU step costs, and what the plugin removes (``bench/grpo_step.py`` prints the split by phase
-and the step time against ``RECALLM_CPU_BASELINE=1``, the step without these): the inherent work is
+and the step time against ``RECALLM_CPU_BASELINE=1`` with gradient checkpointing on, the step without these): the inherent work is
 one generation, two forward passes (old and reference log-probs) and a forward + backward (update).
 Not inherent, and removed: verl's per-token log-prob loop (patch 3), gradient checkpointing (a
 second forward inside every backward, to save accelerator memory a CPU run does not need:
-``enable_gradient_checkpointing=False`` here, override it for a large model), and Ray's per-node
+``enable_gradient_checkpointing: false`` in the platform, override it for a large model), and Ray's per-node
 reporter and autoscaler polling every 5 s (``REPORTER_UPDATE_INTERVAL_MS``,
 ``AUTOSCALER_UPDATE_INTERVAL_S``: once a minute here; a single-node run uses neither).
 """
@@ -40,7 +42,7 @@ from __future__ import annotations
 import os
 from collections.abc import Mapping
 
-__all__ = ["activate", "cpu_overrides", "cpu_env", "PLUGIN_MODULE", "ROLLOUT_NAME"]
+__all__ = ["activate", "cpu_env", "PLUGIN_MODULE", "ROLLOUT_NAME"]
 
 PLUGIN_MODULE = "recallm.grpo.cpu.plugin"
 ROLLOUT_NAME = "hf_cpu"
@@ -71,61 +73,6 @@ def activate() -> None:
 
     replica.RolloutReplicaRegistry.register(ROLLOUT_NAME, _load_replica)
     base._ROLLOUT_REGISTRY[(ROLLOUT_NAME, "async")] = _ROLLOUT_ADAPTER
-
-
-_MP_FP32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
-
-
-def cpu_overrides(*, workers: int = 1, num_cpus: int | None = None) -> list[str]:
-    """Hydra overrides for ``verl.trainer.main_ppo`` on a CPU.
-
-    Args:
-        workers: training processes (FSDP ranks), each holding one *logical* Ray GPU.
-        num_cpus: logical CPUs declared to Ray (every resource bundle of verl asks for some);
-            default ``max(16, 8 * workers)``, whatever the machine has.
-    """
-    if workers < 1:
-        raise ValueError(f"workers must be >= 1, got {workers}")
-    from recallm.grpo.cpu import patches
-
-    num_cpus = num_cpus or max(16, 8 * workers)
-    arr = "actor_rollout_ref"
-    return [
-        # the trainer the plugin is built and tested with (the v1 trainer needs transfer_queue)
-        "trainer.use_v1=False",
-        "trainer.device=cpu",
-        "trainer.nnodes=1",
-        f"trainer.n_gpus_per_node={workers}",
-        # verl's resource pools ask Ray for GPUs: declare logical ones
-        f"++ray_kwargs.ray_init.num_gpus={workers}",
-        f"ray_kwargs.ray_init.num_cpus={num_cpus}",
-        "++ray_kwargs.ray_init.include_dashboard=False",
-        # the HF rollout server, one per worker, no tensor parallelism
-        f"{arr}.rollout.name={ROLLOUT_NAME}",
-        f"{arr}.rollout.mode=async",
-        f"{arr}.rollout.tensor_model_parallel_size=1",
-        f"{arr}.rollout.data_parallel_size=1",
-        f"{arr}.rollout.pipeline_model_parallel_size=1",
-        f"{arr}.rollout.calculate_log_probs=True",
-        f"{arr}.rollout.agent.num_workers=1",
-        "reward.num_workers=1",
-        # FSDP1 refuses CPU parameters; fp32 compute (bf16 autocast on a CPU is slow and its
-        # log-probs drift from the fp32 rollout's); no torch.compile
-        f"{arr}.actor.strategy=fsdp2",
-        f"{arr}.actor.use_torch_compile=False",
-        f"{arr}.actor.fsdp_config.use_torch_compile=False",
-        f"{arr}.ref.fsdp_config.use_torch_compile=False",
-        f"++{arr}.actor.fsdp_config.mixed_precision={_MP_FP32}",
-        f"++{arr}.ref.fsdp_config.mixed_precision={_MP_FP32}",
-        # flash attention needs a GPU; packed sequences with sdpa attend across the boundary
-        f"++{arr}.model.override_config.attn_implementation=sdpa",
-        f"{arr}.model.use_remove_padding=False",
-        f"{arr}.model.use_fused_kernels=False",
-        # recomputing every layer's forward inside the backward saves accelerator memory; on a CPU it
-        # only costs time (the baseline of bench/grpo_step.py keeps verl's default)
-        *([] if patches.baseline() else [f"{arr}.model.enable_gradient_checkpointing=False"]),
-        "data.dataloader_num_workers=0",
-    ]
 
 
 def _threads() -> int:

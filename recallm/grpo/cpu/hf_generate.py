@@ -19,7 +19,6 @@ it (what the trainer recomputes), not the 0 of a forced choice.
 
 from __future__ import annotations
 
-import logging
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,8 +32,6 @@ from recallm.generation import GenRequest, GenResult, generate
 
 __all__ = ["HFCPUSettings", "HFGenerator"]
 
-log = logging.getLogger(__name__)
-
 #: where the settings live in the GRPO config (named in every error)
 SECTION = "actor_rollout_ref.rollout.engine_kwargs.hf_cpu"
 _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16}
@@ -44,10 +41,11 @@ _DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bf
 class HFCPUSettings:
     """``actor_rollout_ref.rollout.engine_kwargs.hf_cpu`` — the ``hf_cpu`` rollout's settings.
 
+    The recall constraint is not a setting of the rollout: it follows the model config's
+    ``recall_constrained`` (with ``override_config`` applied, as the actor's masked log-probs do),
+    which the launcher derives from ``recallm.recall_constrained``.
+
     Attributes:
-        recall: constrain recall spans with ``RecallLogitsProcessor``. ``None`` (default): follow
-            the model config's ``recall_constrained`` (true for a RecaLLM model, and the actor's
-            masked log-probs follow the same flag). ``false``: plain decoding.
         force_every: open a recall span every N tokens generated outside spans (test aid,
             ``ForceRecallSpans``); ``None``: never force.
         force_length: close a forced span after this many tokens.
@@ -61,7 +59,6 @@ class HFCPUSettings:
         seed: sampling seed of the server (``None``: the rollout config's ``seed`` + replica rank).
     """
 
-    recall: bool | None = None
     force_every: int | None = None
     force_length: int = 6
     dtype: str = "float32"
@@ -82,8 +79,6 @@ class HFCPUSettings:
                 raise RecallmError(f"{name} must be an integer >= {low}, got {value!r}")
         if self.batch_wait_ms < 0:
             raise RecallmError(f"batch_wait_ms must be >= 0, got {self.batch_wait_ms!r}")
-        if self.recall is not None and not isinstance(self.recall, bool):
-            raise RecallmError(f"recall must be true, false or null, got {self.recall!r}")
 
     @classmethod
     def from_engine_kwargs(cls, values: Mapping[str, Any] | None) -> HFCPUSettings:
@@ -118,35 +113,12 @@ class HFGenerator:
             eos_token_ids = [eos_token_ids]
         self.eos_token_ids: list[int] = [int(i) for i in (eos_token_ids or [])]
         self.max_model_len = int(max_model_len or getattr(config, "max_position_embeddings", 1 << 30))
-        self.recall = self._resolve_recall(config)
+        # the model config's recall_constrained (recallm.recall_constrained, through override_config)
+        self.recall = bool(getattr(config, "recall_constrained", False)) and (
+            getattr(config, "recall_start_token_id", None) is not None
+        )
         self._state = model.state_dict(keep_vars=True)
         self._received: set[str] = set()
-
-    def _resolve_recall(self, config) -> bool:
-        constrained = (
-            bool(getattr(config, "recall_constrained", False))
-            and getattr(config, "recall_start_token_id", None) is not None
-        )
-        wanted = self.settings.recall
-        if wanted is None:
-            return constrained
-        if wanted and getattr(config, "recall_start_token_id", None) is None:
-            raise RecallmError(
-                "hf_cpu.recall=true but the model config has no recall tokens (recall_start_token_id); "
-                "convert the model with `recallm-create-model`"
-            )
-        if wanted != bool(getattr(config, "recall_constrained", False)):
-            log.warning(
-                "hf_cpu.recall=%s but the model config has recall_constrained=%s: the actor computes its "
-                "log-probs %s the recall mask, the rollout samples %s it; set "
-                "actor_rollout_ref.model.override_config.recall_constrained=%s to make them agree",
-                wanted,
-                getattr(config, "recall_constrained", False),
-                "under" if getattr(config, "recall_constrained", False) else "without",
-                "under" if wanted else "without",
-                str(wanted).lower(),
-            )
-        return bool(wanted)
 
     @classmethod
     def from_pretrained(
