@@ -236,6 +236,7 @@ def ensure_pad_token(model, tokenizer) -> int:
     if gen is not None:
         gen.pad_token_id = pad
     tokenizer.padding_side = PADDING_SIDE
+    tokenizer.init_kwargs["padding_side"] = PADDING_SIDE  # (save_pretrained writes the init_kwargs' keys)
     return pad
 
 
