@@ -31,8 +31,8 @@ $(SMOLLM2)/config.json: | $(STAMP)
 # subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
 # `make test` runs unit + integration (pyproject's testpaths); it is the README's and CI's command.
 # What the tests need from the system besides Python (bubblewrap, a C++ compiler and the Python headers
-# for DeepSpeed's CPU ops): apt-get installs what is missing when run as root, else the tests that need it
-# are skipped with the reason (scripts/system_deps.sh).
+# for DeepSpeed's CPU ops): apt-get installs what is missing when run as root, else the tests go on
+# without it (DeepSpeed's skipped with the reason, bubblewrap's cases left out; scripts/system_deps.sh).
 system-deps: $(STAMP)
 	bash scripts/system_deps.sh test $(PY)
 
