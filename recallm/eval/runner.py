@@ -10,6 +10,11 @@ configuration does only what is left and writes the same ``summary.json``; a rer
 configuration (model, backend, generation settings, benchmark settings, tokenizer) in the same
 ``out_dir`` is refused (``overwrite=True`` starts over).
 
+Progress (``progress=True``): a bar of examples that moves as each example's generation ends
+(backends with ``reports_progress``: HF, vLLM, OpenAI-compatible, RLM; another backend's moves once
+per batch), with the tokens generated so far and tokens per second, follow-ups included; the same
+totals are logged at the end.
+
 Files in ``out_dir``: ``results.jsonl`` (per example: benchmark, task, example id, length,
 prompt tokens, prompt id (a hash of the prompt text), output, output tokens, finish reason,
 parsed answer, score, correct, metrics, recall spans (count, verbatim), follow-up), ``run.json``
@@ -29,6 +34,8 @@ import hashlib
 import json
 import logging
 import os
+import threading
+import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -160,6 +167,59 @@ def _record(
     }
 
 
+class _Progress:
+    """The bar of ``run_eval`` (module doc): examples as they finish, tokens and tokens/s."""
+
+    _REFRESH_S = 0.5
+
+    def __init__(self, total: int, enabled: bool) -> None:
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total, desc="eval", unit="ex", disable=not enabled)
+        self.lock = threading.Lock()
+        self.started = time.perf_counter()
+        self.tokens = 0
+        self.counted = 0  # examples of the batch in flight counted as finished so far
+        self.shown = 0.0
+
+    def batch(self, size: int, *, examples: bool = True):
+        """The callback for one backend call: ``examples`` counts its finished requests as examples
+        (at most ``size``); a follow-up call adds only its tokens."""
+
+        def report(tokens: int, finished: int) -> None:
+            with self.lock:
+                self.tokens += tokens
+                n = min(finished, size - self.counted) if examples else 0
+                self.counted += n
+                now = time.perf_counter()
+                if n or now - self.shown >= self._REFRESH_S:
+                    self.shown = now
+                    self.bar.set_postfix_str(self._rate(now), refresh=False)
+                    if n:
+                        self.bar.update(n)
+                    else:
+                        self.bar.refresh()
+
+        return report
+
+    def _rate(self, now: float) -> str:
+        seconds = max(now - self.started, 1e-9)
+        return f"{self.tokens} tokens, {self.tokens / seconds:.1f} tokens/s"
+
+    def end_batch(self, size: int) -> None:
+        """The batch's examples are written: count those its backend did not report."""
+        with self.lock:
+            self.bar.set_postfix_str(self._rate(time.perf_counter()), refresh=False)
+            self.bar.update(size - self.counted)
+            self.counted = 0
+
+    def close(self) -> None:
+        self.bar.close()
+        seconds = time.perf_counter() - self.started
+        if self.tokens:
+            log.info("generated %d tokens in %.0f s (%.1f tokens/s)", self.tokens, seconds, self.tokens / seconds)
+
+
 def preflight(benchmarks: Sequence[Benchmark], specs: Sequence[Spec], renderer) -> int:
     """Build, for every benchmark and task, the first example at its shortest and its longest
     length: a length a task cannot reach (too short for its fixed part, or beyond its material)
@@ -197,8 +257,6 @@ def run_eval(
     ``limit`` stops after that many new examples (smoke runs; the rest is done by a rerun).
     ``specs``: the plan when the caller already made it (``benchmark.specs()`` of each).
     """
-    from tqdm import tqdm
-
     if batch_size < 1:
         raise RecallmError(f"batch_size must be >= 1, got {batch_size}")
     out_dir = Path(out_dir)
@@ -215,7 +273,14 @@ def run_eval(
     if limit is not None:
         pending = pending[: max(0, int(limit))]
     log.info("%d examples planned, %d done, %d to run now", len(plan), len(done & set(ids)), len(pending))
-    bar = tqdm(total=len(pending), desc="eval", unit="ex", disable=not progress or not pending)
+    bar = _Progress(len(pending), progress and bool(pending))
+    reports = bool(getattr(backend, "reports_progress", False))
+
+    def call(requests: list[TextRequest], settings, examples: bool) -> list[Generation]:
+        if not reports:
+            return backend.generate(requests, settings)
+        return backend.generate(requests, settings, progress=bar.batch(len(requests), examples=examples))
+
     try:
         with results.open("a") as f:
             for batch in _batches(pending, batch_size):
@@ -228,7 +293,7 @@ def run_eval(
                     )
                     for e in examples
                 ]
-                generations = backend.generate(requests, settings)
+                generations = call(requests, settings, True)
                 followups = bench.followup_batch(examples, generations)
                 asked = [i for i, fu in enumerate(followups) if fu is not None]
                 second: dict[int, Generation] = {}
@@ -243,7 +308,7 @@ def run_eval(
                         )
                         for i in asked
                     ]
-                    second = dict(zip(asked, backend.generate(extra, settings), strict=True))
+                    second = dict(zip(asked, call(extra, settings, False), strict=True))
                 continued = [second.get(i) for i in range(len(examples))]
                 scores = bench.score_batch(examples, generations, continued)
                 lines = [
@@ -255,7 +320,7 @@ def run_eval(
                 f.write("".join(lines))
                 f.flush()
                 os.fsync(f.fileno())
-                bar.update(len(batch))
+                bar.end_batch(len(batch))
     finally:
         bar.close()
     planned, seen = set(ids), set()

@@ -6,16 +6,27 @@ finds the actor checkpoint, registers the RecaLLM classes first (so the merger b
 the tokenizer with its chat template, and checks the result (``check_recallm_model``). The
 directory loads with ``AutoModelForCausalLM`` after ``import recallm.modeling``, and with vLLM through
 ``recallm.modeling.vllm_hf_overrides``.
+
+The weights keep the dtype the model was trained from — the one its checkpoint's
+``huggingface/config.json`` records (float32 for the tiny model and a float32 SmolLM2, bfloat16 for
+the paper's Qwen2.5 and Llama) — unless ``dtype`` says otherwise. verl 0.9.1's merger casts every
+shard to bfloat16 (``FSDPModelMerger._load_and_merge_state_dicts``), which turned a float32 model into
+a bfloat16 one silently; ``_Merger`` overrides that one step (the shards are read the same way,
+merged with verl's own ``_merge_by_placement`` and ``merge_non_dtensor_shards``, cast to the dtype
+asked for) and the saved ``config.json`` records the dtype of the weights.
 """
 
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 from recallm.errors import RecallmError
 
-__all__ = ["find_actor_dir", "export_checkpoint"]
+__all__ = ["find_actor_dir", "export_checkpoint", "trained_dtype", "DTYPES"]
+
+DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _saved_steps(path: Path) -> list[int]:
@@ -53,19 +64,70 @@ def find_actor_dir(path: str | Path, step: int | None = None) -> Path:
     raise RecallmError(f"no verl actor checkpoint under {path} (expected global_step_N/actor/huggingface)")
 
 
-def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None) -> Path:
+def trained_dtype(actor: Path) -> str:
+    """The dtype the model was trained from: its checkpoint's ``huggingface/config.json``'s
+    ``dtype`` (``torch_dtype`` in older files), else float32."""
+    config = actor / "huggingface" / "config.json"
+    try:
+        saved = json.loads(config.read_text())
+    except (OSError, json.JSONDecodeError) as exc:
+        raise RecallmError(f"cannot read {config}: {exc}") from None
+    dtype = saved.get("dtype") or saved.get("torch_dtype") or "float32"
+    return dtype if dtype in DTYPES else "float32"
+
+
+def _merger(config, dtype):
+    """verl's FSDP merger with the merged weights in ``dtype`` (module doc)."""
+    import torch
+    from torch.distributed.tensor import DTensor
+    from verl.model_merger.fsdp_model_merger import FSDPModelMerger, merge_non_dtensor_shards
+
+    target = getattr(torch, dtype)
+
+    def cast(tensor):
+        return tensor.to(target) if tensor.is_floating_point() else tensor
+
+    class _Merger(FSDPModelMerger):
+        def _load_and_merge_state_dicts(self, world_size, total_shards, mesh_shape, mesh_dim_names):
+            if len(mesh_shape) != 1:
+                raise RecallmError(f"cannot export a checkpoint sharded over a {len(mesh_shape)}-D mesh (FSDP only)")
+            local = Path(self.config.local_dir)
+            shards = [
+                torch.load(local / f"model_world_size_{world_size}_rank_{rank}.pt", map_location="cpu", weights_only=False)
+                for rank in range(total_shards)
+            ]
+            merged = {}
+            for key in sorted(shards[0]):
+                pieces = [shard.pop(key) for shard in shards]
+                if isinstance(pieces[0], DTensor):
+                    placements = tuple(pieces[0].placements)
+                    if mesh_dim_names[0] in ("dp", "ddp"):  # replicated over data parallelism: one copy
+                        placements = placements[1:]
+                    merged[key] = self._merge_by_placement([cast(p._local_tensor) for p in pieces], placements[0])
+                else:
+                    merged[key] = merge_non_dtensor_shards(key, [cast(p) for p in pieces])
+            return merged
+
+    return _Merger(config)
+
+
+def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None) -> Path:
     """Merge the actor checkpoint :func:`find_actor_dir` picks (``step``: that one of a run
-    directory) into the Hugging Face directory ``out``."""
+    directory) into the Hugging Face directory ``out``, its weights in ``dtype`` (default: the
+    trained one, :func:`trained_dtype`)."""
     import recallm.modeling  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
+    from recallm.io import write_json_atomic
     from recallm.modeling import check_recallm_model
     from recallm.tokens import load_tokenizer
 
+    if dtype is not None and dtype not in DTYPES:
+        raise RecallmError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     actor = find_actor_dir(path, step)
+    dtype = dtype or trained_dtype(actor)
     out = Path(out)
     if out.exists() and any(out.iterdir()):
         raise RecallmError(f"output directory {out} is not empty")
     from verl.model_merger.base_model_merger import ModelMergerConfig
-    from verl.model_merger.fsdp_model_merger import FSDPModelMerger
 
     config = ModelMergerConfig(
         operation="merge",
@@ -75,9 +137,13 @@ def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None
         hf_model_config_path=str(actor / "huggingface"),
     )
     out.mkdir(parents=True, exist_ok=True)
-    merger = FSDPModelMerger(config)
+    merger = _merger(config, dtype)
     try:
         merger.merge_and_save()
+        saved = json.loads((out / "config.json").read_text())
+        saved["dtype"] = dtype  # (verl builds the model in bfloat16 and says so; the weights are `dtype`)
+        saved.pop("torch_dtype", None)
+        write_json_atomic(out / "config.json", saved)
     except Exception:
         shutil.rmtree(out, ignore_errors=True)  # never leave a half-written model behind
         raise

@@ -32,7 +32,7 @@ from typing import Any
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.eval.backends import Backend, BackendSettings
+from recallm.eval.backends import Backend, BackendSettings, Progress
 from recallm.eval.types import Generation, GenerationSettings, TextRequest
 from recallm.rlm.budget import BudgetLimits
 from recallm.rlm.models import make_model
@@ -118,11 +118,23 @@ class RLMBackend(Backend):
         reason = "stop" if result.outcome in ("final", "plain_text") else "length"
         return Generation(text, tokens, reason)
 
-    def generate(self, requests: Sequence[TextRequest], settings: GenerationSettings) -> list[Generation]:
+    reports_progress = True
+
+    def generate(
+        self, requests: Sequence[TextRequest], settings: GenerationSettings, *, progress: Progress | None = None
+    ) -> list[Generation]:
+        """``progress``: once per request, as its run ends."""
+
+        def one(request: TextRequest) -> Generation:
+            generation = self._one(request)
+            if progress is not None:
+                progress(generation.n_tokens, 1)
+            return generation
+
         if self.parallel == 1 or len(requests) == 1:
-            return [self._one(r) for r in requests]
+            return [one(r) for r in requests]
         with ThreadPoolExecutor(max_workers=min(self.parallel, len(requests))) as pool:
-            return list(pool.map(self._one, requests))
+            return list(pool.map(one, requests))
 
 
 def make_rlm_backend(cfg: BackendSettings, model_path: str | Path, tokenizer) -> RLMBackend:

@@ -84,6 +84,9 @@ class SFTRecipe:
     bf16: bool = False
     """bfloat16 weights where a GPU is present"""
     logging_steps: int = field(default=10, metadata={"min": 1})
+    logging_seconds: float | None = field(default=30.0, metadata={"min": 1})
+    """also log the loss once this many seconds have passed since the last log (and at the last step
+    always); null: every logging_steps only (``recallm.sft.progress``)"""
     save_steps: int = field(default=100, metadata={"min": 1})
     save_total_limit: int | None = field(default=None, metadata={"min": 1})
     seed: int = 0

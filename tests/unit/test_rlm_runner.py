@@ -16,7 +16,7 @@ from recallm.rlm.runner import RLM, RLMSettings
 from recallm.rlm.sandbox import SandboxLimits
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.trajectory import load_trajectory, root_conversation
-from tests.rlm_helpers import LIMITS, events_of, make, repl, wait_for
+from tests.rlm_helpers import LIMITS, events_of, isolation, make, repl, wait_for
 
 
 def test_code_runs_variables_persist_and_the_root_never_sees_the_context():
@@ -346,7 +346,7 @@ def test_an_openai_compatible_root_with_its_key_from_the_environment(monkeypatch
             "max_new_tokens": 64,
         }
         root = make_model(cfg, "root")
-        result = RLM(root, settings=RLMSettings(max_iterations=3), sandbox=LIMITS).run("twelve chars")
+        result = RLM(root, settings=RLMSettings(max_iterations=3, isolation=isolation()), sandbox=LIMITS).run("twelve chars")
         assert (result.answer, result.outcome, result.turns) == ("12", "final", 2)
         seen = [(call["auth"], call["body"]) for call in stub.calls if call["method"] == "POST"]
         assert [auth for auth, _ in seen] == ["Bearer sk-test-123"] * 2

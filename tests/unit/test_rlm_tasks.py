@@ -30,6 +30,7 @@ from recallm.rlm.tasks import (
     score_answer,
     task_specs,
 )
+from tests.rlm_helpers import isolation
 
 
 def records(context, with_dates=False):
@@ -301,7 +302,7 @@ def test_an_rlm_with_a_perfect_classifier_scores_one(task, index, second):
     rlm = RLM(
         ScriptedModel([LABEL_CODE, second]),
         sub,
-        settings=RLMSettings(max_depth=1, max_iterations=4),
+        settings=RLMSettings(max_depth=1, max_iterations=4, isolation=isolation()),
         subcalls=SubCallSettings(pool_size=16, retries=0),
         sandbox=SandboxLimits(wall_s=20, memory_mb=512),
     )

@@ -14,6 +14,7 @@ from recallm.rlm.sandbox import SandboxLimits
 from recallm.rlm.show import render_html, write_html
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.trajectory import append_event, load_trajectory
+from tests.rlm_helpers import isolation, isolation_override
 
 # no cell here is meant to time out: a generous wall clock, so a loaded machine cannot cut one
 LIMITS = SandboxLimits(cpu_s=5, wall_s=30, memory_mb=512)
@@ -21,6 +22,7 @@ LIMITS = SandboxLimits(cpu_s=5, wall_s=30, memory_mb=512)
 
 def run(tmp_path, name, replies, *, sub=None, score=None, **settings):
     settings.setdefault("max_iterations", 4)
+    settings.setdefault("isolation", isolation())
     rlm = RLM(
         ScriptedModel(replies),
         sub,
@@ -137,7 +139,7 @@ def cli(*args, replies=None):
 
     from recallm.cli.rlm import rewrite_argv, run
 
-    cfg = compose("progress=false", *rewrite_argv(list(args)))
+    cfg = compose("progress=false", *rewrite_argv(list(args)), isolation_override())
     if replies is not None:
         OmegaConf.update(cfg, "root.name", "scripted")
         OmegaConf.update(cfg, "root.replies", replies, force_add=True)

@@ -78,6 +78,18 @@ def test_a_request_cancelled_while_running_is_aborted_in_the_engine():
     assert not engine.has_unfinished_requests()
 
 
+def test_progress_counts_each_steps_tokens_and_each_request_as_it_ends():
+    flag = {"set": False}
+    engine = FakeEngine(on_step=lambda n: flag.update(set=True) if n == 2 else None)
+    calls = []
+    drive_engine(
+        engine, ["a", "b", "c"], [None] * 3, _params(3, 5, 5), [lambda: False, lambda: flag["set"], lambda: False],
+        progress=lambda tokens, finished: calls.append((tokens, finished)),
+    )  # fmt: skip
+    # b is cancelled after step 2, a ends at step 3, c at step 5
+    assert calls == [(3, 0), (3, 0), (0, 1), (2, 1), (1, 0), (1, 1)]
+
+
 def test_requests_cancelled_before_they_start_never_reach_the_engine_and_all_cancelled_stops():
     engine = FakeEngine()
     done = drive_engine(engine, ["a", "b"], [None, None], _params(5, 5), [lambda: True, lambda: True])

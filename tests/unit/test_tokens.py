@@ -119,3 +119,22 @@ def test_template_that_already_opens_think_is_left_alone():
         [{"role": "user", "content": "x"}], tokenize=False, add_generation_prompt=True
     )
     assert prompt.endswith("assistant\n<think>\n")
+
+
+def test_padding_rule_left_and_right_padding_refused(tmp_path):
+    from recallm.tokens import check_left_padded, load_tokenizer
+
+    tok = build_tiny_tokenizer()
+    tok.padding_side = "right"  # as transformers gives a GGUF conversion (SmolLM2)
+    tok.save_pretrained(tmp_path)
+    loaded = load_tokenizer(tmp_path)
+    assert loaded.padding_side == "left"
+    enc = loaded(["a b c", "a"], return_tensors="pt", padding=True)
+    check_left_padded(enc["attention_mask"])
+    check_left_padded(None)
+    check_left_padded(torch.ones(1, 1, dtype=torch.long))
+    right = loaded(["a b c", "a"], return_tensors="pt", padding=True, padding_side="right")
+    with pytest.raises(RecallmError, match=r"prompt rows \[1\] are padded on the right.*padding_side = 'left'"):
+        check_left_padded(right["attention_mask"])
+    with pytest.raises(RecallmError, match=r"prompt rows \[0, 2\]"):  # a hole is no better
+        check_left_padded(torch.tensor([[1, 0, 1], [0, 1, 1], [1, 1, 0]]))
