@@ -15,12 +15,12 @@ from tests.rlm_helpers import isolation
 SOLVER = """```repl
 import re
 answer = 'unknown'
-key = re.search(r"Your key: (\\d+)", context)
+key = re.search(r"Your key: (-?\\d+)", context)
 if key:
-    found = re.search(r"(?m)^\\W*" + key.group(1) + r"\\W+(\\w+)", context)
+    found = re.search(r"(?m)^\\W*(?:Key )?" + re.escape(key.group(1)) + r"\\W+(\\w+)", context)
     answer = found.group(1) if found else 'unknown'
 else:
-    asked = re.search(r"magic numbers for ([\\w-]+) mentioned", context)
+    asked = re.search(r"magic numbers? for ([\\w-]+) mentioned", context)
     if asked:
         name = re.escape(asked.group(1))
         answer = ', '.join(re.findall(r"magic numbers for " + name + r" is: (\\d+)", context))
