@@ -21,6 +21,21 @@ from recallm.cli.schemas import register as _register_schemas  # noqa: E402
 _register_schemas()
 
 
+@pytest.fixture(autouse=True)
+def _root_logging_restored():
+    """A command run in-process configures the root logger once per process, as a real CLI does (Hydra's
+    job logging, ``basicConfig``): its handlers write to the streams of that moment, which pytest's capture
+    closes when the test ends. A later test's log line would then print "--- Logging error ---" into its
+    own captured output. Each test leaves the root logger's handlers and level as it found them."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    yield
+    for handler in list(root.handlers):
+        if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
+            root.removeHandler(handler)  # pytest's own capture handlers come and go with each phase
+    root.setLevel(level)
+
+
 @pytest.fixture(scope="session")
 def tiny_dir(tmp_path_factory):
     """The tiny default (tied) as a RecaLLM model directory."""
