@@ -537,11 +537,14 @@ def check_overrides(
     config_dir: str | Path | None = None,
     open_keys: Sequence[str] = (),
     closed: Callable[[str], bool] | None = None,
+    job_name: str | None = None,
+    keep_hydra: bool = False,
 ) -> Any:
     """Compose ``config_name`` with ``overrides`` as Hydra would and check them (module doc); returns
-    the composed config (without its ``hydra`` node). A bad override, or one Hydra cannot apply, is
-    a one-line ``RecallmError``. ``open_keys``: nodes under which any key may be added; ``closed``:
-    the keys the unknown-key rule applies to (default: all).
+    the composed config (without its ``hydra`` node unless ``keep_hydra``: then with it, as Hydra's run
+    would compose it for job ``job_name``, every override recorded in ``hydra.overrides``). A bad
+    override, or one Hydra cannot apply, is a one-line ``RecallmError``. ``open_keys``: nodes under
+    which any key may be added; ``closed``: the keys the unknown-key rule applies to (default: all).
 
     Hydra composes once: the defaults tree with the overrides that choose config groups (and Hydra's
     own), which is also the reference each value override is checked against (the value it replaces),
@@ -574,7 +577,9 @@ def check_overrides(
 
     with contextlib.ExitStack() as stack:
         if not GlobalHydra.instance().is_initialized():
-            stack.enter_context(initialize_config_dir(config_dir=str(config_dir), version_base="1.3"))
+            stack.enter_context(
+                initialize_config_dir(config_dir=str(config_dir), version_base="1.3", job_name=job_name or "app")
+            )
         if any(o.is_sweep_override() for o in parsed):
             _composed(overrides)  # Hydra's own message
             raise RecallmError(f"bad override: a sweep ({', '.join(o.input_line for o in parsed if o.is_sweep_override())})")
@@ -612,6 +617,18 @@ def check_overrides(
         problem = _type_error(key, default, value)
         if problem:
             raise RecallmError(problem)
+    if keep_hydra:  # the reference was composed with the group overrides only: record them all, as Hydra does
+        from hydra._internal.config_loader_impl import get_overrides_dirname
+
+        task = [o for o in parsed if not o.is_hydra_override()]
+        dirname = cfg.hydra.job.config.override_dirname
+        with open_dict(cfg.hydra):
+            cfg.hydra.overrides.task = [o.input_line for o in task]
+            cfg.hydra.overrides.hydra = [o.input_line for o in parsed if o.is_hydra_override()]
+            cfg.hydra.job.override_dirname = get_overrides_dirname(
+                overrides=task, exclude_keys=list(dirname.exclude_keys), item_sep=dirname.item_sep, kv_sep=dirname.kv_sep
+            )
+        return cfg
     with open_dict(cfg):
         cfg.pop("hydra", None)
     return cfg

@@ -16,11 +16,12 @@ What every such command does, in this order:
    ``error: ...`` line on stderr and exit code 2 — before Hydra creates its output directory, so
    nothing at all is written. Lines with Hydra's own flags (``--help``, ``--cfg``, ``-m``, ...) go
    to Hydra unchecked.
-5. Hydra runs ``run(cfg, **flags)`` (its output directory, logging, ``--cfg``...); or, with
-   ``hydra_run=False``, ``run(cfg, **flags)`` is called directly with the config step 4 composed and
-   checked — the one composition of the command (``recallm-grpo`` and ``recallm-rlm train``, which hand
-   it to verl's own trainer; Hydra's own flags are not theirs). A non-zero integer from ``run`` is the
-   exit code.
+5. Hydra's run of the job (its output directory, ``.hydra/`` files, logging) calls ``run(cfg, **flags)``
+   with the config step 4 composed and checked — the one composition of the command (a line with Hydra's
+   own flags, ``--cfg``, ``--help``, is Hydra's own ``main``); or, with ``hydra_run=False``,
+   ``run(cfg, **flags)`` is called directly with that config, no output directory (``recallm-grpo``
+   and ``recallm-rlm train``, which hand it to verl's own trainer; Hydra's own flags are not theirs).
+   A non-zero integer from ``run`` is the exit code.
 
 The config tree is ``recallm.paths.CONFIG_DIR`` (the source checkout's ``configs/`` or the copy a
 wheel carries). Commands that take no config tree use ``argparse`` and say why in their module doc.
@@ -47,13 +48,23 @@ def precheck(
     *,
     open_keys: Sequence[str] = (),
     closed: Callable[[str], bool] | None = None,
+    job_name: str | None = None,
 ) -> Any:
-    """Check a command line (module doc, step 4); returns the composed config."""
+    """Check a command line (module doc, step 4); returns the composed config. With ``job_name``, the
+    config keeps its ``hydra`` node, as Hydra's run composes it for that job (``check`` sees it without)."""
+    from omegaconf import open_dict
+
     from recallm.config import check_overrides
 
-    cfg = check_overrides(config_name, argv, open_keys=open_keys, closed=closed)
+    cfg = check_overrides(config_name, argv, open_keys=open_keys, closed=closed, job_name=job_name,
+                          keep_hydra=job_name is not None)  # fmt: skip
     if check is not None:
-        check(cfg)
+        task = cfg
+        if job_name is not None:
+            task = cfg.copy()
+            with open_dict(task):
+                task.pop("hydra", None)
+        check(task)
     return cfg
 
 
@@ -111,9 +122,11 @@ def hydra_command(
         args = [a for a in args if a not in flags]
         if not hydra_run:  # the composed and checked config is what runs: composed once
             return _exit(run(precheck(config_name, args, check, open_keys=open_keys, closed=closed), **given))
-        if not any(arg.startswith("-") for arg in args):
-            precheck(config_name, args, check, open_keys=open_keys, closed=closed)
-        return _run_hydra(config_name, args, run, given, quiet, quiet_level, command)
+        if any(arg.startswith("-") for arg in args):  # Hydra's own flags: Hydra's own run
+            return _run_hydra(config_name, args, run, given, quiet, quiet_level, command)
+        job = _job_name(run)
+        cfg = precheck(config_name, args, check, open_keys=open_keys, closed=closed, job_name=job)
+        return _run_composed(cfg, job, run, given, quiet, quiet_level)
 
     main.__doc__ = f"recallm command on configs/{config_name}.yaml" + "".join(
         f"; {name}: {text}" for name, text in flags.items()
@@ -136,6 +149,50 @@ def _help_header(command: str) -> list[str]:
     prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
     about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
     return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about or prog)}"]
+
+
+def _job_name(run: Callable[..., Any]) -> str:
+    """The name Hydra gives the job (its log file, ``hydra.job.name``): the module defining ``run``."""
+    module = run.__module__
+    if module == "__main__":  # python -m recallm.cli.sft
+        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) or module
+    return module.rsplit(".", 1)[-1]
+
+
+def _run_composed(
+    cfg: Any, job: str, run: Callable[..., Any], given: dict[str, bool], quiet: Sequence[str], level: int
+) -> int | None:
+    """Hydra's run of a job (its output directory, ``.hydra/`` files, logging, callbacks) on the config
+    step 4 composed and checked, so the command composes it once: what ``hydra.main`` does after its own
+    composition (``hydra._internal.hydra.Hydra.run``, Hydra 1.3)."""
+    from hydra import initialize_config_dir
+    from hydra._internal.callbacks import Callbacks
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.core.utils import configure_log, run_job
+    from hydra.types import HydraContext, RunMode
+    from omegaconf import open_dict
+
+    from recallm.paths import CONFIG_DIR
+
+    result: dict[str, Any] = {}
+
+    def task(task_cfg) -> None:
+        for name in quiet:
+            logging.getLogger(name).setLevel(level)
+        result["code"] = run(task_cfg, **given)
+
+    with open_dict(cfg.hydra):
+        cfg.hydra.mode = RunMode.RUN
+    configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
+    with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3", job_name=job):
+        callbacks = Callbacks(cfg)
+        callbacks.on_run_start(config=cfg, config_name=cfg.hydra.job.config_name)
+        context = HydraContext(config_loader=GlobalHydra.instance().config_loader(), callbacks=callbacks)
+        ret = run_job(task_function=task, config=cfg, job_dir_key="hydra.run.dir", job_subdir_key=None,
+                      hydra_context=context)  # fmt: skip
+        callbacks.on_run_end(config=cfg, config_name=cfg.hydra.job.config_name, job_return=ret)
+        _ = ret.return_value  # the run's exception, if it raised one
+    return _exit(result.get("code"))
 
 
 def _run_hydra(

@@ -204,6 +204,37 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
     assert len(seen) == 3
 
 
+@pytest.mark.parametrize("config_name", ["data_gen", "sft", "eval", "pipeline", "score", "annotate", "demo", "rlm"])
+def test_a_hydra_command_composes_once(config_name, tmp_path, monkeypatch):
+    """Every command Hydra runs composes its config one time: the composition that checked the command line
+    is the one Hydra's run hands to the command, with its output directory, ``.hydra/`` files and job log."""
+    from hydra._internal.config_loader_impl import ConfigLoaderImpl
+    from hydra.core.hydra_config import HydraConfig
+
+    from recallm.cli.common import hydra_command
+
+    calls, seen = [], []
+    original = ConfigLoaderImpl.load_configuration
+
+    def counted(self, *args, **kwargs):
+        calls.append(kwargs.get("config_name", args[0] if args else None))
+        return original(self, *args, **kwargs)
+
+    def run(cfg):
+        seen.append(("hydra" in cfg, HydraConfig.get().runtime.output_dir, HydraConfig.get().job.name))
+        return 0
+
+    monkeypatch.setattr(ConfigLoaderImpl, "load_configuration", counted)
+    main = hydra_command(config_name, run)
+    main([f"hydra.run.dir={tmp_path / 'hydra'}"])
+    assert calls == [config_name]
+    assert seen == [(False, str(tmp_path / "hydra"), "test_config_schema")]
+    files = sorted(p.name for p in (tmp_path / "hydra" / ".hydra").iterdir())
+    assert files == ["config.yaml", "hydra.yaml", "overrides.yaml"]
+    assert (tmp_path / "hydra" / ".hydra" / "overrides.yaml").read_text().strip() == "[]"  # hydra.* is Hydra's own
+    assert (tmp_path / "hydra" / "test_config_schema.log").exists()
+
+
 # ------------------------------------------------------------- schemas registered with Hydra (ConfigStore)
 def test_registered_schemas_give_every_key_and_refuse_with_one_line():
     from recallm.config import check_overrides
