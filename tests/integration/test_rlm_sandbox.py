@@ -197,7 +197,7 @@ def test_with_isolation_the_filesystem_is_a_small_read_only_view(mode):
 
 
 def test_isolation_is_reported_and_bwrap_is_required_unless_the_user_opts_out(monkeypatch, caplog):
-    from recallm.rlm import sandbox as module
+    from recallm.rlm.sandbox import repl as module
 
     found = {
         "bwrap": "bubblewrap (bwrap) is not installed",

@@ -28,8 +28,8 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from recallm.rlm import sandbox as sandbox_module
 from recallm.rlm.sandbox import Isolation, Sandbox, SandboxLimits, probe_isolation
+from recallm.rlm.sandbox import repl as sandbox_module
 
 PROBES = {kind: probe_isolation(kind) for kind in ("bwrap", "namespaces", "none")}
 MODES = [kind for kind, found in PROBES.items() if isinstance(found, Isolation)]
@@ -676,7 +676,7 @@ def test_none_mode_is_refused_where_it_would_need_root():
 def test_without_cgroups_the_host_samples_the_memory_of_the_whole_tree(monkeypatch):
     """Where the host may not create cgroups, the tree's memory is sampled and the process count
     is still capped by RLIMIT_NPROC on the REPL's own uid."""
-    from recallm.rlm import proctree
+    from recallm.rlm.sandbox import proctree
 
     monkeypatch.setattr(proctree, "detect_cgroups", lambda: proctree.CgroupSupport((), "not in this test"))
     with open_sandbox(MODES[0], memory_mb=256) as sb:

@@ -81,9 +81,9 @@ from typing import Any
 from recallm import cancel as _cancel
 from recallm.config import dataclass_values
 from recallm.errors import RecallmError
-from recallm.rlm import confine, proctree
 from recallm.rlm.budget import BudgetExhausted
-from recallm.rlm.protocol import LineReader, ProtocolError, encode
+from recallm.rlm.sandbox import confine, proctree
+from recallm.rlm.sandbox.protocol import LineReader, ProtocolError, encode
 
 __all__ = [
     "SandboxLimits",
