@@ -1,7 +1,7 @@
 """The sandbox side of an RLM's REPL: a persistent Python namespace in its own process.
 
 Standard library only. The host starts it as a script (``python -I -S -B worker.py CONFIG``,
-see ``recallm.rlm.sandbox``) with two pipe file descriptors for the protocol of ``protocol.py``
+see ``recallm.rlm.sandbox.process``) with two pipe file descriptors for the protocol of ``protocol.py``
 and one to read the context from (``protocol.py`` and ``confine.py`` are bound next to it). It:
 
 0. confines its process tree before anything else (``confine.enter``: cgroups, bubblewrap or

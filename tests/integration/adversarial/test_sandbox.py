@@ -29,7 +29,8 @@ from dataclasses import dataclass, fields
 import pytest
 
 from recallm.rlm.sandbox import Isolation, Sandbox, SandboxLimits, probe_isolation
-from recallm.rlm.sandbox import repl as sandbox_module
+from recallm.rlm.sandbox import isolation as sandbox_isolation
+from recallm.rlm.sandbox import process as sandbox_process
 
 PROBES = {kind: probe_isolation(kind) for kind in ("bwrap", "namespaces", "none")}
 MODES = [kind for kind, found in PROBES.items() if isinstance(found, Isolation)]
@@ -324,7 +325,7 @@ limits = SandboxLimits(cpu_s=60, wall_s=60, memory_mb=512, kill_grace_s=1.0)
 sb = Sandbox("adversarial context", limits=limits, isolation={mode!r}, functions=["llm_query"],
              on_call=lambda kind, args: time.sleep(600))
 result = sb.execute({spawn!r})
-print("SPAWNED" if result.error is None else result.error, sb._uid, flush=True)
+print("SPAWNED" if result.error is None else result.error, sb._process.uid, flush=True)
 cell = "while True:\\n    try:\\n        llm_query('never answered')\\n    except BaseException:\\n        pass"
 threading.Thread(target=sb.execute, args=(cell,), daemon=True).start()  # waits on the host, then never ends
 time.sleep(1.0)
@@ -601,7 +602,7 @@ def _stalled_channel(mode: str) -> str | None:
     worker.start()
     worker.join(60)
     if worker.is_alive():
-        sb._kill()
+        sb._process.kill()
         return "the host hung writing to a REPL that stopped reading"
     return f"{grown[0]} host threads stuck writing to a REPL that stopped reading" if grown[0] > 32 else None
 
@@ -658,14 +659,14 @@ def test_no_escape(mode, host):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_code_is_contained(case, mode, monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_SEND_TIMEOUT_S", 2.0)  # the stalled channel gives up sooner
+    monkeypatch.setattr(sandbox_process, "_SEND_TIMEOUT_S", 2.0)  # the stalled channel gives up sooner
     assert CASES[case](mode) is None
 
 
 def test_none_mode_is_refused_where_it_would_need_root():
     """A root host whose Python only root can read cannot run an unprivileged REPL without
     namespaces: ``none`` says so instead of running model code as root."""
-    obstacle = sandbox_module._none_obstacle()
+    obstacle = sandbox_isolation.none_obstacle()
     if os.geteuid() != 0 or obstacle is None:
         pytest.skip("the host is not root, or its Python is readable by everyone")
     assert isinstance(PROBES["none"], str) and "root" in PROBES["none"]
@@ -681,7 +682,7 @@ def test_without_cgroups_the_host_samples_the_memory_of_the_whole_tree(monkeypat
     monkeypatch.setattr(proctree, "detect_cgroups", lambda: proctree.CgroupSupport((), "not in this test"))
     with open_sandbox(MODES[0], memory_mb=256) as sb:
         result = sb.execute(MEMORY)
-        assert sb._cgroups is None
+        assert sb._process.cgroups is None
     assert result.restarted and result.error_type == "MemoryError" and "memory_mb=256" in result.error
     if os.geteuid() == 0:  # (a non-root host's REPL shares the host user's process count)
         assert _forks(MODES[0]) is None
