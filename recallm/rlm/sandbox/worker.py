@@ -116,6 +116,13 @@ class Worker:
         self._paused_left = 0.0  # the cell's wall-clock seconds left when its timer was paused
         self._cell = 0
         self.namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+        # Only this process speaks the protocol. A process that model code forks runs a copy of
+        # this one (the cell's frames, this object): it must never send (a "done" of its own would
+        # be taken for the cell's), so it loses the pipes at the fork and exits where its copy of
+        # the cell ends.
+        self._owner = os.getpid()
+        self._parent = os.getppid()  # the REPL's PID 1 (the supervisor under ``none``)
+        os.register_at_fork(after_in_child=self._forked)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -156,9 +163,33 @@ class Worker:
 
     # --- the channel --------------------------------------------------------------------------
 
+    def _forked(self) -> None:
+        """In a child forked by model code: close its copies of the protocol's pipes, and keep
+        only what it prints from now on (its copy of the cell's output is the parent's)."""
+        for fd in (self.fd_in, self.fd_out):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if isinstance(sys.stdout, _CappedText):
+            sys.stdout.parts, sys.stdout.kept, sys.stdout.total = [], 0, 0
+
+    def _leave_child(self, error: str | None, stdout: str) -> None:
+        """A forked child's copy of the cell has ended: what it printed and its error go to the
+        cell's output (file descriptors 1 and 2), and it exits without touching the protocol."""
+        try:
+            data = (stdout + (f"[a process forked by the cell ended with] {error}" if error else "")).encode()
+            while data:
+                data = data[os.write(1, data) :]
+        except BaseException:  # noqa: S110 - exiting is all that is left to do
+            pass
+        os._exit(1 if error else 0)
+
     def send(self, message: dict) -> None:
         """Write one message; the limit signals are held back meanwhile so that a cell's
-        timeout never cuts a message in half."""
+        timeout never cuts a message in half. Only the worker's own process may send."""
+        if os.getpid() != self._owner:  # (a forked child never gets here: run_cell ends it)
+            os._exit(70)
         blocked = {signal.SIGALRM, signal.SIGXCPU}
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
@@ -190,6 +221,8 @@ class Worker:
 
     def call(self, kind: str, args: dict):
         """One sub-call through the host; blocks this thread until the host answers."""
+        if os.getpid() != self._owner:
+            raise SubCallError(f"{kind} works only in the REPL's own process, not in a process forked by the cell")
         call_id = next(self._ids)
         slot = {"event": threading.Event(), "message": None}
         with self._pending_lock:
@@ -333,6 +366,15 @@ class Worker:
             error = self._format_error(exc, code, filename)
         finally:
             sys.stdout, sys.stderr = old
+        if os.getpid() != self._owner:
+            self._leave_child(error, capture.getvalue())
+        if timed_out:  # the cell's whole process tree ends with it, whatever it forked or left running
+            killed = confine.end_other_processes(self._parent)
+            if killed:
+                error += (
+                    f"\n(the REPL's other processes ended with it: {killed} killed, those of earlier cells "
+                    "included; variables are kept)"
+                )
         elapsed = time.monotonic() - start
         if self._reserve is None:
             try:

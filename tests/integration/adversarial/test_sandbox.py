@@ -639,7 +639,86 @@ FORGERY = {
     "late_reply": _late_reply,
 }
 
-CASES: dict[str, Callable[[str], str | None]] = {**TREES, **CAPS, **FORGERY}
+
+# --- 5. a cell's own processes (issue 31) -------------------------------------------------------
+# Bounded on purpose: a dozen children at most, under max_processes (cgroup pids.max and RLIMIT_NPROC
+# on the REPL's own uid), never an unbounded fork loop.
+
+
+def _timed_out_tree(mode: str) -> str | None:
+    """A cell forks 12 children (they sleep, named by a marker) and then outlives its wall
+    clock: its timeout ends every one of them, the REPL keeps its variables, and the next cell
+    can fork again."""
+    mark = marker()
+    code = (
+        "import os, time\n"
+        "for i in range(12):\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', [{mark!r}, '600'])\n"
+        "time.sleep(60)\n"
+    )
+    problems = []
+    sb = open_sandbox(mode, max_processes=32, wall_s=3)
+    try:
+        sb.execute("x = 41")
+        result = sb.execute(code)
+        assert result.timed_out, f"the attack did not run: {result}"
+        left = survivors(mark)  # at once: the timed-out cell's result comes after its processes ended
+        if left:
+            problems.append(f"{len(left)} processes of the timed-out cell kept running")
+        if result.restarted:
+            problems.append("the REPL was restarted instead (variables lost)")
+        elif "12 killed" not in (result.error or ""):
+            problems.append(f"the cell's error does not say its processes were killed: {result.error!r}")
+        later = sb.execute("import subprocess\nprint(x + 1, subprocess.run(['/bin/true']).returncode)")
+        if later.stdout != "42 0\n":
+            problems.append(f"the next cell: {later.stdout!r} {later.error!r}")
+    finally:
+        sb.close()
+        stray = wait_gone(mark, 10)
+        if stray:
+            subprocess.run(["kill", "-9", *map(str, stray)], capture_output=True)
+    return "; ".join(problems) or None
+
+
+def _forked_child_speaks(mode: str) -> str | None:
+    """A child forked by a cell runs a copy of the REPL: one that raises and one that returns
+    must not answer for the cell (their result taken for the cell's, the protocol broken, the
+    REPL restarted and its variables lost)."""
+    code = (
+        "import os\n"
+        "kids = []\n"
+        "for how in ('raise', 'return'):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        print('child', how)\n"
+        "        if how == 'raise':\n"
+        "            raise ValueError('the child failed')\n"
+        "        break\n"
+        "    kids.append(pid)\n"
+        "    os.waitpid(pid, 0)\n"
+        "print('parent', len(kids))\n"
+    )
+    problems = []
+    with open_sandbox(mode, functions=["llm_query"], on_call=lambda kind, args: "answer") as sb:
+        sb.execute("x = 41")
+        result = sb.execute(code)
+        if result.error is not None or result.restarted or not result.stdout.startswith("parent 2\n"):
+            problems.append(f"the cell's result is not its own: {result.stdout!r} {result.error!r}")
+        elif "ValueError: the child failed" not in result.stdout or "child return" not in result.stdout:
+            problems.append(f"what the children printed is missing: {result.stdout!r}")
+        sub = sb.execute("import os\npid = os.fork()\nif pid == 0:\n    llm_query('q')\nos.waitpid(pid, 0)")
+        if sub.error is not None or "only in the REPL's own process" not in sub.stdout:
+            problems.append(f"a child's sub-call: {sub.stdout!r} {sub.error!r}")
+        later = sb.execute("print(x + 1)")
+        if later.stdout != "42\n" or later.restarted:
+            problems.append(f"the REPL lost its variables: {later.stdout!r} {later.error!r}")
+    return "; ".join(problems) or None
+
+
+OWN = {"timed_out_tree": _timed_out_tree, "forked_child_speaks": _forked_child_speaks}
+
+CASES: dict[str, Callable[[str], str | None]] = {**TREES, **CAPS, **FORGERY, **OWN}
 
 
 # --- the tests --------------------------------------------------------------------------------
@@ -670,6 +749,40 @@ def test_none_mode_is_refused_where_it_would_need_root():
     if os.geteuid() != 0 or obstacle is None:
         pytest.skip("the host is not root, or its Python is readable by everyone")
     assert isinstance(PROBES["none"], str) and "root" in PROBES["none"]
+
+
+NO_NAMESPACE_TREE = """
+import os, sys, time
+from recallm.rlm.sandbox import confine
+mark = sys.argv[1]
+confine._prctl(confine.PR_SET_CHILD_SUBREAPER, 1)  # the supervisor of ``none`` (confine._enter_supervised)
+worker = os.fork()
+if worker == 0:
+    for i in range(8):  # children, and orphans in their own sessions (they come back to the supervisor)
+        if os.fork() == 0:
+            if i % 2 and os.fork():
+                os._exit(0)
+            if i % 2:
+                os.setsid()
+            os.execv('/bin/sleep', [mark, '600'])
+    time.sleep(0.5)
+    print('killed', confine.end_other_processes(os.getppid()), flush=True)
+    os._exit(0)
+print('worker exit', confine._wait_for(worker), flush=True)
+"""
+
+
+def test_a_timeout_ends_the_tree_without_a_pid_namespace():
+    """``none`` (no PID namespace; not runnable as root where the interpreter is private): the
+    worker's ``end_other_processes`` finds and kills its children and the orphans that went to
+    the supervisor, on the host's own ``/proc``, and nothing else."""
+    mark = marker()
+    done = subprocess.run([sys.executable, "-c", NO_NAMESPACE_TREE, mark], capture_output=True, text=True, timeout=120)
+    left = wait_gone(mark, 10)
+    if left:
+        subprocess.run(["kill", "-9", *map(str, left)], capture_output=True)
+    assert "killed 8" in done.stdout and "worker exit 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert left == []
 
 
 @needs_modes
