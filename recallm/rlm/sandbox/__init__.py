@@ -27,7 +27,10 @@ Model code is hostile until proven otherwise. What protects the host:
   cannot read its memory or environment.)
 * **the whole process tree** is one unit (``proctree.py``): killed together, always - at
   ``close()``, on a timeout, a restart or a protocol violation - by PID namespace, uid, cgroup
-  and ancestry; no child, ``setsid`` grandchild or daemon outlives its sandbox.
+  and ancestry; no child, ``setsid`` grandchild or daemon outlives its sandbox. A cell that times
+  out in the worker ends every other process of the REPL before it reports (the REPL and its
+  variables stay: ``confine.end_other_processes``); a process forked by a cell never speaks the
+  protocol (it loses the pipes at the fork and exits where its copy of the cell ends).
 * **caps on the whole tree**: ``max_processes`` (processes and threads together:
   ``RLIMIT_NPROC`` on the REPL's own uid, and the cgroup's ``pids.max``), ``memory_mb`` (each
   process's address space, and the resident memory of all of them together: a cgroup where

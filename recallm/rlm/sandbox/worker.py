@@ -15,7 +15,9 @@ and one to read the context from (``protocol.py`` and ``confine.py`` are bound n
    ``RLIMIT_CPU`` is moved to "used so far + the cell's allowance"; ``SIGXCPU`` raises in the
    cell) and a wall-clock limit (``SIGALRM``; the timer is paused while a sub-call of the cell
    is in flight - waiting on the host is not the cell's time); the host kills the whole process
-   if a cell ignores both (a loop inside C code);
+   if a cell ignores both (a loop inside C code). A cell that times out takes every other
+   process of the REPL with it (``confine.end_other_processes``): what it forked cannot keep
+   running, nor hold the process cap, after its ``TimeoutError``;
 4. captures what a cell prints - ``sys.stdout``/``sys.stderr`` and anything written to file
    descriptors 1 and 2 (a subprocess) - keeping at most ``max_output_chars`` characters and
    counting the rest;
@@ -24,7 +26,9 @@ and one to read the context from (``protocol.py`` and ``confine.py`` are bound n
    ``FINAL_VAR`` and ``SHOW_VARS``.
 
 Errors in a cell (syntax errors, exceptions, limits) are reported as text, with the
-traceback cut to the cell's own frames; the namespace survives them.
+traceback cut to the cell's own frames; the namespace survives them. Only this process speaks
+the protocol: a process that model code forks is a copy of it, so it loses the pipes at the fork
+(``os.register_at_fork``), cannot make sub-calls, and exits where its copy of the cell ends.
 """
 
 from __future__ import annotations
