@@ -178,16 +178,17 @@ class Worker:
         if isinstance(sys.stdout, _CappedText):
             sys.stdout.parts, sys.stdout.kept, sys.stdout.total = [], 0, 0
 
-    def _leave_child(self, error: str | None, stdout: str) -> None:
+    def _leave_child(self, error: str | None, stdout: str, exit_code: int | None) -> None:
         """A forked child's copy of the cell has ended: what it printed and its error go to the
-        cell's output (file descriptors 1 and 2), and it exits without touching the protocol."""
+        cell's output (the file behind descriptors 1 and 2), and it exits (with its ``sys.exit``
+        code, if any) without touching the protocol."""
         try:
             data = (stdout + (f"[a process forked by the cell ended with] {error}" if error else "")).encode()
             while data:
                 data = data[os.write(1, data) :]
-        except BaseException:  # noqa: S110 - exiting is all that is left to do
+        except BaseException:  # exiting is all that is left to do
             pass
-        os._exit(1 if error else 0)
+        os._exit(exit_code if exit_code is not None else 1 if error else 0)
 
     def send(self, message: dict) -> None:
         """Write one message; the limit signals are held back meanwhile so that a cell's
@@ -354,6 +355,7 @@ class Worker:
         sys.stdout = sys.stderr = capture
         error = error_type = None
         timed_out = False
+        exit_code = None  # a forked child's sys.exit()
         start = time.monotonic()
         try:
             self._arm()
@@ -368,10 +370,12 @@ class Worker:
             timed_out = isinstance(exc, CellTimeout)
             error_type = "TimeoutError" if timed_out else type(exc).__name__
             error = self._format_error(exc, code, filename)
+            if isinstance(exc, SystemExit) and isinstance(exc.code, (int, type(None))):
+                exit_code = exc.code or 0
         finally:
             sys.stdout, sys.stderr = old
         if os.getpid() != self._owner:
-            self._leave_child(error, capture.getvalue())
+            self._leave_child(None if exit_code is not None else error, capture.getvalue(), exit_code)
         if timed_out:  # the cell's whole process tree ends with it, whatever it forked or left running
             killed = confine.end_other_processes(self._parent)
             if killed:

@@ -686,26 +686,27 @@ def _forked_child_speaks(mode: str) -> str | None:
     must not answer for the cell (their result taken for the cell's, the protocol broken, the
     REPL restarted and its variables lost)."""
     code = (
-        "import os\n"
-        "kids = []\n"
-        "for how in ('raise', 'return'):\n"
+        "import os, sys\n"
+        "codes = []\n"
+        "for how in ('raise', 'return', 'exit'):\n"
         "    pid = os.fork()\n"
         "    if pid == 0:\n"
         "        print('child', how)\n"
         "        if how == 'raise':\n"
         "            raise ValueError('the child failed')\n"
+        "        if how == 'exit':\n"
+        "            sys.exit(3)\n"
         "        break\n"
-        "    kids.append(pid)\n"
-        "    os.waitpid(pid, 0)\n"
-        "print('parent', len(kids))\n"
+        "    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "print('parent', codes)\n"
     )
     problems = []
     with open_sandbox(mode, functions=["llm_query"], on_call=lambda kind, args: "answer") as sb:
         sb.execute("x = 41")
         result = sb.execute(code)
-        if result.error is not None or result.restarted or not result.stdout.startswith("parent 2\n"):
+        if result.error is not None or result.restarted or not result.stdout.startswith("parent [1, 0, 3]\n"):
             problems.append(f"the cell's result is not its own: {result.stdout!r} {result.error!r}")
-        elif "ValueError: the child failed" not in result.stdout or "child return" not in result.stdout:
+        elif not all(x in result.stdout for x in ("ValueError: the child failed", "child return", "child exit")):
             problems.append(f"what the children printed is missing: {result.stdout!r}")
         sub = sb.execute("import os\npid = os.fork()\nif pid == 0:\n    llm_query('q')\nos.waitpid(pid, 0)")
         if sub.error is not None or "only in the REPL's own process" not in sub.stdout:
