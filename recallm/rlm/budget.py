@@ -28,12 +28,14 @@ from typing import Any
 
 from recallm.config import dataclass_values
 from recallm.errors import RecallmError
+from recallm.rlm.sandbox import BudgetSpent
 
 __all__ = ["BudgetLimits", "Budget", "BudgetExhausted"]
 
 
-class BudgetExhausted(Exception):
-    """The task's budget is spent; ``reason`` names the cap."""
+class BudgetExhausted(BudgetSpent):
+    """The task's budget is spent; ``reason`` names the cap (raised from a sub-call, model code
+    gets its own ``BudgetExhausted``)."""
 
     def __init__(self, reason: str) -> None:
         super().__init__(f"budget exhausted: {reason}")

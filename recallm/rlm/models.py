@@ -41,6 +41,7 @@ settings.
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -67,6 +68,8 @@ __all__ = [
     "make_model",
     "approx_tokens",
 ]
+
+log = logging.getLogger(__name__)
 
 MODEL_KINDS = ("hf", "vllm", "openai", "scripted")
 _MAX_TOKENS_KEYS = ("max_tokens", "max_completion_tokens")
@@ -255,6 +258,9 @@ def _stop_check(cancel: CancelToken | None) -> Callable[[], bool]:
     return lambda: cancel.cancelled
 
 
+_CLOSE_TIMEOUT_S = 60.0  # how long close() waits for a running batch to stop
+
+
 class _Batcher:
     """One engine user at a time; what queued up meanwhile goes to the engine as one call."""
 
@@ -322,7 +328,7 @@ class _Batcher:
                 batch, self._queue = self._queue[: self._max_batch], self._queue[self._max_batch :]
                 for pending in batch:
                     pending.state = "running"
-            stops = [_stop_check(p.cancel) for p in batch]
+            stops = [self._stop_check(p.cancel) for p in batch]
             try:
                 results = self._generate([p.request for p in batch], stops)
             except BaseException as exc:  # every request of the batch fails with it; the engine stays up
@@ -332,14 +338,25 @@ class _Batcher:
                 continue
             for pending, result in zip(batch, results, strict=True):
                 if getattr(result, "finish_reason", None) == "cancelled":  # stopped part-way: it spent n_tokens
-                    error = Cancelled(pending.cancel.reason or "cancelled", completion_tokens=result.n_tokens)
+                    reason = pending.cancel.reason if pending.cancel is not None else None
+                    reason = reason or ("the model was closed" if self._closed else "cancelled")
+                    error = Cancelled(reason, completion_tokens=result.n_tokens)
                     error.sent = True
                     pending.error = error
                 else:
                     pending.result = result
                 pending.done.set()
 
-    def close(self) -> None:
+    def _stop_check(self, cancel: CancelToken | None) -> Callable[[], bool]:
+        """A running request stops when it is cancelled or the model is closed."""
+        cancelled = _stop_check(cancel)
+        return lambda: self._closed or cancelled()
+
+    def close(self, timeout: float = _CLOSE_TIMEOUT_S) -> None:
+        """Drop what is queued, stop the running batch (at its next token, where the engine
+        can stop one) and wait for the engine thread to end: a thread left inside a native
+        library (torch) while the interpreter exits aborts the process ("terminate called
+        without an active exception", exit 134) after the results were written."""
         with self._cond:
             self._closed = True
             for pending in self._queue:
@@ -348,6 +365,11 @@ class _Batcher:
                 pending.done.set()
             self._queue.clear()
             self._cond.notify_all()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+            if thread.is_alive():
+                log.warning("model %s: its engine thread did not stop within %gs of close()", self._name, timeout)
 
 
 class BackendModel(ChatModel):

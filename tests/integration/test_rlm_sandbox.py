@@ -90,7 +90,7 @@ def test_a_loop_inside_c_code_is_killed_and_the_repl_restarted(mode):
     limits = SandboxLimits(cpu_s=5, wall_s=0.5, memory_mb=512, kill_grace_s=0.5)
     with sandbox(mode, limits) as sb:
         sb.execute("kept = 1")
-        pid = sb._proc.pid
+        pid = sb._process.proc.pid
         result = sb.execute("import itertools\nany(itertools.repeat(0))")  # never returns to the interpreter
         assert result.timed_out and result.restarted and "was killed" in result.error
         with pytest.raises(ProcessLookupError):
@@ -192,12 +192,12 @@ def test_with_isolation_the_filesystem_is_a_small_read_only_view(mode):
         assert lines[1].startswith("/usr/evil refused") and lines[2].startswith("/evil refused")
         assert lines[3] == "/tmp/ok written" and lines[4] == "/home/rlm/ok written"
         assert sb.execute("print(open('/home/rlm/ok').read())").stdout == "x\n"
-        assert not os.path.exists(os.path.join(sb._home, "ok"))  # a tmpfs of the sandbox's own, not a host directory
-    assert not os.path.exists(sb._base)  # removed on close
+        assert not os.path.exists(os.path.join(sb._process.home, "ok"))  # a tmpfs of the sandbox's own, not a host directory
+    assert not os.path.exists(sb._process.base)  # removed on close
 
 
 def test_isolation_is_reported_and_bwrap_is_required_unless_the_user_opts_out(monkeypatch, caplog):
-    from recallm.rlm import sandbox as module
+    from recallm.rlm.sandbox import repl as module
 
     found = {
         "bwrap": "bubblewrap (bwrap) is not installed",

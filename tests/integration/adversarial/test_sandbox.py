@@ -28,8 +28,9 @@ from dataclasses import dataclass, fields
 
 import pytest
 
-from recallm.rlm import sandbox as sandbox_module
 from recallm.rlm.sandbox import Isolation, Sandbox, SandboxLimits, probe_isolation
+from recallm.rlm.sandbox import isolation as sandbox_isolation
+from recallm.rlm.sandbox import process as sandbox_process
 
 PROBES = {kind: probe_isolation(kind) for kind in ("bwrap", "namespaces", "none")}
 MODES = [kind for kind, found in PROBES.items() if isinstance(found, Isolation)]
@@ -324,7 +325,7 @@ limits = SandboxLimits(cpu_s=60, wall_s=60, memory_mb=512, kill_grace_s=1.0)
 sb = Sandbox("adversarial context", limits=limits, isolation={mode!r}, functions=["llm_query"],
              on_call=lambda kind, args: time.sleep(600))
 result = sb.execute({spawn!r})
-print("SPAWNED" if result.error is None else result.error, sb._uid, flush=True)
+print("SPAWNED" if result.error is None else result.error, sb._process.uid, flush=True)
 cell = "while True:\\n    try:\\n        llm_query('never answered')\\n    except BaseException:\\n        pass"
 threading.Thread(target=sb.execute, args=(cell,), daemon=True).start()  # waits on the host, then never ends
 time.sleep(1.0)
@@ -601,7 +602,7 @@ def _stalled_channel(mode: str) -> str | None:
     worker.start()
     worker.join(60)
     if worker.is_alive():
-        sb._kill()
+        sb._process.kill()
         return "the host hung writing to a REPL that stopped reading"
     return f"{grown[0]} host threads stuck writing to a REPL that stopped reading" if grown[0] > 32 else None
 
@@ -638,7 +639,87 @@ FORGERY = {
     "late_reply": _late_reply,
 }
 
-CASES: dict[str, Callable[[str], str | None]] = {**TREES, **CAPS, **FORGERY}
+
+# --- 5. a cell's own processes (issue 31) -------------------------------------------------------
+# Bounded on purpose: a dozen children at most, under max_processes (cgroup pids.max and RLIMIT_NPROC
+# on the REPL's own uid), never an unbounded fork loop.
+
+
+def _timed_out_tree(mode: str) -> str | None:
+    """A cell forks 12 children (they sleep, named by a marker) and then outlives its wall
+    clock: its timeout ends every one of them, the REPL keeps its variables, and the next cell
+    can fork again."""
+    mark = marker()
+    code = (
+        "import os, time\n"
+        "for i in range(12):\n"
+        "    if os.fork() == 0:\n"
+        f"        os.execv('/bin/sleep', [{mark!r}, '600'])\n"
+        "time.sleep(60)\n"
+    )
+    problems = []
+    sb = open_sandbox(mode, max_processes=32, wall_s=3)
+    try:
+        sb.execute("x = 41")
+        result = sb.execute(code)
+        assert result.timed_out, f"the attack did not run: {result}"
+        left = survivors(mark)  # at once: the timed-out cell's result comes after its processes ended
+        if left:
+            problems.append(f"{len(left)} processes of the timed-out cell kept running")
+        if result.restarted:
+            problems.append("the REPL was restarted instead (variables lost)")
+        elif "12 killed" not in (result.error or ""):
+            problems.append(f"the cell's error does not say its processes were killed: {result.error!r}")
+        later = sb.execute("import subprocess\nprint(x + 1, subprocess.run(['/bin/true']).returncode)")
+        if later.stdout != "42 0\n":
+            problems.append(f"the next cell: {later.stdout!r} {later.error!r}")
+    finally:
+        sb.close()
+        stray = wait_gone(mark, 10)
+        if stray:
+            subprocess.run(["kill", "-9", *map(str, stray)], capture_output=True)
+    return "; ".join(problems) or None
+
+
+def _forked_child_speaks(mode: str) -> str | None:
+    """A child forked by a cell runs a copy of the REPL: one that raises and one that returns
+    must not answer for the cell (their result taken for the cell's, the protocol broken, the
+    REPL restarted and its variables lost)."""
+    code = (
+        "import os, sys\n"
+        "codes = []\n"
+        "for how in ('raise', 'return', 'exit'):\n"
+        "    pid = os.fork()\n"
+        "    if pid == 0:\n"
+        "        print('child', how)\n"
+        "        if how == 'raise':\n"
+        "            raise ValueError('the child failed')\n"
+        "        if how == 'exit':\n"
+        "            sys.exit(3)\n"
+        "        break\n"
+        "    codes.append(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]))\n"
+        "print('parent', codes)\n"
+    )
+    problems = []
+    with open_sandbox(mode, functions=["llm_query"], on_call=lambda kind, args: "answer") as sb:
+        sb.execute("x = 41")
+        result = sb.execute(code)
+        if result.error is not None or result.restarted or not result.stdout.startswith("parent [1, 0, 3]\n"):
+            problems.append(f"the cell's result is not its own: {result.stdout!r} {result.error!r}")
+        elif not all(x in result.stdout for x in ("ValueError: the child failed", "child return", "child exit")):
+            problems.append(f"what the children printed is missing: {result.stdout!r}")
+        sub = sb.execute("import os\npid = os.fork()\nif pid == 0:\n    llm_query('q')\nos.waitpid(pid, 0)")
+        if sub.error is not None or "only in the REPL's own process" not in sub.stdout:
+            problems.append(f"a child's sub-call: {sub.stdout!r} {sub.error!r}")
+        later = sb.execute("print(x + 1)")
+        if later.stdout != "42\n" or later.restarted:
+            problems.append(f"the REPL lost its variables: {later.stdout!r} {later.error!r}")
+    return "; ".join(problems) or None
+
+
+OWN = {"timed_out_tree": _timed_out_tree, "forked_child_speaks": _forked_child_speaks}
+
+CASES: dict[str, Callable[[str], str | None]] = {**TREES, **CAPS, **FORGERY, **OWN}
 
 
 # --- the tests --------------------------------------------------------------------------------
@@ -658,17 +739,51 @@ def test_no_escape(mode, host):
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_hostile_code_is_contained(case, mode, monkeypatch):
-    monkeypatch.setattr(sandbox_module, "_SEND_TIMEOUT_S", 2.0)  # the stalled channel gives up sooner
+    monkeypatch.setattr(sandbox_process, "_SEND_TIMEOUT_S", 2.0)  # the stalled channel gives up sooner
     assert CASES[case](mode) is None
 
 
 def test_none_mode_is_refused_where_it_would_need_root():
     """A root host whose Python only root can read cannot run an unprivileged REPL without
     namespaces: ``none`` says so instead of running model code as root."""
-    obstacle = sandbox_module._none_obstacle()
+    obstacle = sandbox_isolation.none_obstacle()
     if os.geteuid() != 0 or obstacle is None:
         pytest.skip("the host is not root, or its Python is readable by everyone")
     assert isinstance(PROBES["none"], str) and "root" in PROBES["none"]
+
+
+NO_NAMESPACE_TREE = """
+import os, sys, time
+from recallm.rlm.sandbox import confine
+mark = sys.argv[1]
+confine._prctl(confine.PR_SET_CHILD_SUBREAPER, 1)  # the supervisor of ``none`` (confine._enter_supervised)
+worker = os.fork()
+if worker == 0:
+    for i in range(8):  # children, and orphans in their own sessions (they come back to the supervisor)
+        if os.fork() == 0:
+            if i % 2 and os.fork():
+                os._exit(0)
+            if i % 2:
+                os.setsid()
+            os.execv('/bin/sleep', [mark, '600'])
+    time.sleep(0.5)
+    print('killed', confine.end_other_processes(os.getppid()), flush=True)
+    os._exit(0)
+print('worker exit', confine._wait_for(worker), flush=True)
+"""
+
+
+def test_a_timeout_ends_the_tree_without_a_pid_namespace():
+    """``none`` (no PID namespace; not runnable as root where the interpreter is private): the
+    worker's ``end_other_processes`` finds and kills its children and the orphans that went to
+    the supervisor, on the host's own ``/proc``, and nothing else."""
+    mark = marker()
+    done = subprocess.run([sys.executable, "-c", NO_NAMESPACE_TREE, mark], capture_output=True, text=True, timeout=120)
+    left = wait_gone(mark, 10)
+    if left:
+        subprocess.run(["kill", "-9", *map(str, left)], capture_output=True)
+    assert "killed 8" in done.stdout and "worker exit 0" in done.stdout, done.stdout + done.stderr[-2000:]
+    assert left == []
 
 
 @needs_modes
@@ -676,12 +791,12 @@ def test_none_mode_is_refused_where_it_would_need_root():
 def test_without_cgroups_the_host_samples_the_memory_of_the_whole_tree(monkeypatch):
     """Where the host may not create cgroups, the tree's memory is sampled and the process count
     is still capped by RLIMIT_NPROC on the REPL's own uid."""
-    from recallm.rlm import proctree
+    from recallm.rlm.sandbox import proctree
 
     monkeypatch.setattr(proctree, "detect_cgroups", lambda: proctree.CgroupSupport((), "not in this test"))
     with open_sandbox(MODES[0], memory_mb=256) as sb:
         result = sb.execute(MEMORY)
-        assert sb._cgroups is None
+        assert sb._process.cgroups is None
     assert result.restarted and result.error_type == "MemoryError" and "memory_mb=256" in result.error
     if os.geteuid() == 0:  # (a non-root host's REPL shares the host user's process count)
         assert _forks(MODES[0]) is None

@@ -39,8 +39,9 @@ import platform
 import select
 import signal
 import stat
+import time
 
-__all__ = ["enter", "set_dumpable", "UID_BASE", "INSIDE_HOME"]
+__all__ = ["enter", "set_dumpable", "end_other_processes", "UID_BASE", "INSIDE_HOME"]
 
 #: the sandbox's uid is UID_BASE + the outer process's pid (unique among live sandboxes)
 UID_BASE = 1_900_000_000
@@ -167,6 +168,78 @@ def _children_of(pid: int) -> list[int]:
         if len(fields) > 1 and int(fields[1]) == pid and fields[0] != b"Z":
             found.append(int(entry))
     return found
+
+
+def _process_table() -> dict[int, tuple[int, bytes]]:
+    """``pid -> (ppid, state)`` of every process this one can see in ``/proc``."""
+    table = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue
+        fields = data[data.rfind(b")") + 2 :].split()
+        if len(fields) > 1:
+            table[int(entry)] = (int(fields[1]), fields[0])
+    return table
+
+
+def _live_descendants(root: int) -> list[int]:
+    table = _process_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    found, stack = [], list(children.get(root, ()))
+    while stack:
+        pid = stack.pop()
+        stack.extend(children.get(pid, ()))
+        if table[pid][1] not in (b"Z", b"X"):
+            found.append(pid)
+    return found
+
+
+def end_other_processes(parent: int, seconds: float = 5.0) -> int:
+    """Kill every live process below ``parent`` (the REPL's PID 1, or the supervisor under
+    ``none``: orphans come back to it) except this one, round after round until none is left
+    (a process forked meanwhile is found in the next round), then reap this process's own
+    children and wait (at most ``seconds``) for ``parent`` to reap the rest, so that their slots
+    under ``max_processes`` are free again. Returns how many were killed. Does nothing when
+    ``parent`` is no longer this process's parent (the REPL is being torn down)."""
+    if os.getppid() != parent:
+        return 0
+    me = os.getpid()
+    killed: set[int] = set()
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        found = [pid for pid in _live_descendants(parent) if pid != me]
+        if not found:
+            break
+        for pid in found:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.add(pid)
+            except OSError:
+                pass
+        _reap_children()
+    while time.monotonic() < deadline:  # the zombies of orphans: reaped by ``parent``
+        _reap_children()
+        table = _process_table()
+        if not any(pid in table for pid in killed):
+            break
+        time.sleep(0.01)
+    return len(killed)
+
+
+def _reap_children() -> None:
+    while True:
+        try:
+            if os.waitpid(-1, os.WNOHANG)[0] == 0:
+                return
+        except ChildProcessError:
+            return
 
 
 class _HostGone(Exception):

@@ -1,7 +1,7 @@
 """The sandbox side of an RLM's REPL: a persistent Python namespace in its own process.
 
 Standard library only. The host starts it as a script (``python -I -S -B worker.py CONFIG``,
-see ``recallm.rlm.sandbox``) with two pipe file descriptors for the protocol of ``protocol.py``
+see ``recallm.rlm.sandbox.process``) with two pipe file descriptors for the protocol of ``protocol.py``
 and one to read the context from (``protocol.py`` and ``confine.py`` are bound next to it). It:
 
 0. confines its process tree before anything else (``confine.enter``: cgroups, bubblewrap or
@@ -15,7 +15,9 @@ and one to read the context from (``protocol.py`` and ``confine.py`` are bound n
    ``RLIMIT_CPU`` is moved to "used so far + the cell's allowance"; ``SIGXCPU`` raises in the
    cell) and a wall-clock limit (``SIGALRM``; the timer is paused while a sub-call of the cell
    is in flight - waiting on the host is not the cell's time); the host kills the whole process
-   if a cell ignores both (a loop inside C code);
+   if a cell ignores both (a loop inside C code). A cell that times out takes every other
+   process of the REPL with it (``confine.end_other_processes``): what it forked cannot keep
+   running, nor hold the process cap, after its ``TimeoutError``;
 4. captures what a cell prints - ``sys.stdout``/``sys.stderr`` and anything written to file
    descriptors 1 and 2 (a subprocess) - keeping at most ``max_output_chars`` characters and
    counting the rest;
@@ -24,7 +26,9 @@ and one to read the context from (``protocol.py`` and ``confine.py`` are bound n
    ``FINAL_VAR`` and ``SHOW_VARS``.
 
 Errors in a cell (syntax errors, exceptions, limits) are reported as text, with the
-traceback cut to the cell's own frames; the namespace survives them.
+traceback cut to the cell's own frames; the namespace survives them. Only this process speaks
+the protocol: a process that model code forks is a copy of it, so it loses the pipes at the fork
+(``os.register_at_fork``), cannot make sub-calls, and exits where its copy of the cell ends.
 """
 
 from __future__ import annotations
@@ -116,6 +120,13 @@ class Worker:
         self._paused_left = 0.0  # the cell's wall-clock seconds left when its timer was paused
         self._cell = 0
         self.namespace: dict = {"__name__": "__main__", "__builtins__": builtins}
+        # Only this process speaks the protocol. A process that model code forks runs a copy of
+        # this one (the cell's frames, this object): it must never send (a "done" of its own would
+        # be taken for the cell's), so it loses the pipes at the fork and exits where its copy of
+        # the cell ends.
+        self._owner = os.getpid()
+        self._parent = os.getppid()  # the REPL's PID 1 (the supervisor under ``none``)
+        os.register_at_fork(after_in_child=self._forked)
 
     # --- setup -----------------------------------------------------------------------------
 
@@ -156,9 +167,34 @@ class Worker:
 
     # --- the channel --------------------------------------------------------------------------
 
+    def _forked(self) -> None:
+        """In a child forked by model code: close its copies of the protocol's pipes, and keep
+        only what it prints from now on (its copy of the cell's output is the parent's)."""
+        for fd in (self.fd_in, self.fd_out):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        if isinstance(sys.stdout, _CappedText):
+            sys.stdout.parts, sys.stdout.kept, sys.stdout.total = [], 0, 0
+
+    def _leave_child(self, error: str | None, stdout: str, exit_code: int | None) -> None:
+        """A forked child's copy of the cell has ended: what it printed and its error go to the
+        cell's output (the file behind descriptors 1 and 2), and it exits (with its ``sys.exit``
+        code, if any) without touching the protocol."""
+        try:
+            data = (stdout + (f"[a process forked by the cell ended with] {error}" if error else "")).encode()
+            while data:
+                data = data[os.write(1, data) :]
+        except BaseException:  # exiting is all that is left to do
+            pass
+        os._exit(exit_code if exit_code is not None else 1 if error else 0)
+
     def send(self, message: dict) -> None:
         """Write one message; the limit signals are held back meanwhile so that a cell's
-        timeout never cuts a message in half."""
+        timeout never cuts a message in half. Only the worker's own process may send."""
+        if os.getpid() != self._owner:  # (a forked child never gets here: run_cell ends it)
+            os._exit(70)
         blocked = {signal.SIGALRM, signal.SIGXCPU}
         previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
         try:
@@ -190,6 +226,8 @@ class Worker:
 
     def call(self, kind: str, args: dict):
         """One sub-call through the host; blocks this thread until the host answers."""
+        if os.getpid() != self._owner:
+            raise SubCallError(f"{kind} works only in the REPL's own process, not in a process forked by the cell")
         call_id = next(self._ids)
         slot = {"event": threading.Event(), "message": None}
         with self._pending_lock:
@@ -317,6 +355,7 @@ class Worker:
         sys.stdout = sys.stderr = capture
         error = error_type = None
         timed_out = False
+        exit_code = None  # a forked child's sys.exit()
         start = time.monotonic()
         try:
             self._arm()
@@ -331,8 +370,19 @@ class Worker:
             timed_out = isinstance(exc, CellTimeout)
             error_type = "TimeoutError" if timed_out else type(exc).__name__
             error = self._format_error(exc, code, filename)
+            if isinstance(exc, SystemExit) and isinstance(exc.code, (int, type(None))):
+                exit_code = exc.code or 0
         finally:
             sys.stdout, sys.stderr = old
+        if os.getpid() != self._owner:
+            self._leave_child(None if exit_code is not None else error, capture.getvalue(), exit_code)
+        if timed_out:  # the cell's whole process tree ends with it, whatever it forked or left running
+            killed = confine.end_other_processes(self._parent)
+            if killed:
+                error += (
+                    f"\n(the REPL's other processes ended with it: {killed} killed, those of earlier cells "
+                    "included; variables are kept)"
+                )
         elapsed = time.monotonic() - start
         if self._reserve is None:
             try:
