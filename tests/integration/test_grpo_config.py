@@ -46,6 +46,7 @@ def _overrides(recipe, tiny_dir, tiny_data, *extra):
         f"actor_rollout_ref.model.path={tiny_dir}",
         f"data.train_files={tiny_data[0]}",
         f"data.val_files={tiny_data[1]}",
+        f"trainer.default_local_dir={tiny_data[0].parent / 'checkpoints'}",  # the paper recipes leave it to the user
         *extra,
     ]
 
