@@ -524,10 +524,10 @@ def _time_lines(plan: Plan, steps: int | None, step_seconds: float | None, time_
         plan.notes.append("no step time given: --step-seconds S or --metrics <a previous run's metrics.jsonl>")
         return
     per_hour = 3600 / step_seconds
-    hours = steps * step_seconds / 3600
     plan.add("time", "steps per hour", per_hour, None, "/h", f"{step_seconds:,.0f} s per step")
     if not steps:
         return
+    hours = steps * step_seconds / 3600
     why = f"{steps} steps x {step_seconds:,.0f} s = {hours:,.1f} h"
     if time_limit_h:
         jobs = math.ceil(hours / time_limit_h)

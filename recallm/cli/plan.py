@@ -97,9 +97,16 @@ def _sources(cluster: Any) -> str:
     return "cluster: " + "; ".join(f"{k.replace('_', ' ')} {v}" for k, v in cluster.source.items())
 
 
-def _flash_attn_installed() -> bool:
+def _flash_attn_installed() -> bool | None:
+    """Whether flash-attn imports here; None on a node without a GPU (a login node plans for others)."""
     import importlib.util
 
+    try:
+        import torch
+    except ImportError:
+        return None
+    if not torch.cuda.is_available():
+        return None
     return importlib.util.find_spec("flash_attn") is not None
 
 
@@ -114,8 +121,8 @@ def plan_grpo(cfg: Any, args: argparse.Namespace) -> Any:
         return None if value == "???" else value
 
     rm = settings_of(cfg)
-    shape = model_shape(sel("actor_rollout_ref.model.path"), args.model or rm.model_name)
     cluster = cluster_from(args, sel("trainer.default_local_dir"), int(sel("trainer.nnodes") or 1))
+    shape = model_shape(sel("actor_rollout_ref.model.path"), args.model or rm.model_name)
     step = args.step_seconds or (mean_step_seconds(args.metrics) if args.metrics else None)
     plan = grpo_plan(
         cfg,
@@ -135,8 +142,8 @@ def plan_sft(cfg: dict[str, Any], args: argparse.Namespace) -> Any:
 
     model = cfg.get("model") or {}
     path = model.get("path")
-    shape = model_shape(path, args.model or model.get("name"))
     cluster = cluster_from(args, cfg.get("out_dir"), 1)
+    shape = model_shape(path, args.model or model.get("name"))
     step = args.step_seconds or (mean_step_seconds(args.metrics) if args.metrics else None)
     plan = sft_plan(cfg, cluster, shape, step_seconds=step, time_limit_h=args.time_limit_hours)
     plan.notes.insert(0, _sources(cluster))
