@@ -790,7 +790,16 @@ def sft_plan(
     else:
         activations = shape.layers * shape.layer_activation_bytes(tokens)
     ds = (cfg.get("deepspeed") or {}).get("file")
-    offload = ds == "zero2.json"
+    offload = False
+    if ds:
+        from recallm.paths import CONFIG_DIR
+
+        path = Path(ds) if Path(ds).is_absolute() else CONFIG_DIR / "deepspeed" / ds
+        try:
+            zero = json.loads(path.read_text()).get("zero_optimization", {})
+        except (OSError, ValueError):
+            raise RecallmError(f"deepspeed.file {path}: not a readable DeepSpeed JSON") from None
+        offload = (zero.get("offload_optimizer") or {}).get("device") == "cpu"
     parts = {
         "model (bf16)": 2 * p,
         "gradients (bf16 partition)": 2 * trainable // n,

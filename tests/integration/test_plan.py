@@ -113,3 +113,20 @@ def test_memory_formula_matches_the_measured_peak_on_the_cpu(tiny_dir, tmp_path,
     )
     predicted = sum(parts.values())
     assert BELOW * predicted <= measured <= ABOVE * predicted, (measured, predicted, parts)
+
+
+def test_plan_flag_of_the_commands_uses_this_node(tmp_path, capsys):
+    from recallm.cli.sft import main as sft_main
+
+    assert sft_main(["--plan", "sft=qwen2.5_7b", "model=qwen2.5_7b", "deepspeed=zero2", f"out_dir={tmp_path}"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: SFT stage embed Qwen2.5-7B-Instruct" in out
+    assert f"disk free free space at {tmp_path}" in out and "measured at" in out  # this node's disk
+    assert not (tmp_path / "embed").exists()  # nothing trained, nothing left behind
+    assert not list(tmp_path.iterdir())
+    pytest.importorskip("verl")
+    from recallm.cli.grpo import main as grpo_main
+
+    assert grpo_main(["--plan", "grpo=llama3.1_8b", f"trainer.default_local_dir={tmp_path}/ckpt"]) == 0
+    out = capsys.readouterr().out
+    assert "plan: GRPO Llama-3.1-8B-Instruct" in out and "recallm.eval_step" in out
