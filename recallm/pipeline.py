@@ -67,8 +67,17 @@ def _tool(name: str) -> list[str]:
         "recallm-grpo": "recallm.cli.grpo",
         "recallm-export": "recallm.cli.export",
         "recallm-eval": "recallm.cli.eval",
+        "recallm-plan": "recallm.cli.plan",
     }[name]
     return [sys.executable, "-m", module]
+
+
+def _paper_scale(recipe: str) -> bool:
+    """A GRPO recipe that runs on GPUs (its file chooses the ``gpu`` platform): planned before launch."""
+    from recallm.paths import CONFIG_DIR
+
+    path = CONFIG_DIR / "grpo" / f"{recipe}.yaml"
+    return path.is_file() and "/grpo/platform: gpu" in path.read_text()
 
 
 @dataclass
@@ -526,7 +535,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     grpo = spec_.grpo
     metrics_logs: dict[str, Path] = {}
     if grpo:
-        jobs, exports = [], []
+        jobs, exports, plans = [], [], []
         for name, variant in variants.items():
             ckpt = run_dir / "grpo" / name
             argv = [
@@ -542,6 +551,8 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 *_overrides(variant.grpo, f"experiment.variants.{name}.grpo"),
             ]
             jobs.append(Job(f"grpo/{name}", argv, [ckpt]))
+            if _paper_scale(grpo.recipe):  # recallm-plan --require-fit before a GPU launch: it stops here if it cannot fit
+                plans.append(Job(f"plan/{name}", [*_tool("recallm-plan"), "grpo", "--require-fit", *argv[3:]]))
             metrics_logs[name] = ckpt / METRICS_FILE
             out = run_dir / "models" / name
             exports.append(
@@ -553,6 +564,8 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 )
             )
             final[name] = out
+        if plans:
+            stages.append(Stage("plan", plans, 1))
         stages.append(Stage("grpo", jobs, 1))  # one Ray cluster at a time
         stages.append(Stage("export", exports, 1))
     ev = spec_.eval

@@ -16,6 +16,7 @@
 #   RECALLM_NET_IFACE the network interface between nodes (e.g. ib0, eth1): the Ray head address
 #                     is taken from it, and NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME default to it
 #   RECALLM_HEAD_IP   the head node's address, if you know better than both
+#   RECALLM_SKIP_PLAN=1 do not run recallm-plan --require-fit before the launch (grpo.sbatch, sft.sbatch)
 #   WANDB_MODE        default offline (compute nodes often have no internet; `wandb sync` the runs
 #                     from a login node later); WANDB_DIR default $RECALLM_REPO/outputs/wandb
 #
@@ -200,6 +201,15 @@ recallm_on_warning() {
   scontrol requeue "${SLURM_JOB_ID}" || echo "[recallm] scontrol requeue failed" >&2
   recallm_cleanup
   exit 0
+}
+
+# The plan of the run (recallm-plan --require-fit: GPU memory, host RAM, disk at the checkpoint
+# directory, one save's time against the deadline verl is given), on the node before anything starts:
+# a run that would not fit stops here with one line saying what and which key to change.
+# RECALLM_SKIP_PLAN=1 skips it.
+recallm_plan() {
+  [[ "${RECALLM_SKIP_PLAN:-0}" == "1" ]] && return 0
+  "$VENV/bin/recallm-plan" "$@" --require-fit
 }
 
 # Run "$@" in the background and wait for it (so that the USR1 trap runs while it works).

@@ -10,7 +10,8 @@
   when ``FAKE_JUDGE_UP=1``);
 * ``venv/bin/``: ``ray``, ``python`` (``-m recallm.grpo.cluster``: returns once ``--nodes`` Ray
   nodes have started), ``vllm`` (a judge server: up until killed, or exits at once
-  with ``FAKE_JUDGE_EXIT=1``), ``recallm-grpo``, ``recallm-eval``, ``torchrun``.
+  with ``FAKE_JUDGE_EXIT=1``), ``recallm-grpo``, ``recallm-eval``, ``torchrun``, ``recallm-plan`` (exits
+  ``FAKE_PLAN_RC``, default 0).
 
 Every stub appends one JSON line to ``calls.jsonl``: its name, the node it ran on, its arguments,
 its pid and the environment variables in :data:`WATCHED_ENV`. ``ray start --block`` stays up
@@ -106,11 +107,13 @@ _STUB = textwrap.dedent(
                 f.write(str(os.getpid()))
             time.sleep(wait)
         sys.exit(int(os.environ.get("FAKE_DRIVER_RC", "0")))
+    elif name == "recallm-plan":
+        sys.exit(int(os.environ.get("FAKE_PLAN_RC", "0")))
     """
 ).replace("{WATCHED}", repr(WATCHED_ENV))
 
 _SYSTEM_STUBS = ("srun", "scontrol", "hostname", "ip", "curl")
-_VENV_STUBS = ("ray", "python", "vllm", "recallm-grpo", "recallm-eval", "torchrun")
+_VENV_STUBS = ("ray", "python", "vllm", "recallm-grpo", "recallm-eval", "torchrun", "recallm-plan")
 
 
 @dataclass

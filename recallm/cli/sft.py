@@ -21,13 +21,22 @@ def check(cfg: DictConfig) -> None:
 
 
 @cli_errors
-def run(cfg: DictConfig):
+def run(cfg: DictConfig, plan: bool = False):
+    if plan:  # recallm-plan sft with this node's values (recallm.cli.plan)
+        from recallm.cli.plan import node_args, show
+
+        return show("sft", OmegaConf.to_container(cfg, resolve=True), node_args())
     from recallm.sft.train import run_sft
 
     return run_sft(OmegaConf.to_container(cfg, resolve=True))
 
 
-main = hydra_command("sft", run, check=check)
+main = hydra_command(
+    "sft",
+    run,
+    check=check,
+    flags={"--plan": "print whether the run fits this node (recallm-plan sft for other clusters), train nothing"},
+)
 
 
 if __name__ == "__main__":

@@ -278,6 +278,34 @@ def runtime(cfg: DictConfig, run: Prepared) -> None:
         run.env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
 
 
+def operations(cfg: DictConfig, run: Prepared) -> None:
+    """What keeps a long run alive: the process group's timeout (``actor_rollout_ref.nccl_timeout``, which
+    verl 0.9.1's engine workers do not pass on: ``recallm.grpo.runtime``), the checkpoint retention
+    (``recallm.keep_checkpoints``, ``recallm.eval_step``: ``recallm.grpo.retention``), and W&B offline
+    unless credentials are configured (``recallm.tracking``)."""
+    from recallm.grpo.retention import EVAL_STEP_ENV, KEEP_ENV
+    from recallm.grpo.runtime import TIMEOUT_ENV
+
+    timeout = OmegaConf.select(cfg, "actor_rollout_ref.nccl_timeout", default=None)
+    if timeout:
+        run.env[TIMEOUT_ENV] = str(int(timeout))
+    rm = settings_of(cfg)
+    if rm.keep_checkpoints:
+        run.env[KEEP_ENV] = str(rm.keep_checkpoints)
+        if rm.eval_step:
+            run.env[EVAL_STEP_ENV] = str(rm.eval_step)
+    if "wandb" in _loggers(cfg) and not os.environ.get("WANDB_MODE"):
+        from recallm.tracking import wandb_mode
+
+        mode, _ = wandb_mode()
+        run.env["WANDB_MODE"] = mode
+
+
+def _loggers(cfg: DictConfig) -> list[str]:
+    loggers = cfg.trainer.get("logger") or []
+    return [loggers] if isinstance(loggers, str) else list(loggers)
+
+
 #: the steps of :func:`prepare`, in order: a new GRPO feature adds its own here, and both launches
 #: (``recallm-grpo``, ``recallm-rlm train``) run it
 PREPARE_STEPS: tuple[Step, ...] = (
@@ -288,6 +316,7 @@ PREPARE_STEPS: tuple[Step, ...] = (
     vllm_rollout,
     platform,
     runtime,
+    operations,
 )
 
 
@@ -507,6 +536,28 @@ def _check_eval_step(cfg: DictConfig) -> Iterator[str]:
             )
 
 
+def _check_checkpoints(cfg: DictConfig) -> Iterator[str]:
+    """On GPUs, checkpoints go outside the source checkout (a paper-scale save is ~100 GB), and the
+    retention keeps the newest saves resumable."""
+    rm = settings_of(cfg)
+    if rm.platform == "gpu":
+        from recallm.paths import CONFIG_DIR
+
+        checkout = CONFIG_DIR.parent.resolve()
+        where = Path(str(cfg.trainer.default_local_dir)).expanduser().resolve()
+        if (checkout / "pyproject.toml").is_file() and where.is_relative_to(checkout):
+            yield (
+                f"trainer.default_local_dir={where} is inside the source checkout {checkout}: a paper-scale "
+                "checkpoint is ~100 GB; set it to your run directory outside it (e.g. /scratch/$USER/grpo-qwen)"
+            )
+    keep = cfg.trainer.get("max_actor_ckpt_to_keep")
+    if rm.keep_checkpoints and keep is not None:
+        yield (
+            f"trainer.max_actor_ckpt_to_keep={keep} with recallm.keep_checkpoints={rm.keep_checkpoints}: choose one "
+            "(recallm.keep_checkpoints also holds across requeues and keeps recallm.eval_step)"
+        )
+
+
 def _check_data(cfg: DictConfig) -> Iterator[str]:
     """The data files exist, and the reward can score every row's ground truth (``recallm.check_data``)."""
     rm = settings_of(cfg)
@@ -542,6 +593,7 @@ CHECKS: tuple[Check, ...] = (
     _check_lengths,
     _check_reward,
     _check_eval_step,
+    _check_checkpoints,
     _check_data,
 )
 
@@ -586,10 +638,13 @@ def describe(cfg: DictConfig) -> str:
         f"model:        {cfg.actor_rollout_ref.model.path}",
         f"rollout:      {cfg.actor_rollout_ref.rollout.name} on the {rm.platform} platform "
         f"(n={cfg.actor_rollout_ref.rollout.n}, recall processor {'on' if rm.recall_constrained else 'OFF'})",
-        f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode})",
+        f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode}, "
+        + (f"the newest {rm.keep_checkpoints} kept" if rm.keep_checkpoints else "every save kept")
+        + ")",
         f"rollouts:     {t.get('rollout_data_dir') or '(not saved: trainer.rollout_data_dir=<dir> to dump them)'}",
         f"logs:         {', '.join(t.logger) if not isinstance(t.logger, str) else t.logger} "
-        f"(project {t.project_name}, run {t.experiment_name})",
+        f"(project {t.project_name}, run {t.experiment_name})"
+        + (f"; {_wandb_line(cfg)}" if "wandb" in _loggers(cfg) else ""),
         f"steps:        {t.get('total_training_steps') or 'one pass over the data'}"
         + (
             f" (the checkpoint to evaluate: global_step_{rm.eval_step}; export it with"
@@ -600,6 +655,17 @@ def describe(cfg: DictConfig) -> str:
         f"metrics:      {metrics_log_path(cfg) or '(console only: trainer.logger=[console,file] to keep them)'}",
     ]
     return "\n".join(lines)
+
+
+def _wandb_line(cfg: DictConfig) -> str:
+    from recallm.tracking import wandb_mode
+
+    env = dict(os.environ)
+    mode = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.WANDB_MODE", default=None)
+    if mode and not env.get("WANDB_MODE"):
+        env["WANDB_MODE"] = str(mode)
+        return wandb_mode({k: v for k, v in env.items() if k != "WANDB_MODE"})[1]
+    return wandb_mode(env)[1]
 
 
 def run(

@@ -19,7 +19,13 @@
 * makes verl's JSONL ``file`` logger append instead of truncate: verl 0.9.1's ``FileLogger``
   opens its file with ``"wb"``, so a resumed run would erase the metrics of the steps before its
   checkpoint. Its ``__init__`` is replaced by one that opens the same path with ``"ab"``; readers
-  (``recallm.eval.curves``) keep the last record of a step logged twice.
+  (``recallm.eval.curves``) keep the last record of a step logged twice;
+* gives the training workers' process group the timeout of ``actor_rollout_ref.nccl_timeout``
+  (``RECALLM_COLLECTIVE_TIMEOUT``, seconds): verl 0.9.1's engine workers call
+  ``initialize_global_process_group_ray(timeout_second=None)``, so torch's default (10 minutes for
+  NCCL) would bound the barrier every rank waits in while the slowest writes its checkpoint shard;
+* with ``RECALLM_KEEP_CHECKPOINTS``, prunes the checkpoint directory after every save
+  (``recallm.grpo.retention``).
 """
 
 from __future__ import annotations
@@ -29,7 +35,17 @@ import sys
 
 import recallm.modeling  # noqa: F401  (registers the recallm_<base> classes)
 
-__all__ = ["install_metrics", "install_appending_file_logger", "install_token_builder_families", "recall_token_ids"]
+__all__ = [
+    "install_metrics",
+    "install_appending_file_logger",
+    "install_token_builder_families",
+    "install_collective_timeout",
+    "recall_token_ids",
+    "TIMEOUT_ENV",
+]
+
+TIMEOUT_ENV = "RECALLM_COLLECTIVE_TIMEOUT"
+_PG_MODULES = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
 
 
 def recall_token_ids() -> tuple[int | None, int | None]:
@@ -106,6 +122,31 @@ def install_appending_file_logger() -> None:
     after_import("verl.utils.tracking", _append_file_logger)
 
 
+def _timeout_process_group(distributed) -> None:
+    original = distributed.initialize_global_process_group_ray
+    if getattr(original, "_recallm_timeout", False):
+        return
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        if timeout_second is None and os.environ.get(TIMEOUT_ENV, "").isdigit():
+            timeout_second = int(os.environ[TIMEOUT_ENV])
+        return original(timeout_second=timeout_second, backend=backend)
+
+    initialize_global_process_group_ray._recallm_timeout = True  # type: ignore[attr-defined]
+    initialize_global_process_group_ray.__wrapped__ = original  # type: ignore[attr-defined]
+    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+    for name in _PG_MODULES:
+        module = sys.modules.get(name)
+        if module is not None and getattr(module, "initialize_global_process_group_ray", None) is original:
+            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+
+
+def install_collective_timeout() -> None:
+    from recallm.grpo.cpu.patches import after_import
+
+    after_import("verl.utils.distributed", _timeout_process_group)
+
+
 if os.environ.get("RECALLM_GRPO_CPU") == "1":
     from recallm.grpo.cpu import activate
 
@@ -113,6 +154,12 @@ if os.environ.get("RECALLM_GRPO_CPU") == "1":
 install_metrics()
 install_appending_file_logger()
 install_token_builder_families()
+if os.environ.get(TIMEOUT_ENV):
+    install_collective_timeout()
+if os.environ.get("RECALLM_KEEP_CHECKPOINTS"):
+    from recallm.grpo.retention import install as _install_retention
+
+    _install_retention()
 if os.environ.get("RECALLM_VLLM_CPU") == "1":
     from recallm.grpo.vllm_cpu import activate as _activate_vllm_cpu
 

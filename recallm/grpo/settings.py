@@ -38,6 +38,12 @@ class GRPOSettings:
     """the composite reward's table (``configs/reward/``; ``rewards.config.RewardConfig`` is its schema)"""
     eval_step: int | None = field(default=None, metadata={"min": 1})
     """the step whose checkpoint the paper evaluates: it must be saved and kept"""
+    keep_checkpoints: int | None = field(default=None, metadata={"min": 1})
+    """how many of the newest checkpoints stay on disk (``recallm.grpo.retention``, after every save, across
+    requeues); the ``eval_step`` one is kept too, as weights only. null: every save is kept"""
+    model_name: str | None = None
+    """the paper base (``recallm.plan.PAPER_MODELS``) ``recallm-plan`` sizes the run for while
+    ``actor_rollout_ref.model.path`` is not set yet"""
     rlm: dict[str, Any] | None = None
     """``recallm-rlm train``: the RLM sections (``recallm.rlm.train``)"""
 

@@ -339,6 +339,12 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         settings = dataclasses.replace(settings, epochs=1, steps=total_steps)
     eval_cfg = recipe.eval
     logger = run.logger
+    if logger == "wandb":
+        from recallm.tracking import wandb_mode
+
+        mode, line = wandb_mode()
+        os.environ["WANDB_MODE"] = mode
+        print(f"[recallm] {line}", flush=True)
     args = TrainingArguments(
         output_dir=str(stage_dir),
         num_train_epochs=float(epochs),

@@ -46,6 +46,7 @@ def _overrides(recipe, tiny_dir, tiny_data, *extra):
         f"actor_rollout_ref.model.path={tiny_dir}",
         f"data.train_files={tiny_data[0]}",
         f"data.val_files={tiny_data[1]}",
+        f"trainer.default_local_dir={tiny_data[0].parent / 'checkpoints'}",  # the paper recipes leave it to the user
         *extra,
     ]
 
@@ -136,16 +137,44 @@ def test_eval_step_checkpoint_is_saved_and_kept(composed):
     assert f"recallm-export --checkpoint {cfg.trainer.default_local_dir} --step 60 --out DIR" in described
     for extra, message in [
         (["trainer.save_freq=25"], "recallm.eval_step=60 is not saved with trainer.save_freq=25"),
-        (["trainer.max_actor_ckpt_to_keep=3"], "would delete the step-60 checkpoint"),
+        (["trainer.max_actor_ckpt_to_keep=3", "recallm.keep_checkpoints=null"], "would delete the step-60 checkpoint"),
+        (["trainer.max_actor_ckpt_to_keep=10"], "with recallm.keep_checkpoints=3: choose one"),
         (["trainer.total_training_steps=50"], "must be within trainer.total_training_steps=50"),
     ]:
         cfg = _variant(composed("llama3.1_8b"), *extra)
         prepare(cfg)
         with pytest.raises(RecallmError, match=message):
             validate(cfg)
-    cfg = _variant(composed("llama3.1_8b"), "trainer.max_actor_ckpt_to_keep=10")
+    cfg = _variant(composed("llama3.1_8b"), "trainer.max_actor_ckpt_to_keep=10", "recallm.keep_checkpoints=null")
     prepare(cfg)
     validate(cfg)  # 9 checkpoints come after step 60: 10 keeps it
+    # the recipe's own retention: the newest 3 and step 60's weights, across requeues (recallm.grpo.retention)
+    cfg = copy.deepcopy(composed("llama3.1_8b"))
+    env = prepare(cfg)
+    assert env["RECALLM_KEEP_CHECKPOINTS"] == "3" and env["RECALLM_EVAL_STEP"] == "60"
+    assert env["RECALLM_COLLECTIVE_TIMEOUT"] == "3600"
+    assert "the newest 3 kept" in describe(cfg)
+
+
+def test_checkpoints_outside_the_checkout_and_wandb_mode(composed, monkeypatch, tmp_path):
+    from recallm.grpo.app import describe
+    from recallm.paths import CONFIG_DIR
+
+    inside = CONFIG_DIR.parent / "outputs" / "grpo"
+    cfg = _variant(composed("qwen2.5_7b"), f"trainer.default_local_dir={inside}")
+    prepare(cfg)
+    with pytest.raises(RecallmError, match="is inside the source checkout"):
+        validate(cfg)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    cfg = copy.deepcopy(composed("qwen2.5_7b"))
+    env = prepare(cfg)
+    assert env["WANDB_MODE"] == "offline" and "W&B offline: no credentials" in describe(cfg)
+    monkeypatch.setenv("WANDB_API_KEY", "k")
+    cfg = copy.deepcopy(composed("qwen2.5_7b"))
+    prepare(cfg)
+    assert "W&B online (credentials in WANDB_API_KEY)" in describe(cfg)
 
 
 def test_export_picks_the_evaluated_step(tmp_path, capsys):

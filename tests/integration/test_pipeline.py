@@ -238,6 +238,14 @@ def test_tiny_cpu_plan(tmp_path):
     assert f"model_path={tmp_path.resolve() / 'models' / 'norecall'}" in jobs["eval/norecall"].argv
     assert "backend.recall_constrained=false" in jobs["eval/recall_unconstrained"].argv
     assert jobs["export/recall"].fresh and jobs["report"].fresh
+    # a GPU recipe's GRPO stage is preceded by recallm-plan --require-fit, on the same overrides
+    exp = experiment()
+    gpu = plan_experiment({**exp, "grpo": {**exp["grpo"], "recipe": "qwen2.5_7b"}}, tmp_path)
+    names = [s.name for s in gpu]
+    assert names.index("plan") == names.index("grpo") - 1
+    plan_jobs = {j.name: j for s in gpu for j in s.jobs}
+    plan_argv, grpo_argv = plan_jobs["plan/recall"].argv, plan_jobs["grpo/recall"].argv
+    assert plan_argv[2:5] == ["recallm.cli.plan", "grpo", "--require-fit"] and plan_argv[5:] == grpo_argv[3:]
     no_grpo = plan_experiment(experiment(grpo=None), tmp_path)
     eval_job = next(j for s in no_grpo for j in s.jobs if j.name == "eval/recall")
     assert f"model_path={tmp_path.resolve() / 'sft' / 'recall' / 'full' / 'final'}" in eval_job.argv

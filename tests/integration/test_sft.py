@@ -382,3 +382,46 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
     assert state["global_step"] == 3
     seen = state["log_history"][-1]["num_input_tokens_seen"]
     assert seen > 0
+
+
+@pytest.mark.slow
+def test_deepspeed_offload_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, ext_dir, monkeypatch):
+    """zero2_cpu.json (the GPU file's structure: optimizer offloaded, DeepSpeed's CPU Adam) with 2 ranks through
+    torchrun: a run whose last save and final model are gone (as a job killed after step 4 leaves it)
+    resumes from checkpoint-4 to the same weights as the run that was never interrupted."""
+    pytest.importorskip("deepspeed")
+    if cpp_build_missing():
+        pytest.skip(cpp_build_missing())
+    from transformers import AutoModelForCausalLM
+
+    import recallm.modeling  # noqa: F401
+
+    monkeypatch.setenv("RECALLM_TEST_EXT_DIR", str(ext_dir))
+    common = [
+        f"train_file={sft_data[0]}",
+        f"val_file={sft_data[1]}",
+        f"model.path={tiny_dir}",
+        f"init_from={tiny_dir}",
+        "stage=full",
+        "deepspeed=zero2_cpu",
+        "max_steps=6",
+        "sft.save_steps=2",
+        "sft.save_total_limit=3",
+        "sft.eval.steps=1000",
+        "sft.eval.recall_prompts=0",
+        "sft.logging_seconds=1",
+    ]
+    whole = _cli(tmp_path, f"out_dir={tmp_path}/a", *common, nproc=2)
+    assert whole.returncode == 0, whole.stderr[-4000:]
+    stage = tmp_path / "a" / "full"
+    assert (stage / "checkpoint-4" / "global_step4").is_dir()  # DeepSpeed's partitioned optimizer state
+    assert list((stage / "checkpoint-4" / "global_step4").glob("*optim_states.pt"))
+    # the state a job killed after step 4's save leaves behind
+    shutil.copytree(stage, tmp_path / "b" / "full", ignore=shutil.ignore_patterns("checkpoint-6", "final"))
+    resumed = _cli(tmp_path, f"out_dir={tmp_path}/b", *common, nproc=2)
+    assert resumed.returncode == 0, resumed.stderr[-4000:]
+    assert "checkpoint-4" in resumed.stdout + resumed.stderr
+    a = AutoModelForCausalLM.from_pretrained(stage / "final")
+    b = AutoModelForCausalLM.from_pretrained(tmp_path / "b" / "full" / "final")
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)

@@ -71,6 +71,12 @@ def test_grpo_single_node(tmp_path):
         "grpo=qwen2.5_7b",
         "trainer.default_local_dir=/runs/x",
     ]
+    # the plan of the run, with the job's GPUs, before anything starts (recallm-plan --require-fit)
+    (plan,) = run.named("recallm-plan")
+    assert plan["args"] == [
+        "grpo", "--gpus", "4", "--nodes", "1", "grpo=qwen2.5_7b", "trainer.default_local_dir=/runs/x", "--require-fit"
+    ]
+    assert run.calls.index(plan) < run.calls.index(run.named("ray")[0])
     # a one-node Ray cluster with every port in the job's block; the driver joins it
     (head,) = run.named("ray")
     assert head["node"] == "gpu-1" and head["args"][:2] == ["start", "--head"] and "--block" in head["args"]

@@ -58,7 +58,10 @@ def test_report_on_this_machine(capsys):
     out = capsys.readouterr().out
     assert re.search(rf"^torch +{re.escape(md.version('torch'))} ", out, re.M)
     assert re.search(rf"^verl +{GPU_PINS['verl']}", out, re.M)
-    assert "problem      no CUDA device visible to torch" in out
+    # a CPU machine ready for CPU runs: no "problem" lines, the GPU's needs listed as such
+    assert "problem" not in out
+    assert "ready for the CPU; a GPU run would still need:" in out
+    assert "  GPU needs   no CUDA device visible to torch" in out
     assert "CPU run" in out and "GPU run" in out
     with pytest.raises(SystemExit) as exc:
         main(["--require", "gpu", "--no-processor"])
@@ -146,3 +149,19 @@ def test_install_docs_name_the_source_build():
     readme = (ROOT / "README.md").read_text()
     for text in (script, readme):
         assert "nvcc" in text and "MAX_JOBS" in text and "CUDA 13" in text
+
+
+def test_flash_attn_install_record(tmp_path):
+    # scripts/install_gpu.sh tries a prebuilt wheel for the installed torch first, then builds, and records
+    # which in the environment; the doctor reads that record
+    from recallm.doctor import FLASH_ATTN_RECORD, flash_attn_record
+
+    script = (ROOT / "scripts" / "install_gpu.sh").read_text()
+    assert f"FLASH_ATTN_VERSION={GPU_PINS['flash-attn']}" in script and f'RECORD="$VENV/{FLASH_ATTN_RECORD}"' in script
+    assert script.index("prebuilt wheel") < script.index("FLASH_ATTENTION_FORCE_BUILD=TRUE")
+    assert flash_attn_record(str(tmp_path)) is None
+    (tmp_path / FLASH_ATTN_RECORD).write_text("prebuilt wheel flash_attn-2.8.3+cu13torch2.11cxx11abiTRUE-cp311-cp311-linux_x86_64.whl\n")
+    assert flash_attn_record(str(tmp_path)).startswith("prebuilt wheel flash_attn-2.8.3+cu13")
+    env = EnvReport(python="3.11", platform="linux", versions={"flash-attn": "2.8.3", "torch": "2.11.0", "verl": "0.9.1"})
+    env.flash_attn_install = "built from source (no prebuilt wheel x.whl)"
+    assert "flash-attn 2.8.3, built from source (no prebuilt wheel x.whl)" in report(env)

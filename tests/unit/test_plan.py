@@ -1,0 +1,246 @@
+"""recallm.plan's formulas against hand-computed cases; the checkpoint retention; W&B's mode; the
+collective timeout reaching verl's process group."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+
+from recallm.errors import RecallmError
+from recallm.plan import (
+    GB,
+    PAPER_MODELS,
+    Cluster,
+    GiB,
+    ModelShape,
+    actor_update_bytes,
+    checkpoint_bytes,
+    mean_step_seconds,
+    model_shape,
+    vllm_budget,
+)
+
+# a shape small enough to compute by hand: V=100, h=8, L=2, H=2, K=1, d=4, I=16, untied, no bias
+SMALL = ModelShape("small", vocab=100, hidden=8, layers=2, heads=2, kv_heads=1, head_dim=4, intermediate=16, tied=False)
+
+
+def test_parameter_counts_match_the_published_totals():
+    # q 8*8 + k 8*4 + v 8*4 + o 8*8 = 192; mlp 3*8*16 = 384; norms 16 -> 592 per layer
+    assert SMALL.layer_params == 592
+    # embeddings 2*100*8 = 1600; 2 layers 1184; final norm 8
+    assert SMALL.params == 1600 + 1184 + 8 == 2792
+    # the published totals (config.json of each base); Llama's 4 recall-token rows in embed and lm_head
+    assert PAPER_MODELS["qwen2.5_7b"].params == 7_615_616_512
+    assert PAPER_MODELS["llama3.1_8b"].params == 8_030_261_248 + 4 * 4096 * 2
+
+
+def test_kv_cache_bytes_per_token():
+    assert PAPER_MODELS["qwen2.5_7b"].kv_bytes_per_token == 2 * 28 * 4 * 128 * 2 == 57_344
+    assert PAPER_MODELS["llama3.1_8b"].kv_bytes_per_token == 131_072
+    assert SMALL.kv_bytes_per_token == 2 * 2 * 1 * 4 * 2
+
+
+def test_actor_update_by_hand():
+    parts = actor_update_bytes(SMALL, 2, 10, checkpointing=True)
+    p = 2792
+    assert parts["parameters (fp32 shard)"] == 4 * p // 2
+    assert parts["gradients (fp32 shard)"] == 4 * p // 2
+    assert parts["AdamW state (fp32 shard)"] == 8 * p // 2
+    assert parts["gathered layers (bf16)"] == 2 * 2 * 592 + 2 * 1600
+    # layer inputs 2*10*8*2 = 320; one layer's set 10*(12*8 + 4*4 + 8*16)*2 = 4800
+    assert parts["activations"] == 320 + 4800
+    assert parts["logits"] == 3 * 2 * 10 * 100
+    unsharded = actor_update_bytes(SMALL, 2, 10, defer_grad_sync=True, checkpointing=False)
+    assert unsharded["gradients (fp32 unsharded)"] == 4 * p
+    assert unsharded["activations"] == 2 * 4800
+    # eager attention over one padded sequence adds the H*T^2 score matrix (bf16) of the recomputed layer
+    eager = actor_update_bytes(SMALL, 2, 10, attn="eager", longest_sequence=10)
+    assert eager["activations"] - parts["activations"] == 2 * 10 * 10 * 2
+
+
+def test_vllm_budget_by_hand():
+    v = vllm_budget(SMALL, 1000 * GiB, 0.5, batched_tokens=10, max_seqs=2)
+    assert v["budget"] == 500 * GiB
+    assert v["weights"] == 2 * 2792
+    assert v["activations"] == 10 * (4 * 8 + 2 * 16) * 2 + 2 * 100 * 4
+    assert v["kv cache"] == v["budget"] - v["weights"] - v["activations"] - v["cuda graphs"]
+    assert vllm_budget(SMALL, 1000, 0.5, eager=True)["cuda graphs"] == 0
+
+
+def test_checkpoint_bytes():
+    qwen = PAPER_MODELS["qwen2.5_7b"]
+    assert checkpoint_bytes(qwen, ["model", "optimizer", "extra"]) == 12 * qwen.params  # ~91 GB
+    assert round(checkpoint_bytes(qwen, ["model", "optimizer", "extra"]) / GB) == 91
+    assert checkpoint_bytes(qwen, ["model"]) == 4 * qwen.params
+    assert checkpoint_bytes(qwen, ["model", "hf_model"], model_dtype_bytes=2) == 4 * qwen.params
+
+
+def test_model_shape_reads_a_directory_or_names_a_base(tmp_path, tiny_dir):
+    tiny = model_shape(str(tiny_dir))
+    assert (tiny.hidden, tiny.layers, tiny.tied) == (128, 4, True)
+    assert model_shape("???", "qwen2.5_7b") is PAPER_MODELS["qwen2.5_7b"]
+    with pytest.raises(RecallmError, match="model path is not set"):
+        model_shape(None, None)
+    with pytest.raises(RecallmError, match="has no config.json"):
+        model_shape(str(tmp_path), "nope")
+
+
+def test_mean_step_seconds(tmp_path):
+    log = tmp_path / "metrics.jsonl"
+    log.write_text(
+        '{"step": 1, "data": {"timing_s/step": 100}}\n{"step": 2, "data": {"timing_s/step": 300}}\n'
+        '{"step": 2, "data": {"timing_s/step": 200}}\n'  # a resumed run logs step 2 again: the last wins
+    )
+    assert mean_step_seconds(log) == 150
+    assert mean_step_seconds(tmp_path) == 150  # a checkpoint directory holding metrics.jsonl
+    log.write_text("not json\n")
+    with pytest.raises(RecallmError, match="line 1 is not JSON"):
+        mean_step_seconds(log)
+
+
+def _grpo_cfg(**changes):
+    from omegaconf import OmegaConf
+
+    cfg = {
+        "data": {"max_prompt_length": 16000, "max_response_length": 5120, "train_batch_size": 128},
+        "actor_rollout_ref": {
+            "nccl_timeout": 3600,
+            "model": {"use_remove_padding": True, "enable_gradient_checkpointing": True, "override_config": {}},
+            "actor": {
+                "use_dynamic_bsz": True,
+                "ppo_max_token_len_per_gpu": 24576,
+                "use_kl_loss": True,
+                "fsdp_config": {"param_offload": True, "optimizer_offload": True},
+                "checkpoint": {"save_contents": ["model", "optimizer", "extra"]},
+            },
+            "rollout": {"name": "vllm", "n": 16, "gpu_memory_utilization": 0.6, "tensor_model_parallel_size": 1},
+        },
+        "trainer": {"total_training_steps": 150, "save_freq": 10, "esi_redundant_time": 600},
+        "recallm": {"keep_checkpoints": 3},
+    }
+    cfg = OmegaConf.create(cfg)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+def _cluster(**kw):
+    values = dict(
+        gpus_per_node=4, nodes=1, gpu_memory=int(79.2 * GiB), host_ram=1000 * GiB, disk_free=1000 * GB,
+        write_bandwidth=1 * GB,
+    )
+    return Cluster(**{**values, **kw})
+
+
+def test_grpo_plan_disk_and_save_time_lines():
+    from recallm.plan import grpo_plan
+
+    qwen = PAPER_MODELS["qwen2.5_7b"]
+    plan = grpo_plan(_grpo_cfg(), _cluster(), qwen)
+    lines = {line.what: line for line in plan.lines}
+    one = 12 * qwen.params
+    assert lines["checkpoints"].need == 4 * one  # 3 kept + 1 being written
+    assert lines["checkpoints"].fits
+    assert lines["deadline save"].need == pytest.approx(one / GB * 1.5)
+    assert lines["deadline save"].have == 60 + 600
+    # every save kept (no retention) on a 1 TB disk: 15 saves of 91 GB do not fit, the fix says what to set
+    plan = grpo_plan(_grpo_cfg(recallm__keep_checkpoints=None), _cluster(), qwen)
+    disk = next(line for line in plan.lines if line.what == "checkpoints")
+    assert disk.need == 15 * one and disk.fits is False and "recallm.keep_checkpoints" in disk.fix
+    # a slow disk: the deadline save does not fit, and the fix names the esi_redundant_time that would
+    plan = grpo_plan(_grpo_cfg(), _cluster(write_bandwidth=0.1 * GB), qwen)
+    save = next(line for line in plan.lines if line.what == "deadline save")
+    assert save.fits is False and f"trainer.esi_redundant_time={int(one / (0.1 * GB) * 1.5 - 60) + 1}" in save.fix
+    # the rollout's KV cache: how many longest sequences fit at once
+    kv = next(line for line in plan.lines if line.what == "vLLM KV cache")
+    v = vllm_budget(qwen, int(79.2 * GiB), 0.6)
+    assert kv.have == v["kv cache"] // qwen.kv_bytes_per_token and kv.need == 21120
+
+
+def test_grpo_plan_flash_attn_missing_and_unpacked_cost():
+    from recallm.plan import grpo_plan
+
+    qwen = PAPER_MODELS["qwen2.5_7b"]
+    plan = grpo_plan(_grpo_cfg(), _cluster(), qwen, flash_attn_installed=False, mean_tokens=10560)
+    flash = next(line for line in plan.lines if line.what == "flash-attn for packed sequences")
+    assert flash.fits is False and "use_remove_padding=false" in flash.fix
+    cost = next(line for line in plan.lines if "unpacked" in line.what)
+    assert cost.need == pytest.approx(2.0)
+    assert "DOES NOT FIT" in plan.render() and not plan.fits
+    assert grpo_plan(_grpo_cfg(), _cluster(), qwen, flash_attn_installed=True).fits
+
+
+def test_retention_keeps_the_newest_the_latest_and_the_eval_weights(tmp_path):
+    from recallm.grpo.retention import prune, saved_steps
+
+    for step in (10, 20, 30, 40, 50, 60, 70):
+        actor = tmp_path / f"global_step_{step}" / "actor"
+        actor.mkdir(parents=True)
+        (actor / "model_world_size_2_rank_0.pt").write_bytes(b"m")
+        (actor / "optim_world_size_2_rank_0.pt").write_bytes(b"o")
+        (actor / "extra_state_world_size_2_rank_0.pt").write_bytes(b"e")
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("70")
+    (tmp_path / "metrics.jsonl").write_text("{}")
+    removed = prune(tmp_path, keep=2, eval_step=30)
+    assert sorted(saved_steps(tmp_path)) == [30, 60, 70]
+    eval_actor = tmp_path / "global_step_30" / "actor"
+    assert sorted(p.name for p in eval_actor.iterdir()) == [
+        "extra_state_world_size_2_rank_0.pt",
+        "model_world_size_2_rank_0.pt",
+    ]
+    assert (tmp_path / "metrics.jsonl").exists() and len(removed) == 5  # 4 directories + 1 optimizer file
+    # the step verl resumes from is never touched, even when older than the kept ones
+    (tmp_path / "latest_checkpointed_iteration.txt").write_text("30")
+    (tmp_path / "global_step_80").mkdir()
+    prune(tmp_path, keep=1)
+    assert sorted(saved_steps(tmp_path)) == [30, 80]
+
+
+def test_retention_wraps_verls_save(tmp_path, monkeypatch):
+    from recallm.grpo import retention
+
+    for step in (1, 2, 3):
+        (tmp_path / f"global_step_{step}").mkdir()
+    calls = []
+
+    class RayPPOTrainer:
+        config = types.SimpleNamespace(trainer=types.SimpleNamespace(default_local_dir=str(tmp_path)))
+
+        def _save_checkpoint(self):
+            calls.append("saved")
+
+    module = types.SimpleNamespace(RayPPOTrainer=RayPPOTrainer)
+    retention._wrap_trainer(module)
+    retention._wrap_trainer(module)  # once only
+    monkeypatch.setenv(retention.KEEP_ENV, "1")
+    RayPPOTrainer()._save_checkpoint()
+    assert calls == ["saved"] and sorted(retention.saved_steps(tmp_path)) == [3]
+
+
+def test_collective_timeout_reaches_the_process_group(monkeypatch):
+    from recallm.grpo import runtime
+
+    seen = []
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        seen.append((timeout_second, backend))
+
+    distributed = types.SimpleNamespace(initialize_global_process_group_ray=initialize_global_process_group_ray)
+    runtime._timeout_process_group(distributed)
+    monkeypatch.setenv(runtime.TIMEOUT_ENV, "3600")
+    distributed.initialize_global_process_group_ray(timeout_second=None)
+    distributed.initialize_global_process_group_ray(timeout_second=5, backend="gloo")
+    assert seen == [(3600, None), (5, "gloo")]
+
+
+def test_wandb_mode(tmp_path):
+    from recallm.tracking import wandb_mode
+
+    home = {"HOME": str(tmp_path)}
+    assert wandb_mode(home)[0] == "offline" and "no credentials" in wandb_mode(home)[1]
+    assert wandb_mode({**home, "WANDB_API_KEY": "k"}) == ("online", "W&B online (credentials in WANDB_API_KEY)")
+    assert wandb_mode({**home, "WANDB_MODE": "disabled"})[0] == "disabled"
+    (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
+    (tmp_path / ".netrc").chmod(0o600)
+    assert wandb_mode(home)[0] == "online"
