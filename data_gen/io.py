@@ -19,7 +19,12 @@ from typing import Any
 
 from data_gen.base import Row
 from recallm.errors import RecallmError
-from recallm.io import atomic_path, read_jsonl, write_jsonl  # (the JSONL pair is recallm.io's; re-exported)
+from recallm.io import (  # (the JSONL pair is recallm.io's; re-exported)
+    atomic_path,
+    read_jsonl,
+    verify_file,
+    write_jsonl,
+)
 
 __all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl"]
 
@@ -68,6 +73,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise RecallmError(f"data file {path} does not exist; generate it with `recallm-data`")
+    verify_file(path)  # the checksum recorded when it was written (recallm-data's outputs)
     try:
         return pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a damaged file

@@ -19,7 +19,10 @@ locks, what kind of path a setting names, and checksummed file manifests.
   a parquet file where JSONL is read — a one-line error before anything is written.
 * **Manifests.** ``write_manifest(dir)`` records every file's size and CRC-32 in
   ``recallm_files.json`` (fsyncing each file on the way); ``verify_manifest(dir)`` checks them, so
-  a truncated or overwritten file of a checkpoint is found before it is used.
+  a truncated or overwritten file of a checkpoint is found before it is used. Artifacts written one
+  at a time into a shared directory (data shards and outputs, score files) are added to it with
+  ``record_files`` (serialised between processes) and checked where they are read with
+  ``verify_file`` / ``file_problem``: the one checksum of every artifact we write and read back.
 
 Standard library only (no torch): ``data_gen`` and ``rewards`` may import it.
 """
@@ -62,6 +65,10 @@ __all__ = [
     "check_in_file",
     "write_manifest",
     "verify_manifest",
+    "record_files",
+    "forget_files",
+    "file_problem",
+    "verify_file",
     "MANIFEST_FILE",
     "LOCK_FILE",
 ]
@@ -70,6 +77,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "recallm_files.json"
 LOCK_FILE = ".recallm.lock"
+_MANIFEST_LOCK = ".recallm_files.lock"
 _CHUNK = 8 << 20
 
 
@@ -168,6 +176,7 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
     """``(line number, value)`` of every non-blank line (see module doc for the errors)."""
     path = Path(path)
     check_in_file(path, what, kind="jsonl")
+    verify_file(path)  # the checksum recorded when it was written, if its directory's manifest has one
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
@@ -360,7 +369,9 @@ def _crc(path: Path, sync: bool) -> tuple[int, str]:
 
 def _files(directory: Path) -> list[str]:
     return sorted(
-        str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and p.name not in (MANIFEST_FILE, _MANIFEST_LOCK, LOCK_FILE)
     )
 
 
@@ -376,6 +387,83 @@ def write_manifest(directory: str | Path) -> Path:
     sums = _checksums(directory, _files(directory), sync=True)
     files = {name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()}
     return write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": files})
+
+
+@contextlib.contextmanager
+def _manifest_lock(directory: Path) -> Iterator[None]:
+    """Serialise the read-modify-write of one directory's manifest between processes (blocking:
+    each holder only checksums its own files)."""
+    lock = directory / _MANIFEST_LOCK
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: unserialised
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _read_entries(path: Path) -> dict[str, dict]:
+    try:
+        files = json.loads(path.read_text())["files"]
+        return {str(k): {"size": int(v["size"]), "crc32": str(v["crc32"])} for k, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def record_files(directory: str | Path, names: Iterable[str]) -> Path:
+    """Add (or update) the size and CRC-32 of the files ``names`` (relative to ``directory``) in its
+    manifest, fsyncing each; other entries are kept. For artifacts written one at a time (data
+    shards, outputs, score files); ``verify_file`` checks one when it is read."""
+    directory = Path(directory)
+    names = sorted(set(names))
+    sums = _checksums(directory, names, sync=True)
+    with _manifest_lock(directory):
+        entries = _read_entries(directory / MANIFEST_FILE)
+        entries.update({name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()})
+        return write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": entries})
+
+
+def forget_files(directory: str | Path, names: Iterable[str]) -> None:
+    """Drop ``names`` from ``directory``'s manifest (files deleted or about to be rewritten)."""
+    directory = Path(directory)
+    if not (directory / MANIFEST_FILE).is_file():
+        return
+    with _manifest_lock(directory):
+        entries = _read_entries(directory / MANIFEST_FILE)
+        for name in names:
+            entries.pop(name, None)
+        write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": entries})
+
+
+def file_problem(path: str | Path, *, required: bool = False) -> str | None:
+    """What is wrong with ``path`` against the manifest of its directory: missing, another size or
+    CRC-32 than was recorded when it was written; not listed (only with ``required``). None if it
+    matches (or is not listed and not ``required``)."""
+    path = Path(path)
+    entry = _read_entries(path.parent / MANIFEST_FILE).get(path.name)
+    if entry is None:
+        return f"{path} has no recorded checksum" if required else None
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"{path} has {size} bytes, {entry['size']} were written (truncated or overwritten)"
+    _, crc = _crc(path, False)
+    if crc != entry["crc32"]:
+        return f"{path} changed since it was written (CRC-32 {crc}, expected {entry['crc32']})"
+    return None
+
+
+def verify_file(path: str | Path) -> Path:
+    """``file_problem`` as a one-line ``RecallmError`` (a file its directory's manifest does not
+    list is taken as it is: written by hand or by an older version)."""
+    problem = file_problem(path)
+    if problem:
+        raise RecallmError(problem)
+    return Path(path)
 
 
 def verify_manifest(directory: str | Path) -> bool:
