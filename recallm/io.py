@@ -13,7 +13,8 @@ locks, what kind of path a setting names, and checksummed file manifests.
 * **Locks.** ``lock_dir(dir, what)``: one writer per output directory (``flock`` on
   ``<dir>/.recallm.lock``, released by the kernel when the process dies, so a killed run leaves no
   stale lock); a second writer — another process, or another thread — gets a ``RecallmError``
-  naming the holder. Re-entrant within one thread.
+  naming the holder. Re-entrant within one thread. ``lock_output(file, what)``: the same for one
+  output file (``.<name>.recallm.lock`` next to it). A lock path that is a directory is one line.
 * **Kinds of path.** ``check_out_dir`` / ``check_out_file`` / ``check_in_file``: a setting that
   names an output directory but points at a file (or under one), an input that is a directory or
   a parquet file where JSONL is read — a one-line error before anything is written.
@@ -60,6 +61,8 @@ __all__ = [
     "write_jsonl",
     "lock_dir",
     "check_unlocked",
+    "lock_output",
+    "check_output_unlocked",
     "check_out_dir",
     "check_out_file",
     "check_in_file",
@@ -189,6 +192,8 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise RecallmError(f"{path}:{number}: JSON nested too deeply") from None
 
 
 def read_jsonl(path: str | Path, what: str = "JSONL file") -> list[Any]:
@@ -268,7 +273,7 @@ def check_in_file(path: str | Path | None, name: str, *, kind: str | None = None
 
 # ---------------------------------------------------------------------------------------- locks
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-_HELD: dict[tuple[Path, int], list[int]] = {}  # (directory, thread) -> [fd, depth]
+_HELD: dict[tuple[Path, int], list[int]] = {}  # (lock file, thread) -> [fd, depth]
 _HELD_GUARD = threading.Lock()
 
 
@@ -285,34 +290,40 @@ def _busy(directory: Path, holder: str) -> RecallmError:
     )
 
 
+def _open_lock(lock: Path) -> int:
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RecallmError(f"cannot open the lock file {lock} ({exc.strerror})") from None
+
+
 @contextlib.contextmanager
-def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
-    """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
-    writer in the message a second one gets (module doc)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    key = (directory.resolve(), threading.get_ident())
+def _flock(lock: Path, subject: Path, what: str) -> Iterator[None]:
+    """Hold the ``flock`` of the file ``lock`` for ``subject`` (module doc: re-entrant per thread)."""
+    key = (lock.resolve(), threading.get_ident())
     with _HELD_GUARD:
         held = _HELD.get(key)
         if held is not None:
             held[1] += 1
     if held is not None:
         try:
-            yield directory
+            yield
         finally:
             with _HELD_GUARD:
                 held[1] -= 1
         return
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open_lock(lock)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as exc:
         holder = _holder(fd)
         os.close(fd)
         if exc.errno in _BUSY:
-            raise _busy(directory, holder) from None
-        log.warning("cannot lock %s (%s): a second writer would not be detected", directory, exc.strerror)
-        yield directory  # a file system without locks: go on unlocked
+            raise _busy(subject, holder) from None
+        log.warning("cannot lock %s (%s): a second writer would not be detected", subject, exc.strerror)
+        yield  # a file system without locks: go on unlocked
         return
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
@@ -320,7 +331,7 @@ def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
         os.pwrite(fd, f"{what}, pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode(), 0)
         with _HELD_GUARD:
             _HELD[key] = [fd, 1]
-        yield directory
+        yield
     finally:
         with _HELD_GUARD:
             _HELD.pop(key, None)
@@ -330,14 +341,22 @@ def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
         os.close(fd)
 
 
-def check_unlocked(directory: str | Path) -> None:
-    """Raise the ``lock_dir`` error if another writer holds ``directory`` now (writes nothing: for
-    checks before a run starts; the run itself takes the lock)."""
+@contextlib.contextmanager
+def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
+    """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
+    writer in the message a second one gets (module doc)."""
     directory = Path(directory)
-    lock = directory / LOCK_FILE
+    directory.mkdir(parents=True, exist_ok=True)
+    with _flock(directory / LOCK_FILE, directory, what):
+        yield directory
+
+
+def _probe(lock: Path, subject: Path) -> None:
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
     if not lock.is_file():
         return
-    if (directory.resolve(), threading.get_ident()) in _HELD:
+    if (lock.resolve(), threading.get_ident()) in _HELD:
         return
     try:
         fd = os.open(lock, os.O_RDWR)  # (NFS emulates flock with write locks)
@@ -348,11 +367,38 @@ def check_unlocked(directory: str | Path) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in _BUSY:
-                raise _busy(directory, _holder(fd)) from None
+                raise _busy(subject, _holder(fd)) from None
             return
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _output_lock(path: Path) -> Path:
+    return path.parent / f".{path.name}.recallm.lock"
+
+
+@contextlib.contextmanager
+def lock_output(path: str | Path, what: str) -> Iterator[Path]:
+    """One writer per output *file* (``path``): ``lock_dir``'s lock, on ``.<name>.recallm.lock``
+    next to it, so that two runs writing different files of one directory both go on."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with _flock(_output_lock(path), path, what):
+        yield path
+
+
+def check_output_unlocked(path: str | Path) -> None:
+    """``check_unlocked`` for ``lock_output``'s lock of one file."""
+    path = Path(path)
+    _probe(_output_lock(path), path)
+
+
+def check_unlocked(directory: str | Path) -> None:
+    """Raise the ``lock_dir`` error if another writer holds ``directory`` now (writes nothing: for
+    checks before a run starts; the run itself takes the lock)."""
+    directory = Path(directory)
+    _probe(directory / LOCK_FILE, directory)
 
 
 # ------------------------------------------------------------------------------------ manifests
