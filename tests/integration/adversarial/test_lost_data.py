@@ -105,3 +105,111 @@ def test_lock_file_that_is_a_directory_is_one_line(tmp_path):
     with pytest.raises(RecallmError, match=r"\.recallm\.lock is a directory, not a lock file"):
         with lock_dir(tmp_path / "run", "test"):
             pass
+
+
+# ------------------------------------------------------------------------------------------ eval
+def test_second_eval_into_one_out_dir_is_refused(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "ev"
+    with _held_elsewhere(lock_dir, out, "recallm-eval (the first run)"):
+        code, err = _main(monkeypatch, capsys, "recallm.cli.eval", [f"out_dir={out}", "limit=1"])
+    assert code == 2 and len(err) == 1 and "in use by another writer (recallm-eval (the first run)" in err[0], err
+    assert sorted(p.name for p in out.iterdir()) == [".recallm.lock"]
+
+
+def test_eval_run_takes_the_out_dir_lock(tmp_path, monkeypatch, tiny_dir):
+    """Past the command's check (two runs starting together), the run itself holds the lock while it
+    prepares ``out_dir`` and evaluates: a second writer meanwhile is refused."""
+    from hydra import compose, initialize_config_dir
+
+    import recallm.eval.app as app
+    from recallm.paths import config_dir
+
+    outcome = {}
+
+    def evaluate(settings, out_dir, *args):
+        def second():
+            try:
+                with lock_dir(out_dir, "second"):
+                    outcome["second"] = "ran"
+            except RecallmError as exc:
+                outcome["second"] = str(exc)
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join()
+        return {}
+
+    monkeypatch.setattr(app, "_run_locked", evaluate)
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(
+            "eval",
+            overrides=[f"out_dir={tmp_path / 'ev'}", f"model_path={tiny_dir}", "limit=1", "eval=toy", "benchmarks=[synthetic]"],
+        )
+    app.run(cfg)
+    assert "in use by another writer (recallm-eval" in outcome["second"], outcome
+
+
+def test_results_without_run_json_are_not_reused(tmp_path):
+    from recallm.eval.runner import RESULTS_FILE, prepare_out_dir
+
+    out = tmp_path / "ev"
+    prepare_out_dir(out, {"model": "a"})
+    (out / RESULTS_FILE).write_text('{"example_id": "x", "correct": 1}\n')
+    (out / "run.json").unlink()
+    with pytest.raises(RecallmError, match=r"holds results\.jsonl without its run\.json.*overwrite=true"):
+        prepare_out_dir(out, {"model": "a"})
+    assert (out / RESULTS_FILE).read_text().startswith('{"example_id": "x"')
+    prepare_out_dir(out, {"model": "a"}, overwrite=True)
+    assert not (out / RESULTS_FILE).exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe\x00garbage\n", b'[1, 2]\n{"example_id": "x"}\n', b'"just a string"\n', b'{"no_id": 1}\n'],
+    ids=["not-utf8", "list", "string", "no-id"],
+)
+def test_damaged_results_file_is_one_line(tmp_path, content):
+    from recallm.eval.runner import read_results
+
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(content)
+    with pytest.raises(RecallmError, match=r"results\.jsonl:1: ") as exc:
+        read_results(path)
+    assert "\n" not in str(exc.value)
+
+
+def test_results_file_that_is_a_directory_is_one_line(tmp_path):
+    from recallm.eval.runner import read_results
+
+    (tmp_path / "results.jsonl").mkdir()
+    with pytest.raises(RecallmError, match=r"results\.jsonl is a directory, not a results file"):
+        read_results(tmp_path / "results.jsonl")
+
+
+# -------------------------------------------------------------------------------------- pipeline
+def test_second_pipeline_in_one_run_dir_is_refused(tmp_path):
+    from recallm.pipeline import Pipeline
+
+    run_dir = tmp_path / "run"
+    with _held_elsewhere(lock_dir, run_dir, "recallm-pipeline (the first)"):
+        with pytest.raises(RecallmError, match=r"in use by another writer \(recallm-pipeline \(the first\)"):
+            Pipeline(run_dir, []).run()
+    assert not (run_dir / "pipeline.json").exists()
+
+
+@pytest.mark.parametrize(
+    "content",
+    [b"\xff\xfe not utf-8", b"[]", b'{"jobs": []}', b'{"jobs": {"data": "done"}}', b'{"jobs": {}, "stage_seconds": {"a": "x"}}'],
+    ids=["not-utf8", "list", "jobs-list", "job-string", "seconds-string"],
+)
+def test_damaged_pipeline_state_is_one_line(tmp_path, content):
+    from recallm.pipeline import Job, Pipeline, Stage
+
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "pipeline.json").write_bytes(content)
+    pipeline = Pipeline(run_dir, [Stage("data", [Job("data", ["true"], [run_dir / "data"])])])
+    with pytest.raises(RecallmError, match=r"pipeline\.json is (corrupt|not a pipeline state file)") as exc:
+        pipeline.status()
+    assert "\n" not in str(exc.value)
