@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import statistics
 from collections import Counter, defaultdict
@@ -399,6 +400,7 @@ def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, p
     todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not _shard_intact(shard_dir / f"{name}.parquet")]
     total = sum(b - a for _, _, a, b in todo)
     if todo:
+        workers = worker_count(workers, len(todo))
         preflight(plan, tokenizer_dir)
         bar = tqdm(total=total, desc="generating", unit="row", disable=not progress)
         if workers > 1:
@@ -423,6 +425,20 @@ def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, p
                 bar.update(b - a)
         bar.close()
     return _assemble(plan, out_dir, shard_dir)
+
+
+def worker_count(asked: int, shards: int) -> int:
+    """The worker processes of a run: as asked, but never more than the shards to write nor than
+    the CPUs this process may use (``workers=100000`` forked hundreds of processes that did
+    nothing but load the tokenizer)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    used = max(1, min(int(asked), shards, cpus))
+    if used < asked:
+        log.warning("workers=%d: using %d (%d shards to write, %d CPUs)", asked, used, shards, cpus)
+    return used
 
 
 def _write_shard(records: list, shard_dir: Path, name: str) -> None:

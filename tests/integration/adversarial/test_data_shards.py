@@ -83,3 +83,26 @@ def test_shard_without_checksum_is_not_reused(generated, tmp_path, tiny_dir, cap
     with caplog.at_level(logging.WARNING, logger="data_gen"):
         _rerun(out, tiny_dir)
     assert "no recorded checksum" in caplog.text
+
+
+def test_workers_are_capped_by_shards_and_cpus(generated, tmp_path, tiny_dir, monkeypatch, caplog):
+    """``workers=100000`` starts no more processes than there are shards to write and CPUs."""
+    import data_gen.generate as generate
+
+    started = []
+    real = generate.ProcessPoolExecutor
+
+    def pool(workers, *args, **kwargs):
+        started.append(workers)
+        return real(workers, *args, **kwargs)
+
+    monkeypatch.setattr(generate, "ProcessPoolExecutor", pool)
+    monkeypatch.setattr(generate.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    out = Path(shutil.copytree(generated, tmp_path / "out"))
+    shards = sorted((out / "shards").glob("*.parquet"))
+    for shard in shards[:2]:
+        shard.unlink()
+    with caplog.at_level(logging.WARNING, logger="data_gen"):
+        generate.run_plan(generate.plan_from_config(MIX), out, tiny_dir, workers=100000, progress=False)
+    assert started == [2] and "workers=100000: using 2" in caplog.text
+    assert generate.worker_count(100000, 1) == 1 and generate.worker_count(1, 50) == 1
