@@ -32,9 +32,10 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from recallm.errors import cli_errors
+from recallm.errors import EXIT_USAGE, cli_errors
 
 __all__ = ["hydra_command", "precheck"]
 
@@ -138,6 +139,31 @@ def _help_header(command: str) -> list[str]:
     return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about or prog)}"]
 
 
+def _remove_hydra_dir() -> None:
+    """Remove this invocation's Hydra output directory (``.../hydra/<time stamp>``), then the
+    directories above it that are left empty (``hydra/``, an ``out_dir`` Hydra created), never the
+    working directory."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except (ValueError, AttributeError):
+        return
+    for logger in (logging.getLogger(), *[logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]):
+        for handler in list(getattr(logger, "handlers", [])):  # the job's log file, opened by Hydra
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(out.resolve()):
+                logger.removeHandler(handler)
+                handler.close()
+    shutil.rmtree(out, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in list(out.parents)[:2]:
+        if parent.resolve() == cwd or not parent.is_dir() or any(parent.iterdir()):
+            break
+        parent.rmdir()
+
+
 def _run_hydra(
     config_name: str,
     args: list[str],
@@ -156,7 +182,12 @@ def _run_hydra(
     def task(cfg) -> None:
         for name in quiet:
             logging.getLogger(name).setLevel(level)
-        result["code"] = run(cfg, **given)
+        try:
+            result["code"] = run(cfg, **given)
+        except SystemExit as exc:
+            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
+                _remove_hydra_dir()
+            raise
 
     module = run.__module__  # Hydra names the job after the calling module (`sft`, `eval`, ...)
     if module == "__main__":  # python -m recallm.cli.sft
