@@ -158,6 +158,7 @@ class Pipeline:
         that died without stopping them would leave them running."""
         from recallm.io import lock_dir
 
+        _state(self.run_dir)  # a damaged state file is refused before the lock file is written
         with lock_dir(self.run_dir, "recallm-pipeline"):  # one pipeline per run directory
             if threading.current_thread() is not threading.main_thread():
                 return self._run(redo, only, echo)

@@ -107,6 +107,9 @@ def check(cfg: DictConfig) -> None:
         return
     check_out_dir(settings.out_dir, "out_dir")
     check_unlocked(settings.out_dir)
+    from recallm.eval.runner import check_out_dir_state
+
+    check_out_dir_state(settings.out_dir, settings.overwrite)
     check_out_dir(settings.models_dir, "models_dir")
     from recallm.eval.backends import BackendSettings
 
