@@ -13,7 +13,8 @@ locks, what kind of path a setting names, and checksummed file manifests.
 * **Locks.** ``lock_dir(dir, what)``: one writer per output directory (``flock`` on
   ``<dir>/.recallm.lock``, released by the kernel when the process dies, so a killed run leaves no
   stale lock); a second writer — another process, or another thread — gets a ``RecallmError``
-  naming the holder. Re-entrant within one thread. ``lock_output(file, what)``: the same for one
+  naming the holder. Re-entrant within one thread. The lock file is removed when released, and
+  so are the directories taking the lock created, if left empty. ``lock_output(file, what)``: the same for one
   output file (``.<name>.recallm.lock`` next to it). A lock path that is a directory is one line.
 * **Kinds of path.** ``check_out_dir`` / ``check_out_file`` / ``check_in_file``: a setting that
   names an output directory but points at a file (or under one), an input that is a directory or
@@ -314,17 +315,27 @@ def _flock(lock: Path, subject: Path, what: str) -> Iterator[None]:
             with _HELD_GUARD:
                 held[1] -= 1
         return
-    fd = _open_lock(lock)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = _holder(fd)
+    for _ in range(3):
+        fd = _open_lock(lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _holder(fd)
+            os.close(fd)
+            if exc.errno in _BUSY:
+                raise _busy(subject, holder) from None
+            log.warning("cannot lock %s (%s): a second writer would not be detected", subject, exc.strerror)
+            yield  # a file system without locks: go on unlocked
+            return
+        try:  # the file may have been unlinked by its previous holder meanwhile: lock the one on disk
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
-        if exc.errno in _BUSY:
-            raise _busy(subject, holder) from None
-        log.warning("cannot lock %s (%s): a second writer would not be detected", subject, exc.strerror)
-        yield  # a file system without locks: go on unlocked
-        return
+    else:
+        raise _busy(subject, "a writer that keeps replacing its lock file")
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
@@ -336,9 +347,25 @@ def _flock(lock: Path, subject: Path, what: str) -> Iterator[None]:
         with _HELD_GUARD:
             _HELD.pop(key, None)
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+            lock.unlink()  # (still held: a process that opened it meanwhile finds another inode on disk)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
+
+
+@contextlib.contextmanager
+def _made(directory: Path) -> Iterator[None]:
+    """``directory`` created (with its parents) for the block; those it created are removed again
+    if the block leaves them empty (a refused or failed run leaves nothing behind)."""
+    new = [p for p in (directory, *directory.parents) if not p.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for path in new:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                break
 
 
 @contextlib.contextmanager
@@ -346,8 +373,7 @@ def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
     """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
     writer in the message a second one gets (module doc)."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    with _flock(directory / LOCK_FILE, directory, what):
+    with _made(directory), _flock(directory / LOCK_FILE, directory, what):
         yield directory
 
 
@@ -383,8 +409,7 @@ def lock_output(path: str | Path, what: str) -> Iterator[Path]:
     """One writer per output *file* (``path``): ``lock_dir``'s lock, on ``.<name>.recallm.lock``
     next to it, so that two runs writing different files of one directory both go on."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with _flock(_output_lock(path), path, what):
+    with _made(path.parent), _flock(_output_lock(path), path, what):
         yield path
 
 

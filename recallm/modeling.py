@@ -65,6 +65,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+MAX_YARN_FACTOR = 64  # YaRN's context multiplier (the paper: 4); more is a typo, not a setting
 
 # Fields every Recall*Config adds to its base config (name -> (type, default)).
 _RECALL_FIELDS: dict[str, tuple[object, object]] = {
@@ -360,8 +361,8 @@ def create_recallm_model(
         raise RecallmError(f"--out {out} is an existing file; give a directory")
     if out.resolve() == base.resolve():
         raise RecallmError(f"--out must differ from --base ({base}); the base is never overwritten")
-    out.parent.mkdir(parents=True, exist_ok=True)
     if is_gguf(base):
+        out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.gguf-") as tmp:
             gguf_to_hf(base, tmp, dtype=dtype)
             return create_recallm_model(tmp, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
@@ -373,8 +374,8 @@ def create_recallm_model(
     _, model_cls, _ = recall_classes_for(base_config.model_type)
     overrides: dict[str, object] = {}
     if yarn_factor is not None:
-        if not (math.isfinite(yarn_factor) and yarn_factor > 1):
-            raise RecallmError(f"yarn_factor must be a finite number > 1, got {yarn_factor}")
+        if not (math.isfinite(yarn_factor) and 1 < yarn_factor <= MAX_YARN_FACTOR):
+            raise RecallmError(f"yarn_factor must be a number in (1, {MAX_YARN_FACTOR}], got {yarn_factor}")
         original = base_config.max_position_embeddings
         theta = (base_config.rope_parameters or {}).get("rope_theta", 10000.0)
         overrides["rope_parameters"] = {

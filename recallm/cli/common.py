@@ -141,8 +141,8 @@ def _help_header(command: str) -> list[str]:
 
 def _remove_hydra_dir() -> None:
     """Remove this invocation's Hydra output directory (``.../hydra/<time stamp>``), then the
-    directories above it that are left empty (``hydra/``, an ``out_dir`` Hydra created), never the
-    working directory."""
+    directories above it that are left empty (``hydra/``, an ``out_dir`` Hydra created, ``outputs/``),
+    up to the working directory."""
     import shutil
 
     from hydra.core.hydra_config import HydraConfig
@@ -158,8 +158,8 @@ def _remove_hydra_dir() -> None:
                 handler.close()
     shutil.rmtree(out, ignore_errors=True)
     cwd = Path.cwd().resolve()
-    for parent in list(out.parents)[:2]:
-        if parent.resolve() == cwd or not parent.is_dir() or any(parent.iterdir()):
+    for parent in out.parents:
+        if parent.resolve() == cwd or cwd.is_relative_to(parent.resolve()) or not parent.is_dir() or any(parent.iterdir()):
             break
         parent.rmdir()
 

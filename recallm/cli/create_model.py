@@ -20,6 +20,8 @@ import math
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
 
+MAX_RECALL_TOKENS_LIMIT = 65_536  # tokens in one span; the default is 128
+
 
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="recallm-create-model", description=__doc__.split("\n\n")[0])
@@ -62,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    from recallm.modeling import check_recallm_model, create_recallm_model
+    from recallm.modeling import MAX_YARN_FACTOR, check_recallm_model, create_recallm_model
 
     if args.check:
         summary = check_recallm_model(args.check, weights=True)
@@ -70,10 +72,14 @@ def main(argv: list[str] | None = None) -> int:
         if not args.out:
             raise RecallmError("--out is required with --base, --fetch and --tiny")
         check_out_dir(args.out, "--out")
-        if args.max_recall_tokens is not None and args.max_recall_tokens < 1:
-            raise RecallmError(f"--max-recall-tokens must be >= 1, got {args.max_recall_tokens}")
-        if args.yarn_factor is not None and not (math.isfinite(args.yarn_factor) and args.yarn_factor > 1):
-            raise RecallmError(f"--yarn-factor must be a finite number > 1, got {args.yarn_factor}")
+        if args.max_recall_tokens is not None and not 1 <= args.max_recall_tokens <= MAX_RECALL_TOKENS_LIMIT:
+            raise RecallmError(
+                f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}"
+            )
+        if args.yarn_factor is not None and not (
+            math.isfinite(args.yarn_factor) and 1 < args.yarn_factor <= MAX_YARN_FACTOR
+        ):
+            raise RecallmError(f"--yarn-factor must be a number in (1, {MAX_YARN_FACTOR}], got {args.yarn_factor}")
         if args.tiny:
             from recallm.tiny import create_tiny
 

@@ -76,6 +76,8 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
             counts[category] += 1
             for key, value in values.items():
                 sums[category][key] += value
+        if not counts:
+            raise RecallmError(f"input {input_path} holds no responses (an empty file)")
     record_files(output_path.parent, [output_path.name])  # its checksum, verified where it is read
     return {cat: {k: v / counts[cat] for k, v in vals.items()} | {"count": counts[cat]} for cat, vals in sums.items()}
 

@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -863,7 +864,18 @@ def build_report(
     resolved = resolve_runs(runs)
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
+    made = [p for p in (out_dir, out_dir / "plots") if not p.exists()]  # removed again if the report fails
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_report(ctx_args=(summaries, resolved, out_dir), sections=sections, curves=curves)
+    except BaseException:
+        for path in reversed(made):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _write_report(ctx_args, sections, curves) -> Path:
+    summaries, resolved, out_dir = ctx_args
     ctx = ReportContext(summaries, resolved, _Plots(out_dir), load_reference())
     lines = ["# RecaLLM evaluation report", ""]
     for section in SECTIONS if sections is None else sections:
