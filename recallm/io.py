@@ -135,16 +135,23 @@ class atomic_path:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.tmp = _tmp_name(self.path)
+        self.made: list[Path] = []
 
     def __enter__(self) -> Path:
+        self.made = [p for p in self.path.parents if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
+            return
+        self.tmp.unlink(missing_ok=True)
+        for path in self.made:  # the directories made for it, if left empty (deepest first)
+            try:
+                path.rmdir()
+            except OSError:
+                break
 
 
 @contextlib.contextmanager
