@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import random
 import statistics
 from collections import Counter, defaultdict
@@ -34,7 +35,15 @@ from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_parquet
 from recallm.errors import RecallmError
-from recallm.io import lock_dir, write_json_atomic, write_jsonl, write_text_atomic
+from recallm.io import (
+    MANIFEST_FILE,
+    file_problem,
+    lock_dir,
+    record_files,
+    write_json_atomic,
+    write_jsonl,
+    write_text_atomic,
+)
 
 __all__ = ["DataRun", "Job", "Plan", "Mixture", "TrainEntry", "plan_from_config", "run_plan", "summarize"]
 
@@ -385,11 +394,13 @@ def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, p
         log.warning("the plan changed since the shards in %s were written: regenerating them", shard_dir)
         for old in shard_dir.glob("*.parquet"):
             old.unlink()
+        (shard_dir / MANIFEST_FILE).unlink(missing_ok=True)
     shard_dir.mkdir(parents=True, exist_ok=True)
     write_json_atomic(manifest, {"fingerprint": fingerprint})  # the shards below belong to this plan
-    todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not (shard_dir / f"{name}.parquet").is_file()]
+    todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not _shard_intact(shard_dir / f"{name}.parquet")]
     total = sum(b - a for _, _, a, b in todo)
     if todo:
+        workers = worker_count(workers, len(todo))
         preflight(plan, tokenizer_dir)
         bar = tqdm(total=total, desc="generating", unit="row", disable=not progress)
         if workers > 1:
@@ -404,16 +415,49 @@ def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, p
 
                 for future in as_completed(futures):
                     name, n = futures[future]
-                    write_parquet(future.result(), shard_dir / f"{name}.parquet")
+                    _write_shard(future.result(), shard_dir, name)
                     bar.update(n)
         else:
             _init_worker(str(tokenizer_dir), plan.system_prompt)
             for name, job, a, b in todo:
                 records = _make_rows(job, a, b, plan.seed, plan.tolerance, plan.store_prompt_text)
-                write_parquet(records, shard_dir / f"{name}.parquet")
+                _write_shard(records, shard_dir, name)
                 bar.update(b - a)
         bar.close()
     return _assemble(plan, out_dir, shard_dir)
+
+
+def worker_count(asked: int, shards: int) -> int:
+    """The worker processes of a run: as asked, but never more than the shards to write nor than
+    the CPUs this process may use (``workers=100000`` forked hundreds of processes that did
+    nothing but load the tokenizer)."""
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        cpus = os.cpu_count() or 1
+    used = max(1, min(int(asked), shards, cpus))
+    if used < asked:
+        log.warning("workers=%d: using %d (%d shards to write, %d CPUs)", asked, used, shards, cpus)
+    return used
+
+
+def _write_shard(records: list, shard_dir: Path, name: str) -> None:
+    write_parquet(records, shard_dir / f"{name}.parquet")
+    record_files(shard_dir, [f"{name}.parquet"])  # its checksum: a changed shard is found before reuse
+
+
+def _shard_intact(path: Path) -> bool:
+    """A shard on disk that may be reused: there, with the checksum recorded when it was written. A
+    damaged one (a flipped byte, truncated) or one without a recorded checksum is deleted with a
+    warning and generated again."""
+    if not path.exists():
+        return False
+    problem = file_problem(path, required=True)
+    if problem is None:
+        return True
+    log.warning("shard %s: %s; generating it again", path.name, problem.removeprefix(f"{path} "))
+    path.unlink()
+    return False
 
 
 def _fingerprint_of(manifest: Path) -> str | None:
@@ -426,7 +470,11 @@ def _fingerprint_of(manifest: Path) -> str | None:
 def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
     by_split: dict[str, list[dict]] = defaultdict(list)
     for name, job, _, _ in _shards(plan):
-        by_split[job.split].extend(read_records(shard_dir / f"{name}.parquet"))
+        path = shard_dir / f"{name}.parquet"
+        problem = file_problem(path, required=True)
+        if problem:
+            raise RecallmError(f"{problem}; run recallm-data again to regenerate it")
+        by_split[job.split].extend(read_records(path))
     written = {}
     for split, records in sorted(by_split.items()):
         if split == "sft":
@@ -443,6 +491,8 @@ def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
             if split == "train":
                 random.Random(plan.seed).shuffle(records)
             written[split] = str(write_parquet(records, out_dir / f"{split}.parquet"))
+    for path in map(Path, written.values()):  # their checksums, verified where they are read
+        record_files(path.parent, [path.name])
     summary = summarize(by_split, plan)
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.md", summary_markdown(summary))

@@ -19,7 +19,12 @@ from typing import Any
 
 from data_gen.base import Row
 from recallm.errors import RecallmError
-from recallm.io import atomic_path, read_jsonl, write_jsonl  # (the JSONL pair is recallm.io's; re-exported)
+from recallm.io import (  # (the JSONL pair is recallm.io's; re-exported)
+    atomic_path,
+    read_jsonl,
+    verify_file,
+    write_jsonl,
+)
 
 __all__ = ["row_record", "write_parquet", "read_records", "read_rows", "write_jsonl", "read_jsonl"]
 
@@ -68,6 +73,7 @@ def read_records(path: str | Path) -> list[dict[str, Any]]:
     path = Path(path)
     if not path.is_file():
         raise RecallmError(f"data file {path} does not exist; generate it with `recallm-data`")
+    verify_file(path)  # the checksum recorded when it was written (recallm-data's outputs)
     try:
         return pq.read_table(path).to_pylist()
     except Exception as exc:  # pyarrow raises several types for a damaged file
@@ -78,38 +84,62 @@ def read_rows(path: str | Path, tokenizer=None) -> list[Row]:
     """Rows back from a parquet written by ``write_parquet``. Without a stored ``prompt_text`` the
     prompt is rendered again from the messages with ``tokenizer``'s chat template."""
     rows = []
-    for record in read_records(path):
-        extra = record.get("extra_info") or {}
-        ground_truth = json.loads(record["reward_model"]["ground_truth"])
-        prompt_text = extra.get("prompt_text")
-        if not prompt_text:
-            if tokenizer is None:
-                raise RecallmError(f"{path} has no prompt_text: pass the tokenizer to render the prompts")
-            prompt_text = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
-            for gold in ground_truth.get("gold", []):
-                if prompt_text[gold["start"] : gold["end"]] != gold["text"]:
-                    raise RecallmError(
-                        f"{path}: row {extra.get('index')} renders differently with this tokenizer's chat template "
-                        "(gold intervals do not match); use the tokenizer the data was generated with"
-                    )
-        rows.append(
-            Row(
-                task=extra.get("task", record["data_source"]),
-                category=record["ability"],
-                data_source=record["data_source"],
-                seed=int(extra.get("seed", 0)),
-                messages=list(record["prompt"]),
-                prompt_text=prompt_text,
-                prompt_tokens=int(extra.get("prompt_tokens", 0)),
-                target_tokens=int(extra.get("target_tokens", 0)),
-                question=extra.get("question", ""),
-                answers=ground_truth.get("answers", []),
-                gold=ground_truth.get("gold", []),
-                augmentations=json.loads(extra.get("augmentations") or "{}"),
-                ground_truth=ground_truth,
-                n_pieces=int(extra.get("n_pieces", 0)),
-                trace_info=json.loads(extra.get("trace_info") or "{}"),
-                instruction=extra.get("instruction") or "",
-            )
-        )
+    for number, record in enumerate(read_records(path), 1):
+        try:
+            rows.append(_row(record, path, tokenizer))
+        except RecallmError:
+            raise
+        except KeyError as exc:
+            raise RecallmError(
+                f"{path}: row {number} has no {exc.args[0]!r} column: not rows written by recallm-data "
+                f"(columns: {', '.join(sorted(record))})"
+            ) from None
+        except (TypeError, AttributeError, ValueError, IndexError) as exc:
+            raise RecallmError(
+                f"{path}: row {number} is not a row written by recallm-data ({type(exc).__name__}: {exc})"
+            ) from None
     return rows
+
+
+_ROW_COLUMNS = ("prompt", "data_source", "ability", "reward_model")
+
+
+def _row(record: dict[str, Any], path, tokenizer) -> Row:
+    if not isinstance(record, dict):
+        raise TypeError(f"a {type(record).__name__}, not a record")
+    for column in _ROW_COLUMNS:
+        if column not in record:
+            raise KeyError(column)
+    extra = record.get("extra_info") or {}
+    ground_truth = json.loads(record["reward_model"]["ground_truth"])
+    prompt_text = extra.get("prompt_text")
+    if not prompt_text:
+        if tokenizer is None:
+            raise RecallmError(f"{path} has no prompt_text: pass the tokenizer to render the prompts")
+        prompt_text = tokenizer.apply_chat_template(record["prompt"], tokenize=False, add_generation_prompt=True)
+        for gold in ground_truth.get("gold", []):
+            if prompt_text[gold["start"] : gold["end"]] != gold["text"]:
+                raise RecallmError(
+                    f"{path}: row {extra.get('index')} renders differently with this tokenizer's chat template "
+                    "(gold intervals do not match); use the tokenizer the data was generated with"
+                )
+    return (
+        Row(
+            task=extra.get("task", record["data_source"]),
+            category=record["ability"],
+            data_source=record["data_source"],
+            seed=int(extra.get("seed", 0)),
+            messages=list(record["prompt"]),
+            prompt_text=prompt_text,
+            prompt_tokens=int(extra.get("prompt_tokens", 0)),
+            target_tokens=int(extra.get("target_tokens", 0)),
+            question=extra.get("question", ""),
+            answers=ground_truth.get("answers", []),
+            gold=ground_truth.get("gold", []),
+            augmentations=json.loads(extra.get("augmentations") or "{}"),
+            ground_truth=ground_truth,
+            n_pieces=int(extra.get("n_pieces", 0)),
+            trace_info=json.loads(extra.get("trace_info") or "{}"),
+            instruction=extra.get("instruction") or "",
+        )
+    )

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import difflib
+import math
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
@@ -123,9 +124,14 @@ def as_number(value: Any, name: str, kind: type = float) -> Any:
     try:
         if isinstance(value, bool) or (kind is int and isinstance(value, float) and not value.is_integer()):
             raise TypeError
-        return kind(value)
-    except (TypeError, ValueError):
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
         raise RecallmError(f"{name} must be {'an integer' if kind is int else 'a number'}, got {value!r}") from None
+    if kind is float and not math.isfinite(number):
+        raise RecallmError(f"{name} must be a finite number, got {value!r}")
+    if kind is int and not -(2**63) <= number < 2**63:
+        raise RecallmError(f"{name} is out of range (a 64-bit integer), got {value!r}")
+    return number
 
 
 def _hints(cls: type) -> dict[str, Any]:

@@ -13,13 +13,18 @@ locks, what kind of path a setting names, and checksummed file manifests.
 * **Locks.** ``lock_dir(dir, what)``: one writer per output directory (``flock`` on
   ``<dir>/.recallm.lock``, released by the kernel when the process dies, so a killed run leaves no
   stale lock); a second writer — another process, or another thread — gets a ``RecallmError``
-  naming the holder. Re-entrant within one thread.
+  naming the holder. Re-entrant within one thread. The lock file is removed when released, and
+  so are the directories taking the lock created, if left empty. ``lock_output(file, what)``: the same for one
+  output file (``.<name>.recallm.lock`` next to it). A lock path that is a directory is one line.
 * **Kinds of path.** ``check_out_dir`` / ``check_out_file`` / ``check_in_file``: a setting that
   names an output directory but points at a file (or under one), an input that is a directory or
   a parquet file where JSONL is read — a one-line error before anything is written.
 * **Manifests.** ``write_manifest(dir)`` records every file's size and CRC-32 in
   ``recallm_files.json`` (fsyncing each file on the way); ``verify_manifest(dir)`` checks them, so
-  a truncated or overwritten file of a checkpoint is found before it is used.
+  a truncated or overwritten file of a checkpoint is found before it is used. Artifacts written one
+  at a time into a shared directory (data shards and outputs, score files) are added to it with
+  ``record_files`` (serialised between processes) and checked where they are read with
+  ``verify_file`` / ``file_problem``: the one checksum of every artifact we write and read back.
 
 Standard library only (no torch): ``data_gen`` and ``rewards`` may import it.
 """
@@ -57,11 +62,17 @@ __all__ = [
     "write_jsonl",
     "lock_dir",
     "check_unlocked",
+    "lock_output",
+    "check_output_unlocked",
     "check_out_dir",
     "check_out_file",
     "check_in_file",
     "write_manifest",
     "verify_manifest",
+    "record_files",
+    "forget_files",
+    "file_problem",
+    "verify_file",
     "MANIFEST_FILE",
     "LOCK_FILE",
 ]
@@ -70,6 +81,7 @@ log = logging.getLogger(__name__)
 
 MANIFEST_FILE = "recallm_files.json"
 LOCK_FILE = ".recallm.lock"
+_MANIFEST_LOCK = ".recallm_files.lock"
 _CHUNK = 8 << 20
 
 
@@ -123,16 +135,23 @@ class atomic_path:
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)
         self.tmp = _tmp_name(self.path)
+        self.made: list[Path] = []
 
     def __enter__(self) -> Path:
+        self.made = [p for p in self.path.parents if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if exc_type is None:
             replace(self.tmp, self.path)
-        else:
-            self.tmp.unlink(missing_ok=True)
+            return
+        self.tmp.unlink(missing_ok=True)
+        for path in self.made:  # the directories made for it, if left empty (deepest first)
+            try:
+                path.rmdir()
+            except OSError:
+                break
 
 
 @contextlib.contextmanager
@@ -168,6 +187,7 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
     """``(line number, value)`` of every non-blank line (see module doc for the errors)."""
     path = Path(path)
     check_in_file(path, what, kind="jsonl")
+    verify_file(path)  # the checksum recorded when it was written, if its directory's manifest has one
     with path.open("rb") as f:
         for number, raw in enumerate(f, 1):
             if not raw.strip():
@@ -180,6 +200,8 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            except RecursionError:
+                raise RecallmError(f"{path}:{number}: JSON nested too deeply") from None
 
 
 def read_jsonl(path: str | Path, what: str = "JSONL file") -> list[Any]:
@@ -259,7 +281,7 @@ def check_in_file(path: str | Path | None, name: str, *, kind: str | None = None
 
 # ---------------------------------------------------------------------------------------- locks
 _BUSY = (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES)
-_HELD: dict[tuple[Path, int], list[int]] = {}  # (directory, thread) -> [fd, depth]
+_HELD: dict[tuple[Path, int], list[int]] = {}  # (lock file, thread) -> [fd, depth]
 _HELD_GUARD = threading.Lock()
 
 
@@ -276,59 +298,98 @@ def _busy(directory: Path, holder: str) -> RecallmError:
     )
 
 
+def _open_lock(lock: Path) -> int:
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
+    try:
+        return os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as exc:
+        raise RecallmError(f"cannot open the lock file {lock} ({exc.strerror})") from None
+
+
 @contextlib.contextmanager
-def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
-    """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
-    writer in the message a second one gets (module doc)."""
-    directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    key = (directory.resolve(), threading.get_ident())
+def _flock(lock: Path, subject: Path, what: str) -> Iterator[None]:
+    """Hold the ``flock`` of the file ``lock`` for ``subject`` (module doc: re-entrant per thread)."""
+    key = (lock.resolve(), threading.get_ident())
     with _HELD_GUARD:
         held = _HELD.get(key)
         if held is not None:
             held[1] += 1
     if held is not None:
         try:
-            yield directory
+            yield
         finally:
             with _HELD_GUARD:
                 held[1] -= 1
         return
-    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as exc:
-        holder = _holder(fd)
+    for _ in range(3):
+        fd = _open_lock(lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = _holder(fd)
+            os.close(fd)
+            if exc.errno in _BUSY:
+                raise _busy(subject, holder) from None
+            log.warning("cannot lock %s (%s): a second writer would not be detected", subject, exc.strerror)
+            yield  # a file system without locks: go on unlocked
+            return
+        try:  # the file may have been unlinked by its previous holder meanwhile: lock the one on disk
+            if os.stat(lock).st_ino == os.fstat(fd).st_ino:
+                break
+        except FileNotFoundError:
+            pass
+        fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
-        if exc.errno in _BUSY:
-            raise _busy(directory, holder) from None
-        log.warning("cannot lock %s (%s): a second writer would not be detected", directory, exc.strerror)
-        yield directory  # a file system without locks: go on unlocked
-        return
+    else:
+        raise _busy(subject, "a writer that keeps replacing its lock file")
     try:
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{what}, pid {os.getpid()} on {socket.gethostname()}, since {stamp}\n".encode(), 0)
         with _HELD_GUARD:
             _HELD[key] = [fd, 1]
-        yield directory
+        yield
     finally:
         with _HELD_GUARD:
             _HELD.pop(key, None)
         with contextlib.suppress(OSError):
-            os.ftruncate(fd, 0)
+            lock.unlink()  # (still held: a process that opened it meanwhile finds another inode on disk)
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)
 
 
-def check_unlocked(directory: str | Path) -> None:
-    """Raise the ``lock_dir`` error if another writer holds ``directory`` now (writes nothing: for
-    checks before a run starts; the run itself takes the lock)."""
+@contextlib.contextmanager
+def _made(directory: Path) -> Iterator[None]:
+    """``directory`` created (with its parents) for the block; those it created are removed again
+    if the block leaves them empty (a refused or failed run leaves nothing behind)."""
+    new = [p for p in (directory, *directory.parents) if not p.exists()]
+    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        yield
+    finally:
+        for path in new:  # deepest first
+            try:
+                path.rmdir()
+            except OSError:
+                break
+
+
+@contextlib.contextmanager
+def lock_dir(directory: str | Path, what: str) -> Iterator[Path]:
+    """Hold the write lock of ``directory`` (created if needed) for the block; ``what`` names this
+    writer in the message a second one gets (module doc)."""
     directory = Path(directory)
-    lock = directory / LOCK_FILE
+    with _made(directory), _flock(directory / LOCK_FILE, directory, what):
+        yield directory
+
+
+def _probe(lock: Path, subject: Path) -> None:
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
     if not lock.is_file():
         return
-    if (directory.resolve(), threading.get_ident()) in _HELD:
+    if (lock.resolve(), threading.get_ident()) in _HELD:
         return
     try:
         fd = os.open(lock, os.O_RDWR)  # (NFS emulates flock with write locks)
@@ -339,11 +400,37 @@ def check_unlocked(directory: str | Path) -> None:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:
             if exc.errno in _BUSY:
-                raise _busy(directory, _holder(fd)) from None
+                raise _busy(subject, _holder(fd)) from None
             return
         fcntl.flock(fd, fcntl.LOCK_UN)
     finally:
         os.close(fd)
+
+
+def _output_lock(path: Path) -> Path:
+    return path.parent / f".{path.name}.recallm.lock"
+
+
+@contextlib.contextmanager
+def lock_output(path: str | Path, what: str) -> Iterator[Path]:
+    """One writer per output *file* (``path``): ``lock_dir``'s lock, on ``.<name>.recallm.lock``
+    next to it, so that two runs writing different files of one directory both go on."""
+    path = Path(path)
+    with _made(path.parent), _flock(_output_lock(path), path, what):
+        yield path
+
+
+def check_output_unlocked(path: str | Path) -> None:
+    """``check_unlocked`` for ``lock_output``'s lock of one file."""
+    path = Path(path)
+    _probe(_output_lock(path), path)
+
+
+def check_unlocked(directory: str | Path) -> None:
+    """Raise the ``lock_dir`` error if another writer holds ``directory`` now (writes nothing: for
+    checks before a run starts; the run itself takes the lock)."""
+    directory = Path(directory)
+    _probe(directory / LOCK_FILE, directory)
 
 
 # ------------------------------------------------------------------------------------ manifests
@@ -360,7 +447,9 @@ def _crc(path: Path, sync: bool) -> tuple[int, str]:
 
 def _files(directory: Path) -> list[str]:
     return sorted(
-        str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file() and p.name != MANIFEST_FILE
+        str(p.relative_to(directory))
+        for p in directory.rglob("*")
+        if p.is_file() and p.name not in (MANIFEST_FILE, _MANIFEST_LOCK, LOCK_FILE)
     )
 
 
@@ -376,6 +465,83 @@ def write_manifest(directory: str | Path) -> Path:
     sums = _checksums(directory, _files(directory), sync=True)
     files = {name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()}
     return write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": files})
+
+
+@contextlib.contextmanager
+def _manifest_lock(directory: Path) -> Iterator[None]:
+    """Serialise the read-modify-write of one directory's manifest between processes (blocking:
+    each holder only checksums its own files)."""
+    lock = directory / _MANIFEST_LOCK
+    if lock.is_dir():
+        raise RecallmError(f"{lock} is a directory, not a lock file; remove it")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: unserialised
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # (closing releases the lock)
+
+
+def _read_entries(path: Path) -> dict[str, dict]:
+    try:
+        files = json.loads(path.read_text())["files"]
+        return {str(k): {"size": int(v["size"]), "crc32": str(v["crc32"])} for k, v in files.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return {}
+
+
+def record_files(directory: str | Path, names: Iterable[str]) -> Path:
+    """Add (or update) the size and CRC-32 of the files ``names`` (relative to ``directory``) in its
+    manifest, fsyncing each; other entries are kept. For artifacts written one at a time (data
+    shards, outputs, score files); ``verify_file`` checks one when it is read."""
+    directory = Path(directory)
+    names = sorted(set(names))
+    sums = _checksums(directory, names, sync=True)
+    with _manifest_lock(directory):
+        entries = _read_entries(directory / MANIFEST_FILE)
+        entries.update({name: {"size": size, "crc32": crc} for name, (size, crc) in sums.items()})
+        return write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": entries})
+
+
+def forget_files(directory: str | Path, names: Iterable[str]) -> None:
+    """Drop ``names`` from ``directory``'s manifest (files deleted or about to be rewritten)."""
+    directory = Path(directory)
+    if not (directory / MANIFEST_FILE).is_file():
+        return
+    with _manifest_lock(directory):
+        entries = _read_entries(directory / MANIFEST_FILE)
+        for name in names:
+            entries.pop(name, None)
+        write_json_atomic(directory / MANIFEST_FILE, {"version": 1, "files": entries})
+
+
+def file_problem(path: str | Path, *, required: bool = False) -> str | None:
+    """What is wrong with ``path`` against the manifest of its directory: missing, another size or
+    CRC-32 than was recorded when it was written; not listed (only with ``required``). None if it
+    matches (or is not listed and not ``required``)."""
+    path = Path(path)
+    entry = _read_entries(path.parent / MANIFEST_FILE).get(path.name)
+    if entry is None:
+        return f"{path} has no recorded checksum" if required else None
+    if not path.is_file():
+        return f"{path} is missing"
+    size = path.stat().st_size
+    if size != entry["size"]:
+        return f"{path} has {size} bytes, {entry['size']} were written (truncated or overwritten)"
+    _, crc = _crc(path, False)
+    if crc != entry["crc32"]:
+        return f"{path} changed since it was written (CRC-32 {crc}, expected {entry['crc32']})"
+    return None
+
+
+def verify_file(path: str | Path) -> Path:
+    """``file_problem`` as a one-line ``RecallmError`` (a file its directory's manifest does not
+    list is taken as it is: written by hand or by an older version)."""
+    problem = file_problem(path)
+    if problem:
+        raise RecallmError(problem)
+    return Path(path)
 
 
 def verify_manifest(directory: str | Path) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -53,9 +54,18 @@ __all__ = [
     "create_recallm_model",
     "check_recallm_model",
     "read_model_config",
+    "WEIGHT_FILES",
+    "nonfinite_tensor",
+    "check_finite",
+    "safetensors_problem",
+    "weights_problem",
+    "check_weights",
+    "load_causal_lm",
+    "save_model_dir",
 ]
 
 log = logging.getLogger(__name__)
+MAX_YARN_FACTOR = 64  # YaRN's context multiplier (the paper: 4); more is a typo, not a setting
 
 # Fields every Recall*Config adds to its base config (name -> (type, default)).
 _RECALL_FIELDS: dict[str, tuple[object, object]] = {
@@ -351,8 +361,8 @@ def create_recallm_model(
         raise RecallmError(f"--out {out} is an existing file; give a directory")
     if out.resolve() == base.resolve():
         raise RecallmError(f"--out must differ from --base ({base}); the base is never overwritten")
-    out.parent.mkdir(parents=True, exist_ok=True)
     if is_gguf(base):
+        out.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.gguf-") as tmp:
             gguf_to_hf(base, tmp, dtype=dtype)
             return create_recallm_model(tmp, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
@@ -364,8 +374,8 @@ def create_recallm_model(
     _, model_cls, _ = recall_classes_for(base_config.model_type)
     overrides: dict[str, object] = {}
     if yarn_factor is not None:
-        if yarn_factor <= 1:
-            raise RecallmError(f"yarn_factor must be > 1, got {yarn_factor}")
+        if not (math.isfinite(yarn_factor) and 1 < yarn_factor <= MAX_YARN_FACTOR):
+            raise RecallmError(f"yarn_factor must be a number in (1, {MAX_YARN_FACTOR}], got {yarn_factor}")
         original = base_config.max_position_embeddings
         theta = (base_config.rope_parameters or {}).get("rope_theta", 10000.0)
         overrides["rope_parameters"] = {
@@ -377,11 +387,10 @@ def create_recallm_model(
         overrides["max_position_embeddings"] = int(original * yarn_factor)
     config = recall_config_from(base_config, **overrides)
     tokenizer = load_tokenizer(base)
-    model = model_cls.from_pretrained(base, config=config, dtype=dtype)
+    model = load_causal_lm(base, model_cls=model_cls, config=config, dtype=dtype)
     add_recall_tokens(model, tokenizer, max_recall_tokens=max_recall_tokens)
     with atomic_dir(out) as staging:
-        model.save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
+        save_model_dir(model, tokenizer, staging, f"the model converted from {base}")
     log.info("wrote RecaLLM model %s (%s) to %s", config.model_type, model_cls.__name__, out)
     return out
 
@@ -401,8 +410,9 @@ def read_model_config(path: str | Path, name: str | None = None):
         raise RecallmError(f"cannot read the model config in {path}: {str(exc).splitlines()[0]}") from None
 
 
-def check_recallm_model(path: str | Path) -> dict[str, object]:
-    """Validate a RecaLLM model directory without loading its weights.
+def check_recallm_model(path: str | Path, *, weights: bool = False) -> dict[str, object]:
+    """Validate a RecaLLM model directory; its weights too with ``weights`` (``check_weights``:
+    the checksums of its manifest, every tensor read whole and finite; ``--check`` does this).
 
     Checks: a supported architecture; the four token ids recorded in the config, distinct and
     inside the vocabulary; the tokenizer has the same four tokens; a pad token recorded in the
@@ -421,6 +431,8 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
         )
     tokenizer = load_tokenizer(path)
     ids = RecallTokenIds.from_pretrained(config, tokenizer)
+    if weights:
+        check_weights(path)
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": "probe"}], tokenize=False, add_generation_prompt=True
     )
@@ -441,3 +453,117 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
         "eos_token": f"{tokenizer.eos_token} ({tokenizer.eos_token_id})",
         **ids.as_config(),
     }
+
+
+# ------------------------------------------------------------------------------------ weights
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+
+
+def nonfinite_tensor(named_tensors) -> str | None:
+    """The name of the first floating tensor of ``(name, tensor)`` pairs holding a NaN or an inf."""
+    for name, tensor in named_tensors:
+        if tensor.is_floating_point() and tensor.numel() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def check_finite(model, what: str) -> None:
+    """A one-line ``RecallmError`` naming the first parameter of ``model`` that is not finite
+    (``what`` says whose weights: "the trained model", ...). Weights are checked when saved and loaded."""
+    with torch.no_grad():
+        name = nonfinite_tensor(model.named_parameters())
+    if name is not None:
+        raise RecallmError(f"{what} has non-finite values (NaN or inf) in tensor {name}")
+
+
+def safetensors_problem(path: str | Path) -> str | None:
+    """What is wrong with one safetensors file (unreadable, truncated, empty, a non-finite tensor), or None."""
+    from safetensors import safe_open
+
+    path = Path(path)
+    if path.stat().st_size == 0:
+        return "is empty"
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                if nonfinite_tensor([(name, f.get_tensor(name))]):
+                    return f"has non-finite values (NaN or inf) in tensor {name}"
+    except Exception as exc:  # noqa: BLE001  (safetensors raises its own error types)
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return f"is unreadable, truncated or not safetensors ({first})"
+    return None
+
+
+def weights_problem(path: str | Path) -> str | None:
+    """What is wrong with the weights of the model directory ``path``, or None: none there; a file
+    that differs from its checksum (``recallm.io.verify_manifest``, when the directory has a
+    manifest); a safetensors file that cannot be read whole or holds a non-finite value."""
+    from recallm.io import verify_manifest
+
+    path = Path(path)
+    if not any((path / w).is_file() for w in WEIGHT_FILES):
+        return "no model weights (model.safetensors)"
+    try:
+        verify_manifest(path)
+    except RecallmError as exc:
+        return str(exc)
+    for file in sorted(path.glob("*.safetensors")):
+        problem = safetensors_problem(file)
+        if problem:
+            return f"{file.name} {problem}"
+    return None
+
+
+def check_weights(path: str | Path) -> None:
+    """``weights_problem`` as a one-line ``RecallmError``."""
+    problem = weights_problem(path)
+    if problem:
+        raise RecallmError(f"model {path}: {problem}")
+
+
+def load_causal_lm(path: str | Path, model_cls=None, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained`` of a model directory whose files are verified first
+    (its manifest, when it has one) and whose loaded weights are checked finite; each problem is one
+    ``RecallmError`` line naming the file or the tensor (a truncated or empty file, a NaN).
+    ``model_cls``: the class to load into (default ``AutoModelForCausalLM``)."""
+    from recallm.io import verify_manifest
+
+    path = Path(path)
+    if not any((path / w).is_file() for w in WEIGHT_FILES):
+        raise RecallmError(f"model {path}: no model weights (model.safetensors)")
+    try:
+        verify_manifest(path)
+    except RecallmError as exc:
+        raise RecallmError(f"model {path}: {exc}") from None
+    for file in sorted(path.glob("*.safetensors")):
+        if file.stat().st_size == 0:
+            raise RecallmError(f"model {path}: {file.name} is empty")
+    try:
+        model = (model_cls or AutoModelForCausalLM).from_pretrained(str(path), **kwargs)
+    except (OSError, ValueError, RuntimeError, EOFError) as exc:
+        raise RecallmError(f"cannot load model {path}: {_first_line(exc)}") from None
+    except Exception as exc:  # safetensors' own errors (SafetensorError) are not OSError
+        if type(exc).__module__.startswith("safetensors"):
+            raise RecallmError(f"cannot load model {path}: {_first_line(exc)}") from None
+        raise
+    check_finite(model, f"model {path}")
+    return model
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def save_model_dir(model, tokenizer, directory: str | Path, what: str = "the model") -> Path:
+    """Save ``model`` and ``tokenizer`` into ``directory`` (a staging directory the caller renames
+    into place), after checking every weight finite, and record the checksums of every file
+    (``recallm.io.write_manifest``)."""
+    from recallm.io import write_manifest
+
+    check_finite(model, what)
+    model.save_pretrained(directory)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(directory)
+    write_manifest(directory)
+    return Path(directory)

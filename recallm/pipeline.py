@@ -105,11 +105,26 @@ def _state(run_dir: Path) -> dict[str, Any]:
     if not path.is_file():
         return {"jobs": {}}
     try:
-        state = json.loads(path.read_text())
+        state = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RecallmError(f"{path} is corrupt (not UTF-8 text); delete it to rerun every stage") from None
     except json.JSONDecodeError as exc:
         raise RecallmError(f"{path} is corrupt ({exc.msg}); delete it to rerun every stage") from None
+    except RecursionError:
+        raise RecallmError(f"{path} is corrupt (nested too deeply); delete it to rerun every stage") from None
+    except OSError as exc:
+        raise RecallmError(f"{path} cannot be read ({exc.strerror})") from None
+    bad = None
     if not isinstance(state, dict) or not isinstance(state.get("jobs"), dict):
-        raise RecallmError(f"{path} is not a pipeline state file; delete it to rerun every stage")
+        bad = "no mapping of jobs"
+    elif any(not isinstance(v, dict) for v in state["jobs"].values()):
+        bad = "a job entry that is not a mapping"
+    elif not isinstance(state.get("stage_seconds", {}), dict) or not all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) for v in state.get("stage_seconds", {}).values()
+    ):
+        bad = "stage_seconds that are not numbers"
+    if bad:
+        raise RecallmError(f"{path} is not a pipeline state file ({bad}); delete it to rerun every stage")
     return state
 
 
@@ -150,13 +165,17 @@ class Pipeline:
         """Run what is not done yet. Ctrl-C or SIGTERM (a scheduler's stop, `kill`) stops the running
         jobs' process groups and saves the state: the jobs run in their own sessions, so a pipeline
         that died without stopping them would leave them running."""
-        if threading.current_thread() is not threading.main_thread():
-            return self._run(redo, only, echo)
-        previous = signal.signal(signal.SIGTERM, _terminate)
-        try:
-            return self._run(redo, only, echo)
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+        from recallm.io import lock_dir
+
+        _state(self.run_dir)  # a damaged state file is refused before the lock file is written
+        with lock_dir(self.run_dir, "recallm-pipeline"):  # one pipeline per run directory
+            if threading.current_thread() is not threading.main_thread():
+                return self._run(redo, only, echo)
+            previous = signal.signal(signal.SIGTERM, _terminate)
+            try:
+                return self._run(redo, only, echo)
+            finally:
+                signal.signal(signal.SIGTERM, previous)
 
     def _run(self, redo: Sequence[str], only: Sequence[str] | None, echo) -> dict[str, Any]:
         self.run_dir.mkdir(parents=True, exist_ok=True)

@@ -75,7 +75,7 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     ``vllm serve`` arguments, whose ``--hf-overrides`` are merged and ``--logits-processors`` kept)."""
     from recallm.modeling import check_recallm_model, served_hf_overrides, vllm_hf_overrides
 
-    check_recallm_model(settings.model)  # one line for a directory that is no RecaLLM model
+    check_recallm_model(settings.model, weights=True)  # one line: no RecaLLM model, damaged or NaN weights
     from transformers import AutoConfig
 
     import recallm.modeling  # noqa: F401  (registers the recallm_<base> configs)

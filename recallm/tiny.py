@@ -20,6 +20,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from recallm.errors import RecallmError
+
 __all__ = [
     "TinySpec",
     "TOY_KEYS",
@@ -196,6 +198,7 @@ def create_tiny(
     recall_tokens: bool = True,
     spec: TinySpec | None = None,
     max_recall_tokens: int | None = None,
+    yarn_factor: float | None = None,
 ) -> Path:
     """Write the tiny model and tokenizer to ``out_dir`` with ``save_pretrained``.
 
@@ -206,6 +209,8 @@ def create_tiny(
     tokenizer = build_tiny_tokenizer()
     model = build_tiny_model(tokenizer, tied=tied, seed=seed, spec=spec)
     if not recall_tokens:
+        if yarn_factor is not None:
+            raise RecallmError("yarn_factor applies to a RecaLLM model (recall_tokens=True)")
         out.mkdir(parents=True, exist_ok=True)
         model.save_pretrained(out)
         tokenizer.save_pretrained(out)
@@ -217,7 +222,7 @@ def create_tiny(
     with tempfile.TemporaryDirectory(prefix="recallm-tiny-base-") as base:
         model.save_pretrained(base)
         tokenizer.save_pretrained(base)
-        return create_recallm_model(base, out, max_recall_tokens=max_recall_tokens)
+        return create_recallm_model(base, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
 
 
 def create_tiny_from_config(model_cfg, out_dir: str | Path) -> Path:

@@ -180,14 +180,17 @@ def score_response(
 
     Raises ``RecallmError`` (a ``ValueError``) for ground truth that lacks what its category needs
     or holds it with the wrong type, for a gold passage that is not in ``prompt_text``, and for an
-    ``n_tokens`` that is not a finite non-negative number; never for the response itself, and in
-    time linear in its length.
+    ``n_tokens`` that is not a finite non-negative number, and for a response that is not text
+    (``bytes``: decode it first); never for what the text says, and in time bounded by its length
+    and the prompt's (``rewards.recall``).
     """
     config = config or load_reward_config()
     ground_truth = as_ground_truth(ground_truth)
     row = check_ground_truth(ground_truth, data_source, config)
-    if not isinstance(response, str):
-        response = "" if response is None else str(response)
+    if response is None:
+        response = ""
+    elif not isinstance(response, str):  # bytes would be scored as their repr ("b'...'"), not as the text
+        raise RecallmError(f"the response must be text (str), got {type(response).__name__}; decode it first")
     if n_tokens is None:
         n_tokens = max(1, round(len(response) / 4))
     elif isinstance(n_tokens, bool) or not isinstance(n_tokens, numbers.Real) or not 0 <= n_tokens < 2**53:

@@ -33,9 +33,10 @@ import logging
 import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
 from typing import Any
 
-from recallm.errors import cli_errors
+from recallm.errors import EXIT_USAGE, cli_errors
 
 __all__ = ["hydra_command", "precheck"]
 
@@ -179,7 +180,12 @@ def _run_composed(
     def task(task_cfg) -> None:
         for name in quiet:
             logging.getLogger(name).setLevel(level)
-        result["code"] = run(task_cfg, **given)
+        try:
+            result["code"] = run(task_cfg, **given)
+        except SystemExit as exc:
+            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
+                _remove_hydra_dir()
+            raise
 
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
@@ -193,6 +199,36 @@ def _run_composed(
         callbacks.on_run_end(config=cfg, config_name=cfg.hydra.job.config_name, job_return=ret)
         _ = ret.return_value  # the run's exception, if it raised one
     return _exit(result.get("code"))
+
+
+def _remove_hydra_dir() -> None:
+    """Remove this invocation's Hydra output directory (``.../hydra/<time stamp>``), then the
+    directories above it that are left empty (``hydra/``, an ``out_dir`` Hydra created, ``outputs/``),
+    up to the working directory."""
+    import shutil
+
+    from hydra.core.hydra_config import HydraConfig
+
+    try:
+        out = Path(HydraConfig.get().runtime.output_dir)
+    except (ValueError, AttributeError):
+        return
+    for logger in (logging.getLogger(), *[logging.getLogger(n) for n in list(logging.root.manager.loggerDict)]):
+        for handler in list(getattr(logger, "handlers", [])):  # the job's log file, opened by Hydra
+            if isinstance(handler, logging.FileHandler) and Path(handler.baseFilename).is_relative_to(out.resolve()):
+                logger.removeHandler(handler)
+                handler.close()
+    shutil.rmtree(out, ignore_errors=True)
+    cwd = Path.cwd().resolve()
+    for parent in out.parents:
+        if (
+            parent.resolve() == cwd
+            or cwd.is_relative_to(parent.resolve())
+            or not parent.is_dir()
+            or any(parent.iterdir())
+        ):
+            break
+        parent.rmdir()
 
 
 def _run_hydra(
@@ -213,7 +249,12 @@ def _run_hydra(
     def task(cfg) -> None:
         for name in quiet:
             logging.getLogger(name).setLevel(level)
-        result["code"] = run(cfg, **given)
+        try:
+            result["code"] = run(cfg, **given)
+        except SystemExit as exc:
+            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
+                _remove_hydra_dir()
+            raise
 
     module = run.__module__  # Hydra names the job after the calling module (`sft`, `eval`, ...)
     if module == "__main__":  # python -m recallm.cli.sft

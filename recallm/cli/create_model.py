@@ -15,9 +15,12 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
+
+MAX_RECALL_TOKENS_LIMIT = 65_536  # tokens in one span; the default is 128
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -61,20 +64,32 @@ def main(argv: list[str] | None = None) -> int:
         import transformers
 
         transformers.logging.set_verbosity_error()
-    from recallm.modeling import check_recallm_model, create_recallm_model
+    from recallm.modeling import MAX_YARN_FACTOR, check_recallm_model, create_recallm_model
 
     if args.check:
-        summary = check_recallm_model(args.check)
+        summary = check_recallm_model(args.check, weights=True)
     else:
         if not args.out:
             raise RecallmError("--out is required with --base, --fetch and --tiny")
         check_out_dir(args.out, "--out")
-        if args.max_recall_tokens is not None and args.max_recall_tokens < 1:
-            raise RecallmError(f"--max-recall-tokens must be >= 1, got {args.max_recall_tokens}")
+        if args.max_recall_tokens is not None and not 1 <= args.max_recall_tokens <= MAX_RECALL_TOKENS_LIMIT:
+            raise RecallmError(
+                f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}"
+            )
+        if args.yarn_factor is not None and not (
+            math.isfinite(args.yarn_factor) and 1 < args.yarn_factor <= MAX_YARN_FACTOR
+        ):
+            raise RecallmError(f"--yarn-factor must be a number in (1, {MAX_YARN_FACTOR}], got {args.yarn_factor}")
         if args.tiny:
             from recallm.tiny import create_tiny
 
-            out = create_tiny(args.out, tied=not args.untied, seed=args.seed, max_recall_tokens=args.max_recall_tokens)
+            out = create_tiny(
+                args.out,
+                tied=not args.untied,
+                seed=args.seed,
+                max_recall_tokens=args.max_recall_tokens,
+                yarn_factor=args.yarn_factor,
+            )
         else:
             from recallm.gguf import fetch_known_base, gguf_to_hf, is_gguf
 
@@ -93,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
                 yarn_factor=args.yarn_factor,
                 dtype=args.dtype,
             )
-        summary = check_recallm_model(out)
+        summary = check_recallm_model(out, weights=True)
         print(f"wrote {out}")
     for key, value in summary.items():
         print(f"  {key}: {value}")

@@ -52,6 +52,9 @@ def check(cfg: DictConfig) -> None:
         raise RecallmError(
             f"tokenizer directory {tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"
         )
+    from data_gen.generate import plan_from_config
+
+    plan_from_config(OmegaConf.to_container(cfg.data, resolve=True))  # the mixture: before Hydra writes anything
 
 
 @cli_errors

@@ -2,8 +2,9 @@
 
     recallm-score input=rollouts.jsonl [output=scored.jsonl] [reward.categories.icl.tau=0.9 ...]
 
-Writes one breakdown per input line (same order, atomically: a temporary file renamed at the
-end) and prints the mean of every component per category. ``ground_truth`` may be a mapping or
+Writes one breakdown per input line (same order, atomically: a temporary file of this run's own
+renamed at the end, its checksum recorded; a second run writing the same output meanwhile is
+refused, and so is an output that is the input) and prints the mean of every component per category. ``ground_truth`` may be a mapping or
 its JSON string (the way ``recallm-data`` stores it); a bad line stops the run with one line
 naming it and its problem, and the output is not written.
 """
@@ -19,7 +20,15 @@ from omegaconf import DictConfig
 
 from recallm.cli.common import hydra_command
 from recallm.errors import RecallmError, cli_errors
-from recallm.io import check_in_file, check_out_file, replace
+from recallm.io import (
+    atomic_path,
+    check_in_file,
+    check_out_file,
+    check_output_unlocked,
+    iter_jsonl,
+    lock_output,
+    record_files,
+)
 
 log = logging.getLogger(__name__)
 
@@ -34,48 +43,53 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
     config = load_reward_config(reward_cfg)
     if not input_path.is_file():
         raise RecallmError(f"input file {input_path} does not exist")
-    lines = input_path.read_text().splitlines()
+    _check_distinct(input_path, output_path)
     sums: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     counts: dict[str, int] = defaultdict(int)
-    tmp = output_path.with_name(output_path.name + ".tmp")
-    output_path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        with tmp.open("w") as out:
-            for number, line in enumerate(tqdm(lines, desc="scoring", unit="resp", disable=len(lines) < 200), 1):
-                if not line.strip():
-                    continue
-                try:
-                    row = json.loads(line)
-                    if not isinstance(row, dict):
-                        raise RecallmError(f"expected a JSON object, got {type(row).__name__}")
-                    # the data stores ground truth as a JSON string (one parquet schema for every category)
-                    ground_truth = as_ground_truth(row["ground_truth"])
-                    breakdown = score_response(
-                        row["response"],
-                        ground_truth,
-                        prompt_text=row.get("prompt_text"),
-                        n_tokens=row.get("n_tokens"),
-                        data_source=row.get("data_source"),
-                        config=config,
-                    )
-                except json.JSONDecodeError as exc:
-                    raise RecallmError(f"{input_path}:{number}: not valid JSON ({exc.msg})") from exc
-                except RecursionError:
-                    raise RecallmError(f"{input_path}:{number}: JSON nested too deeply") from None
-                except KeyError as exc:
-                    raise RecallmError(f"{input_path}:{number}: missing field {exc.args[0]!r}") from exc
-                except (RecallmError, ValueError) as exc:
-                    raise RecallmError(f"{input_path}:{number}: {exc}") from exc
-                category = str(ground_truth.get("category"))
-                values = breakdown.as_dict()
-                out.write(json.dumps({"line": number, "category": category, **values}) + "\n")
-                counts[category] += 1
-                for key, value in values.items():
-                    sums[category][key] += value
-        replace(tmp, output_path)
-    finally:
-        tmp.unlink(missing_ok=True)
+    # one writer per output file (a second run with the same output= is refused, not interleaved);
+    # a temporary name of this run's own, renamed over the output only when every line is scored
+    with lock_output(output_path, "recallm-score"), atomic_path(output_path) as tmp, tmp.open("w") as out:
+        rows = iter_jsonl(input_path, "input")
+        for number, row in tqdm(rows, desc="scoring", unit="resp", disable=None):  # (a bar on a terminal)
+            try:
+                if not isinstance(row, dict):
+                    raise RecallmError(f"expected a JSON object, got {type(row).__name__}")
+                # the data stores ground truth as a JSON string (one parquet schema for every category)
+                ground_truth = as_ground_truth(row["ground_truth"])
+                breakdown = score_response(
+                    row["response"],
+                    ground_truth,
+                    prompt_text=row.get("prompt_text"),
+                    n_tokens=row.get("n_tokens"),
+                    data_source=row.get("data_source"),
+                    config=config,
+                )
+            except RecursionError:
+                raise RecallmError(f"{input_path}:{number}: JSON nested too deeply") from None
+            except KeyError as exc:
+                raise RecallmError(f"{input_path}:{number}: missing field {exc.args[0]!r}") from exc
+            except (RecallmError, ValueError, TypeError) as exc:
+                raise RecallmError(f"{input_path}:{number}: {exc}") from exc
+            category = str(ground_truth.get("category"))
+            values = breakdown.as_dict()
+            out.write(json.dumps({"line": number, "category": category, **values}) + "\n")
+            counts[category] += 1
+            for key, value in values.items():
+                sums[category][key] += value
+        if not counts:
+            raise RecallmError(f"input {input_path} holds no responses (an empty file)")
+    record_files(output_path.parent, [output_path.name])  # its checksum, verified where it is read
     return {cat: {k: v / counts[cat] for k, v in vals.items()} | {"count": counts[cat]} for cat, vals in sums.items()}
+
+
+def _check_distinct(input_path: Path, output_path: Path) -> None:
+    if output_path.resolve() == input_path.resolve():
+        raise RecallmError(f"output {output_path} is the input file: it would overwrite the rollouts; choose another output")
+
+
+def _output(cfg) -> Path:
+    input_path = Path(str(cfg.input))
+    return Path(str(cfg.output)) if cfg.output else input_path.with_name(input_path.stem + ".scored.jsonl")
 
 
 def check(cfg: DictConfig) -> None:
@@ -87,6 +101,8 @@ def check(cfg: DictConfig) -> None:
     check_in_file(str(cfg.input), "input", kind="jsonl")
     if cfg.output is not None:
         check_out_file(str(cfg.output), "output")
+    _check_distinct(Path(str(cfg.input)), _output(cfg))
+    check_output_unlocked(_output(cfg))
 
 
 @cli_errors
@@ -95,8 +111,7 @@ def run(cfg: DictConfig) -> None:
 
     if OmegaConf.is_missing(cfg, "input"):  # (a line with Hydra's own flags is not prechecked)
         raise RecallmError("input=<file.jsonl> is required")
-    input_path = Path(cfg.input)
-    output_path = Path(cfg.output) if cfg.output else input_path.with_name(input_path.stem + ".scored.jsonl")
+    input_path, output_path = Path(str(cfg.input)), _output(cfg)
     means = score_file(input_path, output_path, cfg.reward)
     keys = ("count", "score", "format", "answer", "recall", "recall_overlap", "used_recall", "n_spans")
     print(f"{'category':22}" + "".join(f"{k:>15}" for k in keys))

@@ -20,7 +20,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.io import check_out_dir
+from recallm.io import check_out_dir, check_unlocked, lock_dir
 from recallm.tiny import resolve_model
 
 __all__ = ["check", "run", "run_report"]
@@ -106,6 +106,10 @@ def check(cfg: DictConfig) -> None:
         check_out_dir(settings.report_dir, "report_dir")
         return
     check_out_dir(settings.out_dir, "out_dir")
+    check_unlocked(settings.out_dir)
+    from recallm.eval.runner import check_out_dir_state
+
+    check_out_dir_state(settings.out_dir, settings.overwrite)
     check_out_dir(settings.models_dir, "models_dir")
     from recallm.eval.backends import BackendSettings
 
@@ -121,10 +125,9 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
     if settings.mode == "report":
         return run_report(cfg)
     from data_gen.fit import PromptRenderer
-    from recallm.eval.backends import BackendSettings, check_model_dir, make_backend
+    from recallm.eval.backends import BackendSettings, check_model_dir
     from recallm.eval.benchmarks import SuiteSettings, make_benchmarks
-    from recallm.eval.report import build_report
-    from recallm.eval.runner import preflight, prepare_out_dir, run_eval
+    from recallm.eval.runner import preflight
     from recallm.tokens import load_tokenizer
 
     suite = settings.eval  # make_benchmarks reads it with its schema, SuiteSettings, as suite_settings is
@@ -169,6 +172,19 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},
         "reward": reward_cfg if any(b.name == "in_domain" for b in benchmarks) else None,
     }
+    with lock_dir(out_dir, "recallm-eval"):  # one run per out_dir: a second is refused, not run twice
+        return _run_locked(settings, out_dir, fingerprint, model_path, tokenizer, renderer, benchmarks, specs, judge)
+
+
+def _run_locked(settings, out_dir, fingerprint, model_path, tokenizer, renderer, benchmarks, specs, judge):
+    from recallm.eval.backends import BackendSettings, make_backend
+    from recallm.eval.benchmarks import SuiteSettings
+    from recallm.eval.report import build_report
+    from recallm.eval.runner import prepare_out_dir, run_eval
+
+    suite_settings = typed(SuiteSettings, settings.eval, "eval")
+    backend_settings = BackendSettings.from_mapping(settings.backend)
+    constrained = backend_settings.recall_constrained
     prepare_out_dir(out_dir, fingerprint, overwrite=settings.overwrite)
     run_info = {
         "name": settings.run_name or out_dir.name,

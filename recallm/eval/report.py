@@ -38,12 +38,14 @@ from __future__ import annotations
 
 import json
 import logging
+import shutil
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
+from recallm.io import write_text_atomic
 
 __all__ = [
     "load_summary",
@@ -63,9 +65,16 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     if not path.is_file():
         raise RecallmError(f"{run_dir} has no summary.json (is it an eval out_dir? run `recallm-eval` into it first)")
     try:
-        return json.loads(path.read_text())
+        summary = json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise RecallmError(f"{path} is not UTF-8 text (a damaged summary)") from None
     except json.JSONDecodeError as exc:
         raise RecallmError(f"{path} is not valid JSON ({exc.msg})") from None
+    except RecursionError:
+        raise RecallmError(f"{path} is nested too deeply (a damaged summary)") from None
+    if not isinstance(summary, dict) or not isinstance(summary.get("benchmarks", {}), dict):
+        raise RecallmError(f"{path} is not an eval summary (a JSON object with a 'benchmarks' mapping)")
+    return summary
 
 
 def resolve_runs(runs: Mapping[str, Any] | Sequence[Any]) -> dict[str, Path]:
@@ -286,9 +295,11 @@ class ReportContext:
             if path.is_file():
                 for line in path.read_text(errors="replace").splitlines():
                     try:
-                        rows.append(json.loads(line))
-                    except json.JSONDecodeError:
+                        row = json.loads(line)
+                    except (json.JSONDecodeError, RecursionError):
                         continue
+                    if isinstance(row, dict):
+                        rows.append(row)
             cache[run] = rows
         return [r for r in cache[run] if r.get("benchmark") == name]
 
@@ -853,16 +864,36 @@ def build_report(
     resolved = resolve_runs(runs)
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
+    made = [p for p in (out_dir, out_dir / "plots") if not p.exists()]  # removed again if the report fails
     out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        return _write_report(ctx_args=(summaries, resolved, out_dir), sections=sections, curves=curves)
+    except BaseException:
+        for path in reversed(made):
+            shutil.rmtree(path, ignore_errors=True)
+        raise
+
+
+def _write_report(ctx_args, sections, curves) -> Path:
+    summaries, resolved, out_dir = ctx_args
     ctx = ReportContext(summaries, resolved, _Plots(out_dir), load_reference())
     lines = ["# RecaLLM evaluation report", ""]
     for section in SECTIONS if sections is None else sections:
-        lines += section(ctx)
+        try:
+            lines += section(ctx)
+        except RecallmError:
+            raise
+        except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+            # a summary.json or results.jsonl whose fields have other types than eval writes
+            names = ", ".join(str(p) for p in resolved.values())
+            raise RecallmError(
+                f"the summaries of {names} do not have the structure recallm-eval writes "
+                f"({type(exc).__name__}: {exc}); run the evaluation again"
+            ) from None
     if curves:
         from recallm.eval.curves import report_section
 
         lines += ["", *report_section(curves, out_dir)]
-    report = out_dir / "report.md"
-    report.write_text("\n".join(lines))
+    report = write_text_atomic(out_dir / "report.md", "\n".join(lines))
     log.info("wrote %s and %d plots", report, len(ctx.plots.files))
     return report

@@ -54,6 +54,7 @@ __all__ = [
     "preflight",
     "run_eval",
     "read_results",
+    "check_out_dir_state",
     "summarize",
     "cell_metrics",
 ]
@@ -68,6 +69,8 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
     by a crash: they are removed from the file (so that appending continues cleanly). Any other
     line that is not JSON is a ``RecallmError`` naming it."""
     path = Path(path)
+    if path.is_dir():
+        raise RecallmError(f"{path} is a directory, not a results file; move it away")
     if not path.is_file():
         return []
     data = path.read_bytes()
@@ -81,10 +84,29 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         if not line.strip():
             continue
         try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg}); the results file is damaged") from None
+            record = json.loads(line)
+        except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
+            why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 JSON"
+            raise RecallmError(f"{path}:{number}: not valid JSON ({why}); the results file is damaged") from None
+        if not isinstance(record, dict) or not isinstance(record.get("example_id"), str):
+            raise RecallmError(f"{path}:{number}: not a result record (no example_id); the results file is damaged")
+        records.append(record)
     return records
+
+
+def check_out_dir_state(out_dir: str | Path, overwrite: bool = False) -> None:
+    """What ``prepare_out_dir`` refuses without reading the configuration: a results file that is a
+    directory, results without the ``run.json`` that says which configuration wrote them (checked
+    before a run writes anything, its lock file included)."""
+    out_dir = Path(out_dir)
+    results = out_dir / RESULTS_FILE
+    if results.is_dir():
+        raise RecallmError(f"{results} is a directory, not a results file; move it away")
+    if not overwrite and results.exists() and not (out_dir / RUN_FILE).is_file():
+        raise RecallmError(
+            f"{out_dir} holds {RESULTS_FILE} without its {RUN_FILE}: which configuration wrote them cannot be "
+            "checked; use another out_dir, or overwrite=true to start over"
+        )
 
 
 def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwrite: bool = False) -> None:
@@ -95,13 +117,16 @@ def prepare_out_dir(out_dir: str | Path, fingerprint: Mapping[str, Any], overwri
     run_file = out_dir / RUN_FILE
     results = out_dir / RESULTS_FILE
     fingerprint = json.loads(json.dumps(fingerprint, sort_keys=True, default=str))
+    check_out_dir_state(out_dir, overwrite)
     if overwrite:
         for name in (RESULTS_FILE, SUMMARY_FILE, RUN_FILE):
+            if (out_dir / name).is_dir():
+                raise RecallmError(f"{out_dir / name} is a directory, not a file; move it away")
             (out_dir / name).unlink(missing_ok=True)
-    elif run_file.is_file() and results.is_file():
+    if not overwrite and run_file.is_file() and results.exists():
         try:
-            previous = json.loads(run_file.read_text()).get("fingerprint")
-        except json.JSONDecodeError:
+            previous = json.loads(run_file.read_bytes().decode("utf-8")).get("fingerprint")
+        except (UnicodeDecodeError, ValueError, AttributeError, RecursionError, OSError):
             previous = None
         if previous != fingerprint:
             keys = sorted(_diff(previous or {}, fingerprint)) or ["(unreadable run.json)"]

@@ -38,7 +38,8 @@ from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
-from recallm.rlm.trajectory import load_trajectory, root_conversation, trajectory_files
+from recallm.io import atomic_path, record_files
+from recallm.rlm.trajectory import load_trajectory, reading, root_conversation, trajectory_files
 from recallm.tokens import THINK_END, THINK_START
 
 __all__ = ["export_sft", "select_turns", "fix_final"]
@@ -167,25 +168,31 @@ def export_sft(
         raise RecallmError("no trajectory files (*.jsonl) found in the given paths")
     counts = {"trajectories": len(files), "kept": 0, "records": 0, "turns_too_long": 0}
     out_file = Path(out_file)
-    out_file.parent.mkdir(parents=True, exist_ok=True)
-    with out_file.open("w", encoding="utf-8") as f:
+    with atomic_path(out_file) as tmp, tmp.open("w", encoding="utf-8") as f:  # whole or not at all
         for path in files:
             events = load_trajectory(path)
-            kept, dropped, turn_counts = select_turns(events, min_turns=min_turns, max_turn_chars=max_turn_chars)
-            for key, value in turn_counts.items():
-                if value or key in counts:
-                    counts[key] = counts.get(key, 0) + value
-            if dropped is not None:
-                counts[f"dropped_{dropped}"] = counts.get(f"dropped_{dropped}", 0) + 1
-                continue
-            counts["kept"] += 1
-            score = next(e for e in events if e.get("event") == "score")
-            end = next((e for e in events if e.get("event") == "end" and e.get("rlm") == "0"), {})
-            task = str(score.get("task") or "task")
-            for messages, reply, number in kept:
-                f.write(json.dumps(_record(tokenizer, messages, reply, number, path, score, end, task)) + "\n")
-                counts["records"] += 1
+            with reading(path):
+                _export_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars)
+    record_files(out_file.parent, [out_file.name])  # its checksum, verified where SFT reads it
     return counts
+
+
+def _export_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars) -> None:
+    """One trajectory's SFT records into ``f``; its counts into ``counts``."""
+    kept, dropped, turn_counts = select_turns(events, min_turns=min_turns, max_turn_chars=max_turn_chars)
+    for key, value in turn_counts.items():
+        if value or key in counts:
+            counts[key] = counts.get(key, 0) + value
+    if dropped is not None:
+        counts[f"dropped_{dropped}"] = counts.get(f"dropped_{dropped}", 0) + 1
+        return
+    counts["kept"] += 1
+    score = next(e for e in events if e.get("event") == "score")
+    end = next((e for e in events if e.get("event") == "end" and e.get("rlm") == "0"), {})
+    task = str(score.get("task") or "task")
+    for messages, reply, number in kept:
+        f.write(json.dumps(_record(tokenizer, messages, reply, number, path, score, end, task)) + "\n")
+        counts["records"] += 1
 
 
 def _record(tokenizer, messages, reply, number, path, score, end, task) -> dict[str, Any]:

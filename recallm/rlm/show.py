@@ -16,7 +16,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from recallm.rlm.trajectory import load_trajectory
+from recallm.io import write_text_atomic
+from recallm.rlm.trajectory import load_trajectory, reading
 from recallm.tokens import THINK_END
 
 __all__ = ["render_html", "write_html"]
@@ -155,6 +156,6 @@ def write_html(trajectory: str | Path, out: str | Path | None = None) -> Path:
     trajectory = Path(trajectory)
     events = load_trajectory(trajectory)
     out = Path(out) if out is not None else trajectory.with_suffix(".html")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_html(events, title=f"RLM trajectory: {trajectory.name}"), encoding="utf-8")
-    return out
+    with reading(trajectory):
+        page = render_html(events, title=f"RLM trajectory: {trajectory.name}")
+    return write_text_atomic(out, page)

@@ -28,16 +28,17 @@ Events (every one has ``event``, ``rlm`` - the instance id: ``0`` for the root, 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
 
-__all__ = ["TrajectoryWriter", "load_trajectory", "root_conversation", "trajectory_files", "preview", "append_event"]
+__all__ = ["TrajectoryWriter", "load_trajectory", "reading", "root_conversation", "trajectory_files", "preview", "append_event"]
 
 
 def preview(text: str | None, limit: int) -> str | None:
@@ -91,12 +92,17 @@ def load_trajectory(path: str | Path) -> list[dict[str, Any]]:
     if not path.is_file():
         raise RecallmError(f"trajectory file {path} does not exist")
     events = []
-    lines = path.read_text(encoding="utf-8").split("\n")
+    try:
+        lines = path.read_bytes().decode("utf-8").split("\n")
+    except UnicodeDecodeError as exc:
+        raise RecallmError(f"{path} is not UTF-8 text at byte {exc.start}: not an RLM trajectory") from None
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
             event = json.loads(line)
+        except RecursionError:
+            raise RecallmError(f"{path}:{number}: JSON nested too deeply; the trajectory is damaged") from None
         except json.JSONDecodeError:
             if number == len(lines):  # a last line cut short by a crash
                 break
@@ -107,6 +113,19 @@ def load_trajectory(path: str | Path) -> list[dict[str, Any]]:
     if not events or events[0].get("event") != "start":
         raise RecallmError(f"{path} is not an RLM trajectory (it does not begin with a start event)")
     return events
+
+
+@contextlib.contextmanager
+def reading(path: str | Path) -> Iterator[None]:
+    """Around the use of one trajectory's events: a field of the wrong JSON type (a number where
+    text is, a string where a list is), which the code reading it trips over, is one ``RecallmError``
+    naming the file instead of a traceback."""
+    try:
+        yield
+    except RecallmError:
+        raise
+    except (TypeError, AttributeError, KeyError, IndexError, ValueError) as exc:
+        raise RecallmError(f"{path}: an event field has an unexpected type or value ({type(exc).__name__}: {exc})") from None
 
 
 def trajectory_files(paths: Iterable[str | Path]) -> list[Path]:

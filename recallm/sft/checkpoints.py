@@ -3,13 +3,16 @@
 * Every ``checkpoint-<step>`` gets a manifest once the Trainer has written it (``ManifestCallback``:
   each file's size and CRC-32, each file fsync'd; ``recallm.io.write_manifest``).
 * ``check_checkpoint`` verifies one: complete (``trainer_state.json`` — the Trainer writes it last —
-  weights, optimizer and scheduler state) and intact (the manifest; for a checkpoint without one,
-  every file is read: torch files through their zip CRC-32s, safetensors tensor by tensor and
-  finite, JSON parsed).
+  weights, optimizer and scheduler state), intact (its manifest: a checkpoint without one cannot
+  be verified and is not resumed from — it is damaged like any other) and finite (the weights read
+  tensor by tensor, ``recallm.modeling.safetensors_problem``: a diverged run's NaN checkpoint is not
+  resumed from). A model directory without a manifest (a base, an older ``final``) is read whole
+  instead: torch files through their zip CRC-32s, safetensors tensor by tensor, JSON parsed.
 * ``find_checkpoint`` picks the newest checkpoint that verifies; newer damaged ones are moved aside
   to ``corrupt-checkpoint-<step>`` (kept, out of the Trainer's way) with a warning. With none
   intact it is a ``RecallmError`` — nothing is moved then.
-* ``save_final`` writes ``final`` into ``.final.tmp`` (model, tokenizer, ``recallm_sft.json``,
+* ``save_final`` refuses weights that are not finite (one line naming the tensor: the run diverged;
+  nothing is written), else writes ``final`` into ``.final.tmp`` (model, tokenizer, ``recallm_sft.json``,
   manifest), then renames it into place after fsync: a kill leaves the previous ``final`` or none,
   never a partial one. A rerun after a kill during that save resumes from the last checkpoint,
   which holds the trained model already: ``final_from_checkpoint`` writes ``final`` from its
@@ -32,7 +35,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from recallm.errors import RecallmError
-from recallm.io import atomic_dir, fsync_path, replace, verify_manifest, write_manifest
+from recallm.io import MANIFEST_FILE, atomic_dir, fsync_path, replace, verify_manifest, write_manifest
 
 __all__ = [
     "ManifestCallback",
@@ -49,21 +52,6 @@ _WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.
 
 
 # ---------------------------------------------------------------------------------- verification
-def _check_safetensors(path: Path) -> str | None:
-    import torch
-    from safetensors import safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as f:
-            for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
-                tensor = f.get_tensor(name)
-                if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
-                    return f"non-finite values in tensor {name}"
-    except Exception as exc:  # noqa: BLE001  (safetensors raises its own error types)
-        return f"unreadable ({str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__})"
-    return None
-
-
 def _check_torch_file(path: Path) -> str | None:
     """torch.save's zip format: every member against its CRC-32; an older pickle format: loaded."""
     with path.open("rb") as f:
@@ -84,17 +72,23 @@ def _check_torch_file(path: Path) -> str | None:
     return None
 
 
-def _files_problem(directory: Path) -> str | None:
-    """The first damaged file of ``directory`` (module doc), or None."""
+def _files_problem(directory: Path, *, need_manifest: bool = False) -> str | None:
+    """The first damaged file of ``directory`` (module doc), or None. Weights are read whole and
+    checked finite whether or not there is a manifest (a diverged run saves NaN weights intact)."""
+    from recallm.modeling import safetensors_problem
+
     try:
-        if verify_manifest(directory):
-            return None
+        verified = verify_manifest(directory)
     except RecallmError as exc:
         return str(exc)
+    if not verified and need_manifest:
+        return f"unverifiable: its {MANIFEST_FILE} (the checksums written after every save) is missing"
     for path in sorted(p for p in directory.rglob("*") if p.is_file()):
         name = str(path.relative_to(directory))
         if path.name.endswith(".safetensors"):
-            problem = _check_safetensors(path)
+            problem = safetensors_problem(path)
+        elif verified:
+            continue
         elif path.suffix in (".pt", ".pth", ".bin"):
             problem = _check_torch_file(path)
         elif path.suffix == ".json":
@@ -123,7 +117,7 @@ def _checkpoint_problem(path: Path) -> str | None:
         return "partial: no optimizer state (optimizer.pt or global_step*/)"
     if not deepspeed_dirs and not (path / "scheduler.pt").is_file():
         return "partial: no scheduler.pt"
-    problem = _files_problem(path)
+    problem = _files_problem(path, need_manifest=True)
     return None if problem is None else f"corrupt: {problem}"
 
 
@@ -207,6 +201,10 @@ class ManifestCallback(TrainerCallback):
 def save_final(trainer, tokenizer, final: Path, info: dict[str, Any]) -> Path:
     """Save the trained model as ``final`` atomically (module doc); every process calls it (the
     model save may be collective), the main process writes."""
+    from recallm.modeling import check_finite
+
+    steps = trainer.state.global_step
+    check_finite(trainer.model, f"the model after {steps} steps (training diverged; final is not written)")
     tmp = final.with_name(f".{final.name}.tmp")
     main = trainer.is_world_process_zero()
     if main and tmp.exists():

@@ -286,9 +286,7 @@ def run_sft(cfg: dict[str, Any]) -> Path:
 
 
 def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
-    from transformers import AutoModelForCausalLM
-
-    from recallm.modeling import check_recallm_model
+    from recallm.modeling import check_recallm_model, load_causal_lm
     from recallm.sft.data import SFTCollator, load_sft_file
     from recallm.sft.freeze import freeze_all_but_token_rows
     from recallm.tokens import RecallTokenIds, load_tokenizer, pad_token_id
@@ -300,7 +298,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
     check_recallm_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
     dtype = torch.bfloat16 if recipe.bf16 and torch.cuda.is_available() else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=dtype)
+    model = load_causal_lm(model_dir, dtype=dtype)
     ids = RecallTokenIds.from_pretrained(model.config, tokenizer)
     vocab = model.get_input_embeddings().weight.shape[0]
     max_length = recipe.max_length

@@ -96,7 +96,7 @@ def test_yarn_and_idempotent_conversion(tmp_path, tiny_dir):
     assert config.max_recall_tokens == 32
     # converting a RecaLLM directory keeps the ids
     assert RecallTokenIds.from_config(config) == RecallTokenIds.from_config(AutoConfig.from_pretrained(tiny_dir))
-    with pytest.raises(RecallmError, match="yarn_factor must be > 1"):
+    with pytest.raises(RecallmError, match=r"yarn_factor must be a number in \(1, 64\]"):
         create_recallm_model(tiny_dir, tmp_path / "bad", yarn_factor=0.5)
     with pytest.raises(RecallmError, match="--out must differ from --base"):
         create_recallm_model(tiny_dir, tiny_dir)

@@ -130,15 +130,13 @@ class HFGenerator:
         max_model_len: int | None = None,
     ) -> HFGenerator:
         """Load ``path`` with ``AutoModelForCausalLM`` (RecaLLM classes registered) on the CPU."""
-        from transformers import AutoModelForCausalLM
-
-        import recallm.modeling  # noqa: F401  (registers recallm_<base> with the Auto classes)
+        from recallm.modeling import load_causal_lm  # (registers recallm_<base> with the Auto classes)
 
         settings = settings or HFCPUSettings()
         kwargs: dict[str, Any] = {"dtype": _DTYPES[settings.dtype], "attn_implementation": settings.attn_implementation}
         if config is not None:
             kwargs["config"] = config
-        model = AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+        model = load_causal_lm(path, **kwargs)
         return cls(model, settings, max_model_len=max_model_len)
 
     # --- requests ------------------------------------------------------------------------------

@@ -100,7 +100,32 @@ DAMAGE = {
     "model.safetensors 4 KB of garbage": ("model.safetensors", _overwrite_4k),
     "optimizer.pt 4 KB of zeros": ("optimizer.pt", lambda p: _overwrite_4k(p, b"\x00")),
     "trainer_state.json missing": ("trainer_state.json", lambda p: p.unlink()),
+    # issue 31: a checkpoint that cannot be verified is not resumed from without a word
+    "model.safetensors altered, manifest deleted": ("recallm_files.json", lambda p: _alter_unverified(p)),
+    "model.safetensors NaN (a diverged save)": ("model.safetensors", lambda p: _nan_tensor(p)),
 }
+
+
+def _alter_unverified(manifest: Path) -> None:
+    """Finite, readable weights that are not the ones saved, and no manifest to say so."""
+    from safetensors.torch import load_file, save_file
+
+    path = manifest.parent / "model.safetensors"
+    tensors = {n: t * 1.01 if t.is_floating_point() else t for n, t in load_file(str(path)).items()}
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    manifest.unlink()
+
+
+def _nan_tensor(path: Path) -> None:
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(str(path))
+    name = next(n for n, t in sorted(tensors.items()) if t.is_floating_point())
+    tensors[name] = tensors[name].clone().fill_(float("nan"))
+    save_file(tensors, str(path), metadata={"format": "pt"})
+    from recallm.io import write_manifest
+
+    write_manifest(path.parent)  # saved so, checksums and all: only the values are wrong
 
 
 @pytest.mark.parametrize("case", list(DAMAGE))
