@@ -202,6 +202,9 @@ def test_hostile_input_is_one_line_exit_2_nothing_written(cwd, monkeypatch, caps
     def no_process(*a, **k):
         raise _TooLong(f"a hostile case started a process: {a[0] if a else k}")
 
+    # verl (and Ray under it) imported before Popen is refused: Ray starts processes while it imports, and an
+    # import stopped half-way leaves a partial `ray` in sys.modules that breaks every later test importing it
+    importlib.import_module("verl")
     monkeypatch.setattr(subprocess, "Popen", no_process)  # (the pipeline's jobs, a served model)
     before = _tree(cwd)
     previous = signal.signal(signal.SIGALRM, _alarm)
