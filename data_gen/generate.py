@@ -470,6 +470,9 @@ def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> d
                 "completion_tokens_mean": statistics.fmean(len(r["completion_ids"]) for r in records)
                 if records
                 else 0.0,
+                "completion_tokens_median": statistics.median(len(r["completion_ids"]) for r in records)
+                if records
+                else 0,
                 "completion_tokens_max": max((len(r["completion_ids"]) for r in records), default=0),
                 "tokens_max": max((len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records), default=0),
             }
@@ -501,7 +504,7 @@ def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> d
 def data_lengths(out_dir: str | Path) -> dict[str, int]:
     """The lengths a data directory ``recallm-data`` wrote holds, in tokens of its tokenizer, read from
     its ``summary.json``: ``prompt_max`` (the longest training prompt), ``completion_max`` (the longest
-    SFT completion: the trace a policy is taught to write) and ``trace_max`` (the longest SFT prompt +
+    SFT completion: the trace a policy is taught to write; ``completion_median``) and ``trace_max`` (the longest SFT prompt +
     completion); a length the directory has no rows for, or a missing or unreadable summary, is left
     out. The GRPO launch derives and checks its token caps from them (``recallm.grpo.app``)."""
     try:
@@ -515,6 +518,7 @@ def data_lengths(out_dir: str | Path) -> dict[str, int]:
     sft = splits.get("sft") or {}
     if sft.get("count") and "completion_tokens_max" in sft:
         out["completion_max"] = int(sft["completion_tokens_max"])
+        out["completion_median"] = int(sft.get("completion_tokens_median") or sft["completion_tokens_max"])
         out["trace_max"] = int(sft["tokens_max"])
     return out
 

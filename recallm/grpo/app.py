@@ -57,6 +57,7 @@ __all__ = [
     "CHECKS",
     "problems",
     "validate",
+    "length_warnings",
     "describe",
     "run",
     "launch",
@@ -197,12 +198,10 @@ def data_lengths(cfg: DictConfig, run: Prepared) -> None:
     — the longest training prompt; the longest SFT trace's completion plus the overlong buffer, so that the
     responses the policy was taught to write are neither cut nor penalised. Rounded up to a multiple of 16.
     What cannot be derived stays null, and :func:`_check_data_lengths` says what to set."""
-    from data_gen.generate import data_lengths as lengths_of
-
     prompt, response = cfg.data.get("max_prompt_length"), cfg.data.get("max_response_length")
     if prompt is not None and response is not None:
         return
-    found = lengths_of(_data_dir(cfg)) if _data_dir(cfg) else {}
+    found = data_lengths_of(_data_dir(cfg)) if _data_dir(cfg) else {}
     if prompt is None and "prompt_max" in found:
         _set(cfg, "data.max_prompt_length", _round_up(found["prompt_max"]))
         run.derived["data.max_prompt_length"] = f"the longest training prompt, {found['prompt_max']} tokens"
@@ -212,6 +211,12 @@ def data_lengths(cfg: DictConfig, run: Prepared) -> None:
         run.derived["data.max_response_length"] = (
             f"the longest SFT trace, {found['completion_max']} tokens" + (f", + the overlong buffer {buffer}" if buffer else "")
         )
+
+
+def data_lengths_of(folder: Path) -> dict[str, int]:
+    from data_gen.generate import data_lengths as lengths_of
+
+    return lengths_of(folder)
 
 
 def _round_up(n: int, to: int = 16) -> int:
@@ -469,8 +474,10 @@ def _divisors(n: int) -> list[int]:
 
 
 def _near(value: int, allowed: list[int]) -> int:
-    """The allowed value closest to ``value`` (the smaller one on a tie)."""
-    return min(allowed, key=lambda a: (abs(a - value), a)) if allowed else 1
+    """The largest allowed value not above ``value`` (a batch no larger than the one asked for), else the
+    smallest allowed."""
+    below = [a for a in allowed if a <= value]
+    return max(below) if below else min(allowed, default=1)
 
 
 def _check_batches(cfg: DictConfig) -> Iterator[str]:
@@ -516,39 +523,43 @@ def _check_batches(cfg: DictConfig) -> Iterator[str]:
 
 
 def _check_data_lengths(cfg: DictConfig) -> Iterator[str]:
-    """The token caps against the data's own lengths (``data_gen.generate.data_lengths`` of the training
-    file's directory): prompts longer than ``data.max_prompt_length`` are dropped (``filter_overlong_prompts``);
-    an SFT trace longer than ``data.max_response_length`` (less the overlong buffer) is a response the
-    policy was taught to write and would now be cut (or penalised). Caps left null that could not be
-    derived (:func:`data_lengths`) are named with what to set."""
-    from data_gen.generate import data_lengths as lengths_of
-
+    """Token caps left null that could not be derived from the data (:func:`data_lengths`): what to set."""
     folder = _data_dir(cfg)
-    found = lengths_of(folder) if folder else {}
+    where = f"{folder}/summary.json" if folder else "the data's summary.json (one data.train_files)"
+    for key, what in (("max_prompt_length", "the longest training prompt"), ("max_response_length", "the longest SFT trace")):
+        if cfg.data.get(key) is None:
+            yield (
+                f"data.{key} is null and {where} does not give {what}: set data.{key}=<tokens> (or run recallm-data "
+                "again: it writes the lengths into the summary)"
+            )
+
+
+def length_warnings(cfg: DictConfig) -> Iterator[str]:
+    """The token caps against the data's own lengths (``data_gen.generate.data_lengths`` of the training
+    file's directory), said before the run: prompts longer than ``data.max_prompt_length`` are dropped
+    (verl's ``filter_overlong_prompts``); SFT traces longer than ``data.max_response_length`` less the overlong
+    buffer are responses the model was taught to write that would be penalised or cut. Warnings, not
+    refusals: a short cap is how a CPU smoke run stays short; each names the value that fits the data."""
+    folder = _data_dir(cfg)
+    found = data_lengths_of(folder) if folder else {}
     prompt, response = cfg.data.get("max_prompt_length"), cfg.data.get("max_response_length")
-    where = f"{folder}/summary.json" if folder else "the data's summary.json"
-    if prompt is None:
-        yield (
-            f"data.max_prompt_length is null and {where} does not give the longest training prompt: set "
-            "data.max_prompt_length=<tokens> (or regenerate the data with recallm-data)"
-        )
-    elif "prompt_max" in found and found["prompt_max"] > int(prompt):
+    where = f"{folder}/summary.json"
+    if prompt is not None and "prompt_max" in found and found["prompt_max"] > int(prompt):
         yield (
             f"data.max_prompt_length={prompt} is shorter than the longest training prompt ({found['prompt_max']} "
-            f"tokens, {where}): those prompts would be dropped; use data.max_prompt_length={_round_up(found['prompt_max'])}"
+            f"tokens, {where}): longer prompts are dropped; data.max_prompt_length={_round_up(found['prompt_max'])} "
+            "keeps them all"
         )
     buffer = _overlong_buffer(cfg)
-    if response is None:
-        yield (
-            f"data.max_response_length is null and {where} does not give the longest SFT trace: set "
-            "data.max_response_length=<tokens> (or regenerate the data with recallm-data)"
-        )
-    elif "completion_max" in found and found["completion_max"] > int(response) - buffer:
+    if response is not None and "completion_max" in found and found["completion_max"] > int(response) - buffer:
+        room = int(response) - buffer
+        most = "most of " if found.get("completion_median", 0) > room else "some of "
         penalty = f" less the overlong buffer {buffer} (recallm.reward.overlong.buffer)" if buffer else ""
         yield (
-            f"data.max_response_length={response}{penalty} is shorter than the longest SFT trace "
-            f"({found['completion_max']} tokens, {where}): the responses the model was taught to write would be "
-            f"{'penalised or ' if buffer else ''}cut; use data.max_response_length={_round_up(found['completion_max'] + buffer)}"
+            f"data.max_response_length={response}{penalty} leaves {room} tokens: {most}the SFT traces are longer "
+            f"(median {found.get('completion_median', '?')}, longest {found['completion_max']} tokens, {where}), so the "
+            f"responses the model was taught to write are {'penalised or ' if buffer else ''}cut; "
+            f"data.max_response_length={_round_up(found['completion_max'] + buffer)} fits them"
         )
 
 
@@ -749,11 +760,16 @@ def run(
     print it (``print_config``) or say what runs where (``describe``) and run verl's trainer."""
     env = prepare(cfg, steps, plain_models=plain_models)
     validate(cfg)
+    for line in length_warnings(cfg):  # (stderr: --print-config's YAML stays alone on stdout)
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     if print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
-    launch(cfg, env)
+    from recallm.grpo.console import console_to_log
+
+    with console_to_log(cfg, mode=settings_of(cfg).console):
+        launch(cfg, env)
     return 0
 
 

@@ -38,6 +38,9 @@ class GRPOSettings:
     """the composite reward's table (``configs/reward/``; ``rewards.config.RewardConfig`` is its schema)"""
     eval_step: int | None = field(default=None, metadata={"min": 1})
     """the step whose checkpoint the paper evaluates: it must be saved and kept"""
+    console: str = field(default="summary", metadata={"choices": ("summary", "full")})
+    """summary: one line per step on the console, verl's and Ray's output in
+    ``<trainer.default_local_dir>/grpo.log`` (``recallm.grpo.console``); full: everything on the console"""
     rlm: dict[str, Any] | None = None
     """``recallm-rlm train``: the RLM sections (``recallm.rlm.train``)"""
 
