@@ -179,6 +179,12 @@ def resolve_names(cfg: DictConfig, run: Prepared) -> None:
     do not have them."""
     from recallm.paths import RESOLVERS
 
+    if OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None) is None:
+        raise RecallmError(
+            "actor_rollout_ref.model.path is required: the model to train (after SFT: "
+            "actor_rollout_ref.model.path=outputs/sft/<name>/full/final)"
+        )
+
     def walk(node: Any, prefix: str) -> Iterator[str]:
         for key in node.keys() if OmegaConf.is_dict(node) else []:
             path = f"{prefix}.{key}" if prefix else str(key)
