@@ -186,3 +186,56 @@ def test_a_key_the_recipe_does_not_set_says_to_add_it(tmp_path):
     )
     done = _cli("recallm.cli.sft", "stage=full", "sft.full.stepz=3", cwd=tmp_path)
     assert "unknown setting sft.full.stepz: sft.full has no key stepz (did you mean sft.full.steps?)" in done.stderr
+
+
+def _summary(folder: Path, prompt_max: int, completion_max: int, median: int) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "summary.json").write_text(
+        json.dumps(
+            {
+                "splits": {
+                    "train": {"count": 4, "tasks": {"kv_retrieval": {"tokens_max": prompt_max}}},
+                    "sft": {
+                        "count": 4,
+                        "completion_tokens_max": completion_max,
+                        "completion_tokens_median": median,
+                        "tokens_max": prompt_max + completion_max,
+                    },
+                }
+            }
+        )
+    )
+
+
+def test_grpo_takes_its_token_caps_from_the_data(tmp_path, capsys):
+    from recallm.grpo.app import Prepared, data_lengths, length_warnings, problems, resolve_names
+
+    data = tmp_path / "outputs" / "data" / "mine"
+    _summary(data, prompt_max=383, completion_max=136, median=97)
+    cfg = _compose(
+        "grpo",
+        ["grpo=own_cpu", "actor_rollout_ref.model.path=outputs/sft/mine/full/final", f"data.train_files={data}/train.parquet"],
+    )
+    run = Prepared()
+    resolve_names(cfg, run)
+    assert cfg.trainer.experiment_name == "mine" and cfg.trainer.default_local_dir == "outputs/grpo/mine"
+    data_lengths(cfg, run)
+    assert (cfg.data.max_prompt_length, cfg.data.max_response_length) == (384, 160)  # 136 + the buffer 16, to 16s
+    assert run.derived["data.max_response_length"] == "the longest SFT trace, 136 tokens, + the overlong buffer 16"
+    assert list(length_warnings(cfg)) == []
+    # the tiny recipe's caps on this data: said before the run (a warning: short caps keep smoke runs short)
+    cfg.data.max_response_length, cfg.data.max_prompt_length = 80, 300
+    said = list(length_warnings(cfg))
+    assert said[0].startswith("data.max_prompt_length=300 is shorter than the longest training prompt (383 tokens")
+    assert said[1] == (
+        "data.max_response_length=80 less the overlong buffer 16 (recallm.reward.overlong.buffer) leaves 64 tokens: "
+        f"most of the SFT traces are longer (median 97, longest 136 tokens, {data}/summary.json), so the responses "
+        "the model was taught to write are penalised or cut; data.max_response_length=160 fits them"
+    )
+    # no summary to take them from: what to set
+    cfg.data.max_response_length = None
+    cfg.data.train_files = str(tmp_path / "elsewhere" / "train.parquet")
+    assert any(
+        p.startswith("data.max_response_length is null and ") and "set data.max_response_length=<tokens>" in p
+        for p in problems(cfg)
+    )
