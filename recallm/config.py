@@ -544,15 +544,12 @@ def _needs_plus(
         key = override.key_or_group
         if override.is_add() or override.is_delete() or _lookup(reference, key) is not _ABSENT:
             continue
-        allowed, found = _new_key(key, reference, groups, open_keys, closed)
-        if allowed:
+        allowed, _ = _new_key(key, reference, groups, open_keys, closed)
+        if allowed and any(key.startswith(package + ".") and key[len(package) + 1 :] in known for package, known in groups.items()):
             raise RecallmError(
                 f"{key} is not set by the chosen config, so Hydra cannot override it: add it with "
                 f"+{override.input_line}"
             )
-        parent, name = found
-        where = f"{parent} has no key {name}" if parent else f"there is no setting {name}"
-        raise RecallmError(f"unknown setting {key}: {where} ({_suggest(reference, groups, parent, name)})")
 
 
 def check_overrides(
