@@ -10,7 +10,8 @@ per training step::
     step 2/10: score 0.412, spans 1.25/response, gold overlap 0.63, answer 0.50, 41.2 s
 
 (``critic/score/mean``, ``recallm/spans_per_response``, ``recallm/reward/recall_overlap``,
-``recallm/reward/answer`` and verl's ``timing_s/step``; a metric a step did not log is left out). If the
+``recallm/reward/answer`` and verl's ``timing_s/step``; a metric a step did not log is left out), and
+every two minutes while a step runs, ``step 3/10: running, 4 min so far``. If the
 run fails, the last lines of the log are shown with its path. ``recallm.console=full`` leaves
 everything on the console as verl prints it.
 """
@@ -88,8 +89,17 @@ def summary_line(step: int, metrics: dict[str, float], total: int | None = None)
     return f"step {step}{f'/{total}' if total else ''}: {', '.join(parts)}"
 
 
-def _tail(path: Path, start: int, out_fd: int, total: int | None, stop: threading.Event) -> None:
-    """Follow ``path`` from byte ``start``, writing a summary line to ``out_fd`` for each step line."""
+#: seconds without a finished step after which the console says the step is still running (and again as often)
+HEARTBEAT_S = 120.0
+
+
+def _tail(
+    path: Path, start: int, out_fd: int, total: int | None, stop: threading.Event, heartbeat: float = HEARTBEAT_S
+) -> None:
+    """Follow ``path`` from byte ``start``, writing a summary line to ``out_fd`` for each step line, and a
+    line every ``heartbeat`` seconds while a step runs (a CPU step of a real model takes minutes)."""
+    since = last_said = time.monotonic()
+    done = 0
     with path.open("rb") as f:
         f.seek(start)
         pending = b""
@@ -103,9 +113,16 @@ def _tail(path: Path, start: int, out_fd: int, total: int | None, stop: threadin
                     line = summary_line(*record, total) if record else None
                     if line:
                         os.write(out_fd, (line + "\n").encode())
+                        done, since = record[0], time.monotonic()
+                        last_said = since
                 continue
             if stop.is_set():
                 return
+            now = time.monotonic()
+            if now - last_said >= heartbeat and not (total and done >= total):
+                step = f"step {done + 1}{f'/{total}' if total else ''}"
+                os.write(out_fd, f"{step}: running, {(now - since) / 60:.0f} min so far\n".encode())
+                last_said = now
             time.sleep(0.5)
 
 
@@ -119,7 +136,7 @@ def _last_lines(path: Path, n: int = 25) -> list[str]:
 
 
 @contextmanager
-def console_to_log(cfg: Any, *, mode: str = "summary") -> Iterator[Path | None]:
+def console_to_log(cfg: Any, *, mode: str = "summary", heartbeat: float = HEARTBEAT_S) -> Iterator[Path | None]:
     """Inside: this process's stdout/stderr go to the run's log file and a summary line per step to the
     console (module doc); yields the log's path (None with ``mode="full"``: nothing is redirected)."""
     if mode != "summary":
@@ -137,7 +154,7 @@ def console_to_log(cfg: Any, *, mode: str = "summary") -> Iterator[Path | None]:
     os.write(saved_out, f"verl's and Ray's output: {path}; one line per step below\n".encode())
     stop = threading.Event()
     follower = threading.Thread(
-        target=_tail, args=(path, start, saved_out, int(total) if total else None, stop), daemon=True
+        target=_tail, args=(path, start, saved_out, int(total) if total else None, stop, heartbeat), daemon=True
     )
     failed = True
     try:

@@ -34,7 +34,8 @@ def test_the_run_output_goes_to_the_log_and_a_line_per_step_to_the_console(tmp_p
         from omegaconf import OmegaConf
         from recallm.grpo.console import console_to_log
         cfg = OmegaConf.create({{"trainer": {{"default_local_dir": {str(tmp_path / "run")!r}, "total_training_steps": 3}}}})
-        with console_to_log(cfg) as log:
+        with console_to_log(cfg, heartbeat=1.0) as log:
+            time.sleep(1.8)
             print("Ray noise " * 5, flush=True)
             print({LINE!r}, flush=True)
             os.system("echo a worker writes to the inherited descriptor >&2")
@@ -50,6 +51,7 @@ def test_the_run_output_goes_to_the_log_and_a_line_per_step_to_the_console(tmp_p
     log = tmp_path / "run" / "grpo.log"
     assert done.stdout.splitlines() == [
         f"verl's and Ray's output: {log}; one line per step below",
+        "step 1/3: running, 0 min so far",
         "step 2/3: score 0.412, spans 1.25/response, gold overlap 0.62, answer 0.50, 41.2 s",
         "step 3/3: score 0.500, 2.0 s",
         f"verl's and Ray's output: {log}",
