@@ -53,6 +53,12 @@ def check(cfg: DictConfig) -> None:
         check_unlocked(check_out_dir(settings.out_dir, "out_dir"))
 
     def tokenizer() -> None:
+        named = cfg.data._get_node("name")._value() if "name" in cfg.data else None
+        if settings.tokenizer == "tiny" and "recallm.model_name" in str(named):  # data=own_cpu: one's own model's
+            raise RecallmError(
+                "tokenizer=tiny with a mixture named after its model (data=own_cpu): set tokenizer=<your model dir> "
+                "(the tiny default's mixture is data=tiny)"
+            )
         if settings.tokenizer != "tiny" and not Path(settings.tokenizer).is_dir():
             raise RecallmError(
                 f"tokenizer directory {settings.tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"

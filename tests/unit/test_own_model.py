@@ -237,3 +237,12 @@ def test_grpo_takes_its_token_caps_from_the_data(tmp_path, capsys):
         p.startswith("data.max_response_length is null and ") and "set data.max_response_length=<tokens>" in p
         for p in problems(cfg)
     )
+
+
+def test_own_mixture_needs_ones_own_tokenizer(tmp_path):
+    """``data=own_cpu`` without ``tokenizer=`` would write the tiny tokenizer's rows into outputs/data/tiny."""
+    done = _cli("recallm.cli.data", "data=own_cpu", cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.strip() == (
+        "error: tokenizer=tiny with a mixture named after its model (data=own_cpu): set tokenizer=<your model dir> "
+        "(the tiny default's mixture is data=tiny)"
+    )
