@@ -294,6 +294,15 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
         for i in range(sft_count - sum(shares)):  # the remainder, one each
             shares[i % len(shares)] += 1
         jobs += [Job("sft", j.task, j.params, n, j.lengths) for j, n in zip(traced, shares, strict=True) if n]
+        fraction = mixture.sft.val_fraction
+        if fraction > 0 and not int(round(fraction * sft_count)):  # (the split _assemble makes)
+            count_needed = int(0.5 / fraction) + 1
+            fraction_needed = next(f / 100 for f in range(1, 100) if round(f / 100 * sft_count) >= 1)
+            raise RecallmError(
+                f"{where}.sft.count={sft_count} x {where}.sft.val_fraction={fraction} leaves no SFT validation traces "
+                f"({fraction * sft_count:.2g} rounds to 0): use {where}.sft.count={count_needed} or "
+                f"{where}.sft.val_fraction={fraction_needed} (or {where}.sft.val_fraction=0 for none)"
+            )
     return Plan(
         jobs=jobs,
         seed=mixture.seed,
@@ -511,6 +520,11 @@ def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> d
                 "completion_tokens_mean": statistics.fmean(len(r["completion_ids"]) for r in records)
                 if records
                 else 0.0,
+                "completion_tokens_median": statistics.median(len(r["completion_ids"]) for r in records)
+                if records
+                else 0,
+                "completion_tokens_max": max((len(r["completion_ids"]) for r in records), default=0),
+                "tokens_max": max((len(r["prompt_ids"]) + len(r["completion_ids"]) for r in records), default=0),
             }
             continue
         tasks: dict[str, dict] = {}
@@ -534,6 +548,28 @@ def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> d
                 "augmentations": {k: dict(sorted(c.items())) for k, c in sorted(balance.items())},
             }
         out["splits"][split] = {"count": len(records), "tasks": tasks}
+    return out
+
+
+def data_lengths(out_dir: str | Path) -> dict[str, int]:
+    """The lengths a data directory ``recallm-data`` wrote holds, in tokens of its tokenizer, read from
+    its ``summary.json``: ``prompt_max`` (the longest training prompt), ``completion_max`` (the longest
+    SFT completion: the trace a policy is taught to write; ``completion_median``) and ``trace_max`` (the longest SFT prompt +
+    completion); a length the directory has no rows for, or a missing or unreadable summary, is left
+    out. The GRPO launch derives and checks its token caps from them (``recallm.grpo.app``)."""
+    try:
+        splits = json.loads((Path(out_dir) / "summary.json").read_text())["splits"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+    out: dict[str, int] = {}
+    tasks = (splits.get("train") or {}).get("tasks") or {}
+    if tasks:
+        out["prompt_max"] = max(int(t["tokens_max"]) for t in tasks.values())
+    sft = splits.get("sft") or {}
+    if sft.get("count") and "completion_tokens_max" in sft:
+        out["completion_max"] = int(sft["completion_tokens_max"])
+        out["completion_median"] = int(sft.get("completion_tokens_median") or sft["completion_tokens_max"])
+        out["trace_max"] = int(sft["tokens_max"])
     return out
 
 

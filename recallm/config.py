@@ -536,6 +536,28 @@ def _explain(parsed: Sequence[Any], base: Any) -> None:
             raise RecallmError(problem)
 
 
+def _needs_plus(
+    values: Sequence[Any],
+    reference: Any,
+    config_dir: Path,
+    open_keys: Sequence[str],
+    closed: Callable[[str], bool] | None,
+) -> None:
+    """A ``key=value`` for a known setting the chosen config does not set (``sft.full.steps`` on a recipe
+    that counts epochs): say to add it with ``+``, as the module doc's rule allows."""
+    groups = _group_settings(config_dir, dict(reference.hydra.runtime.choices))
+    for override in values:
+        key = override.key_or_group
+        if override.is_add() or override.is_delete() or _lookup(reference, key) is not _ABSENT:
+            continue
+        allowed, _ = _new_key(key, reference, groups, open_keys, closed)
+        if allowed and any(key.startswith(package + ".") and key[len(package) + 1 :] in known for package, known in groups.items()):
+            raise RecallmError(
+                f"{key} is not set by the chosen config, so Hydra cannot override it: add it with "
+                f"+{override.input_line}"
+            )
+
+
 def check_overrides(
     config_name: str,
     overrides: Sequence[str],
@@ -597,6 +619,7 @@ def check_overrides(
             _apply_overrides(values, cfg)
         except (HydraException, OmegaConfBaseException) as exc:
             _explain(values, reference)  # a value of the wrong type for a registered schema's field: our words
+            _needs_plus(values, reference, config_dir, open_keys, closed)
             raise RecallmError(f"bad override: {_first_line(exc)}") from None
     groups = _group_settings(config_dir, dict(cfg.hydra.runtime.choices))
     for override, group in zip(parsed, is_group, strict=True):

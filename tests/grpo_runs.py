@@ -110,6 +110,7 @@ def grpo_command(
         "trainer.test_freq=-1",
         "trainer.save_freq=2",
         f"trainer.total_training_steps={steps}",
+        "recallm.console=full",  # verl's step lines on stdout (step_metrics reads them)
         *extra,
     ]
 

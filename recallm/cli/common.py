@@ -119,6 +119,8 @@ def hydra_command(
         if subcommands and args[:1] and args[0] in subcommands:
             return _exit(subcommands[args[0]](args[1:]))
         args = rewrite_argv(args, modes, positional)
+        if "--help" in args or "-h" in args:  # the command's own help: its groups and main keys (below)
+            return _exit(_help(config_name, [a for a in args if a not in ("--help", "-h")], command, flags, subcommands))
         given = {name[2:].replace("-", "_"): name in args for name in flags}
         args = [a for a in args if a not in flags]
         if not hydra_run:  # the composed and checked config is what runs: composed once
@@ -138,6 +140,163 @@ def hydra_command(
 def _exit(code: Any) -> int | None:
     if isinstance(code, int) and not isinstance(code, bool) and code:
         sys.exit(code)
+    return 0
+
+
+def _prog_and_about(command: str) -> tuple[str, str]:
+    module = sys.modules.get(command)
+    if command == "__main__":  # python -m recallm.cli.sft
+        command = getattr(getattr(module, "__spec__", None), "name", None) or command
+    prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
+    about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
+    return prog, about or prog
+
+
+def _defaults_groups(file: Path) -> list[tuple[str, str | None, str]]:
+    """(group, default option, the section it fills) of a config file's defaults list: its config groups, not schemas or verl's."""
+    from omegaconf import OmegaConf
+
+    try:
+        defaults = OmegaConf.to_container(OmegaConf.load(file)).get("defaults") or []
+    except Exception:  # noqa: BLE001  (no such file: no groups)
+        return []
+    out = []
+    for item in defaults:
+        if not isinstance(item, dict):
+            continue
+        (key, value), *_ = item.items()
+        group, _, package = str(key).removeprefix("override ").strip().lstrip("/").partition("@")
+        if group and not group.startswith(("schema", "hydra")):
+            out.append((group, None if value is None else str(value), package.removeprefix("_global_.") or group))
+    return out
+
+
+def _flat(node: Any, prefix: str = "", depth: int = 99) -> list[tuple[str, Any]]:
+    """(dotted key, value) of every leaf under ``node``; mappings ``depth`` levels down are one entry."""
+    from omegaconf import OmegaConf
+
+    if not OmegaConf.is_dict(node):
+        return [(prefix, node)]
+    out: list[tuple[str, Any]] = []
+    for key in node.keys():
+        child = node._get_node(key)
+        path = f"{prefix}.{key}" if prefix else str(key)
+        if OmegaConf.is_dict(child) and depth <= 1:
+            out.append((path, f"{{{len(child)} keys: {path}.<key>=... sets one}}"))
+        elif OmegaConf.is_dict(child):
+            out += _flat(child, path, depth - 1)
+        else:
+            out.append((path, OmegaConf.to_container(child, resolve=False) if OmegaConf.is_list(child) else child._value()))
+    return out
+
+
+def _raw(cfg: Any, path: str) -> Any:
+    """The value at ``path`` as written (an interpolation unresolved)."""
+    from omegaconf import OmegaConf
+
+    parent, _, key = path.rpartition(".")
+    node = OmegaConf.select(cfg, parent, default=None) if parent else cfg
+    if not OmegaConf.is_dict(node) or key not in node:
+        return None
+    child = node._get_node(key)
+    return OmegaConf.to_container(child, resolve=False) if OmegaConf.is_config(child) else child._value()
+
+
+def _choices(config_name: str, args: list[str]) -> dict[str, str]:
+    """The option each config group ends up with, the line's and the recipes' ``override``s applied."""
+    import contextlib
+
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from recallm.paths import CONFIG_DIR
+
+    with contextlib.ExitStack() as stack:
+        if not GlobalHydra.instance().is_initialized():
+            stack.enter_context(initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"))
+        cfg = compose(config_name, overrides=args, return_hydra_config=True)
+    return {str(k): str(v) for k, v in cfg.hydra.runtime.choices.items() if v is not None}
+
+
+def _help(
+    config_name: str,
+    args: list[str],
+    command: str,
+    flags: Mapping[str, str],
+    subcommands: Mapping[str, Any] | None,
+) -> int:
+    """``--help`` of a Hydra command: what it does, its config groups (the options, the default marked) and
+    its main keys with their values (the command's own keys and the chosen recipe's), from the config the
+    rest of the line composes; ``--cfg job`` (``--print-config``) prints the whole of it."""
+    from omegaconf import OmegaConf
+
+    from recallm.config import check_overrides
+    from recallm.errors import RecallmError
+    from recallm.paths import CONFIG_DIR
+
+    prog, about = _prog_and_about(command)
+    lines = [about if about.startswith(prog) else f"{prog}: {about}", "", f"usage: {prog} [group=option ...] [key=value ...]" + "".join(f" [{f}]" for f in flags)]
+    lines += [f"       {prog} {name} ..." for name in subcommands or {}]
+    try:
+        cfg = check_overrides(config_name, args)
+    except RecallmError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    choices: dict[str, Any] = {}
+    primary = CONFIG_DIR / f"{config_name}.yaml"
+    groups = _defaults_groups(primary)
+    for group, option, _ in list(groups):  # a recipe's own groups (grpo's platform)
+        groups += [g for g in _defaults_groups(CONFIG_DIR / group / f"{option}.yaml") if g not in groups]
+    chosen = {g: o for g, o, _ in groups}
+    sections = {g: section for g, _, section in groups}
+    chosen.update({g: o for g, o in _choices(config_name, args).items() if g in chosen})  # as composed
+    seen = set()
+    for group, _, _ in groups:
+        folder = CONFIG_DIR / group
+        if group in seen or not folder.is_dir():
+            continue
+        seen.add(group)
+        options = sorted(f.stem for f in folder.glob("*.yaml"))
+        choices[group] = ", ".join(f"[{o}]" if o == chosen.get(group) else o for o in options)
+    if choices:
+        lines += ["", "config groups (group=option; [the one chosen]):"]
+        lines += [f"  {group}: {options}" for group, options in choices.items()]
+    keys: list[tuple[str, Any]] = []
+    own = OmegaConf.load(primary) if primary.is_file() else OmegaConf.create()
+    own_keys = {k for k, _ in _flat(own) if not k.startswith(("defaults", "hydra"))}
+    verl_tree = "ppo_trainer" in str(own.get("defaults"))  # verl's own config: only the keys our files set
+    for key in cfg.keys():  # the command's own keys; a group's section is listed under its group below
+        child = cfg._get_node(key)
+        if key in sections.values() or key in ("hydra", "defaults"):
+            continue
+        if OmegaConf.is_dict(child):
+            keys += [(k, v) for k, v in _flat(child, str(key)) if k in own_keys]
+        elif not verl_tree or key in own_keys:
+            keys.append((str(key), child._value()))
+    for group, option in chosen.items():  # the chosen recipe's keys
+        file = CONFIG_DIR / group / f"{option}.yaml"
+        if "/" in group or not file.is_file():
+            continue
+        if "@package _global_" in file.read_text()[:2000]:  # a recipe that sets keys all over (grpo's)
+            for path, _ in _flat(OmegaConf.load(file)):
+                if not path.startswith("defaults"):
+                    keys.append((path, _raw(cfg, path)))
+        elif OmegaConf.is_dict(node := OmegaConf.select(cfg, sections[group], default=None)):
+            keys += _flat(node, sections[group], depth=2)
+    if keys:
+        lines += ["", "main keys (key=value overrides any of them; the values the line above composes):"]
+        seen_keys = set()
+        for key, value in keys:
+            if key in seen_keys:
+                continue
+            seen_keys.add(key)
+            shown = OmegaConf.to_container(value) if OmegaConf.is_config(value) else value
+            if isinstance(shown, list) and any(isinstance(v, dict) for v in shown):
+                shown = f"[{len(shown)} entries: {key}.0.<key>=... sets one]"
+            lines.append(f"  {key}: {'null' if shown is None else shown}")
+    whole = "--print-config" if "--print-config" in flags else "--cfg job"
+    lines += ["", f"{prog} ... {whole} prints the whole composed config; README.md documents each command."]
+    print("\n".join(lines))
     return 0
 
 

@@ -21,7 +21,7 @@ from omegaconf import DictConfig, OmegaConf
 from data_gen.generate import DataRun
 from recallm.cli.common import hydra_command
 from recallm.config import typed
-from recallm.errors import RecallmError, cli_errors
+from recallm.errors import RecallmError, cli_errors, collect, raise_problems
 from recallm.io import check_out_dir, check_unlocked, lock_dir
 
 log = logging.getLogger(__name__)
@@ -43,18 +43,31 @@ def resolve_tokenizer(spec: str, out_dir: Path) -> Path:
 
 
 def check(cfg: DictConfig) -> None:
-    """The command's settings, before anything is written (``recallm.cli.common``)."""
-    settings = typed(DataRun, cfg, "")
-    out_dir = check_out_dir(settings.out_dir, "out_dir")
-    check_unlocked(out_dir)
-    tokenizer = settings.tokenizer
-    if tokenizer != "tiny" and not Path(tokenizer).is_dir():
-        raise RecallmError(
-            f"tokenizer directory {tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"
-        )
+    """The command's settings, before anything is written (``recallm.cli.common``): every problem of the
+    output directory, the tokenizer and the mixture at once (``recallm.errors.collect``)."""
     from data_gen.generate import plan_from_config
 
-    plan_from_config(OmegaConf.to_container(cfg.data, resolve=True))  # the mixture: before Hydra writes anything
+    settings = typed(DataRun, cfg, "")
+
+    def output() -> None:
+        check_unlocked(check_out_dir(settings.out_dir, "out_dir"))
+
+    def tokenizer() -> None:
+        named = cfg.data._get_node("name")._value() if "name" in cfg.data else None
+        if settings.tokenizer == "tiny" and "recallm.model_name" in str(named):  # data=own_cpu: one's own model's
+            raise RecallmError(
+                "tokenizer=tiny with a mixture named after its model (data=own_cpu): set tokenizer=<your model dir> "
+                "(the tiny default's mixture is data=tiny)"
+            )
+        if settings.tokenizer != "tiny" and not Path(settings.tokenizer).is_dir():
+            raise RecallmError(
+                f"tokenizer directory {settings.tokenizer} does not exist (pass tokenizer=<RecaLLM model dir> or tiny)"
+            )
+
+    def mixture() -> None:
+        plan_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+
+    raise_problems(collect(output, tokenizer, mixture))
 
 
 @cli_errors

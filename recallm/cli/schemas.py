@@ -14,6 +14,9 @@ dataclass's default, so ``rlm.max_depth=2`` works without ``+``, and Hydra refus
 dataclass does not have or a value of the wrong type (``ARCHITECTURE.md``, "Config schemas"). What
 is registered is the dataclass itself, except that fields can be left out (``plus_keys``) or left
 untyped for a config group to fill (``sections``; ``recallm.config.register_schema``).
+
+It also registers the project's config resolvers (``recallm.paths.RESOLVERS``: ``${recallm.model_name:PATH}``,
+the name a model directory files its runs under), which the own-model recipes use.
 """
 
 from __future__ import annotations
@@ -62,4 +65,16 @@ def register() -> None:
     register_schema("rlm_tasks", TaskRun)
     register_schema("rlm_export", ExportSettings)
     register_schema("rlm_train", RLMTrainSettings)  # recallm.rlm of rlm_train.yaml, with the four above inside
+    register_resolvers()
     _registered = True
+
+
+def register_resolvers() -> None:
+    """OmegaConf resolvers of ``recallm.paths.RESOLVERS`` (idempotent)."""
+    from omegaconf import OmegaConf
+
+    from recallm.paths import RESOLVERS
+
+    for name, fn in RESOLVERS.items():
+        if not OmegaConf.has_resolver(name):
+            OmegaConf.register_new_resolver(name, lambda path, _fn=fn: _fn(str(path)))

@@ -27,14 +27,13 @@ from __future__ import annotations
 
 import json
 import logging
-import math
-import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 from recallm.errors import RecallmError
 from recallm.grpo import METRICS_FILE
+from recallm.grpo.console import number as _metric_number
+from recallm.grpo.console import step_record
 
 __all__ = [
     "PANELS",
@@ -62,41 +61,9 @@ PANELS: tuple[tuple[str | None, str, str], ...] = (
     ("recallm/logprob_gap_in_spans", "(e) rollout vs actor log-prob gap in spans", "mean |Δ log p|"),
 )
 
-_STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
-_WRAPPED = re.compile(r"^np\.\w+\((.*)\)$")
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool):
-        return float(value)
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(float(value)) else None
-    if isinstance(value, str):
-        text = value.strip()
-        match = _WRAPPED.match(text)  # the console logger prints numpy scalars as np.float64(0.5)
-        if match:
-            text = match.group(1)
-        try:
-            number = float(text)
-        except ValueError:
-            return None
-        return number if math.isfinite(number) else None
-    return None
-
-
-def _console_record(line: str) -> tuple[int, dict[str, float]] | None:
-    match = _STEP_LINE.search(line)
-    if not match:
-        return None
-    data: dict[str, float] = {}
-    for item in match.group(2).split(" - "):
-        key, sep, value = item.partition(":")
-        if not sep:
-            continue
-        number = _number(value)
-        if number is not None:
-            data[key.strip()] = number
-    return int(match.group(1)), data
+# verl's console lines and metric values are read as the GRPO launch reads them (its one-line summary)
+_number = _metric_number
+_console_record = step_record
 
 
 def _records(path: Path) -> list[tuple[int, dict[str, float]]]:

@@ -36,6 +36,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,6 +57,7 @@ __all__ = [
     "CHECKS",
     "problems",
     "validate",
+    "length_warnings",
     "describe",
     "run",
     "launch",
@@ -159,6 +161,8 @@ class Prepared:
     """``check_recallm_model``'s summary of a RecaLLM model; None for a plain one"""
     hf_overrides: dict[str, Any] = field(default_factory=dict)
     """what a vLLM rollout's server must serve, besides the base architecture (the recall constraint)"""
+    derived: dict[str, str] = field(default_factory=dict)
+    """keys the steps set from the data or the model, and from what (printed at the launch)"""
 
     def add_module(self, module: str) -> None:
         if module not in self.modules:
@@ -167,6 +171,78 @@ class Prepared:
 
 #: one step of :func:`prepare`: fills in keys of the composed config, and what the run needs
 Step = Callable[[DictConfig, Prepared], None]
+
+
+def resolve_names(cfg: DictConfig, run: Prepared) -> None:
+    """The values that go through the project's resolvers (``${recallm.model_name:...}``: the own-model and
+    tiny recipes name the run after the model), resolved here: Ray workers resolve the config again and
+    do not have them."""
+    from recallm.paths import RESOLVERS
+
+    if OmegaConf.select(cfg, "actor_rollout_ref.model.path", default=None) is None:
+        raise RecallmError(
+            "actor_rollout_ref.model.path is required: the model to train (after SFT: "
+            "actor_rollout_ref.model.path=outputs/sft/<name>/full/final)"
+        )
+
+    def walk(node: Any, prefix: str) -> Iterator[str]:
+        for key in node.keys() if OmegaConf.is_dict(node) else []:
+            path = f"{prefix}.{key}" if prefix else str(key)
+            child = node._get_node(key)
+            if OmegaConf.is_dict(child):
+                yield from walk(child, path)
+            elif isinstance(child._value(), str) and any(f"${{{name}:" in child._value() for name in RESOLVERS):
+                yield path
+
+    for key in list(walk(cfg, "")):
+        _set(cfg, key, OmegaConf.select(cfg, key))
+
+
+def data_lengths(cfg: DictConfig, run: Prepared) -> None:
+    """``data.max_prompt_length`` / ``data.max_response_length`` left null (the own-model recipe): the
+    data's own, from the ``summary.json`` of the training file's directory (``data_gen.generate.data_lengths``)
+    — the longest training prompt; the longest SFT trace's completion plus the overlong buffer, so that the
+    responses the policy was taught to write are neither cut nor penalised. Rounded up to a multiple of 16.
+    What cannot be derived stays null, and :func:`_check_data_lengths` says what to set."""
+    prompt, response = cfg.data.get("max_prompt_length"), cfg.data.get("max_response_length")
+    if prompt is not None and response is not None:
+        return
+    found = data_lengths_of(_data_dir(cfg)) if _data_dir(cfg) else {}
+    if prompt is None and "prompt_max" in found:
+        _set(cfg, "data.max_prompt_length", _round_up(found["prompt_max"]))
+        run.derived["data.max_prompt_length"] = f"the longest training prompt, {found['prompt_max']} tokens"
+    if response is None and "completion_max" in found:
+        buffer = _overlong_buffer(cfg)
+        _set(cfg, "data.max_response_length", _round_up(found["completion_max"] + buffer))
+        run.derived["data.max_response_length"] = (
+            f"the longest SFT trace, {found['completion_max']} tokens" + (f", + the overlong buffer {buffer}" if buffer else "")
+        )
+
+
+def data_lengths_of(folder: Path) -> dict[str, int]:
+    from data_gen.generate import data_lengths as lengths_of
+
+    return lengths_of(folder)
+
+
+def _round_up(n: int, to: int = 16) -> int:
+    return -(-int(n) // to) * to
+
+
+def _data_dir(cfg: DictConfig) -> Path | None:
+    """The directory ``recallm-data`` wrote the training file into (its summary.json beside it)."""
+    files = OmegaConf.select(cfg, "data.train_files", default=None)
+    files = [files] if isinstance(files, str) else list(files or [])
+    return Path(str(files[0])).parent if len(files) == 1 else None
+
+
+def _overlong_buffer(cfg: DictConfig) -> int:
+    """Tokens before the generation cap where the overlong penalty starts (0: shaping off)."""
+    overlong = OmegaConf.select(cfg, "recallm.reward.overlong", default=None) or {}
+    if not overlong.get("enable", False) or not OmegaConf.select(cfg, "recallm.reward_manager", default=False):
+        return 0
+    buffer = overlong.get("buffer")
+    return int(buffer) if isinstance(buffer, int) else 0
 
 
 def absolute_paths(cfg: DictConfig, run: Prepared) -> None:
@@ -309,7 +385,9 @@ def _loggers(cfg: DictConfig) -> list[str]:
 #: the steps of :func:`prepare`, in order: a new GRPO feature adds its own here, and both launches
 #: (``recallm-grpo``, ``recallm-rlm train``) run it
 PREPARE_STEPS: tuple[Step, ...] = (
+    resolve_names,
     absolute_paths,
+    data_lengths,
     model,
     reward_manager,
     recall_constraint,
@@ -327,6 +405,8 @@ def prepare(cfg: DictConfig, steps: Iterable[Step] = PREPARE_STEPS, *, plain_mod
     run = Prepared(plain_models=plain_models)
     for step in steps:
         step(cfg, run)
+    for key, source in run.derived.items():  # (stderr: --print-config's YAML stays alone on stdout)
+        print(f"{key}={OmegaConf.select(cfg, key)}: {source}", file=sys.stderr, flush=True)
     env = dict(run.env)
     if run.modules:
         env["VERL_USE_EXTERNAL_MODULES"] = ",".join(run.modules)
@@ -424,40 +504,105 @@ def _check_rollout(cfg: DictConfig) -> Iterator[str]:
         yield f"GRPO needs at least 2 rollouts per prompt (actor_rollout_ref.rollout.n={n})"
 
 
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _near(value: int, allowed: list[int]) -> int:
+    """The largest allowed value not above ``value`` (a batch no larger than the one asked for), else the
+    smallest allowed."""
+    below = [a for a in allowed if a <= value]
+    return max(below) if below else min(allowed, default=1)
+
+
 def _check_batches(cfg: DictConfig) -> Iterator[str]:
     """Batch sizes that divide: into mini batches, micro batches, devices (verl asserts some of these
-    inside a Ray worker)."""
+    inside a Ray worker). Each problem names its key and a value that divides."""
     arr = cfg.actor_rollout_ref
     n = int(arr.rollout.n)
     train_batch, mini = int(cfg.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
     if not (mini >= 1 and train_batch % mini == 0):
         yield (
-            f"data.train_batch_size={train_batch} must be a multiple of "
-            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini}"
+            f"actor_rollout_ref.actor.ppo_mini_batch_size={mini} must divide data.train_batch_size={train_batch}: "
+            f"use actor_rollout_ref.actor.ppo_mini_batch_size={_near(mini, _divisors(train_batch))}"
         )
     gpus = int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes)
     micro = arr.actor.get("ppo_micro_batch_size_per_gpu")
     if micro and not arr.actor.get("use_dynamic_bsz", False) and (mini * n) % (int(micro) * gpus) != 0:
+        per_device = mini * n // gpus if (mini * n) % gpus == 0 else 0
+        fix = (
+            f"use actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={_near(int(micro), _divisors(per_device))}"
+            if per_device
+            else "change ppo_mini_batch_size or rollout.n"
+        )
         yield (
-            f"ppo_mini_batch_size x rollout.n = {mini * n} responses must split into micro batches of {micro} on "
-            f"{gpus} device(s)"
+            f"actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu={micro}: a mini batch of ppo_mini_batch_size x "
+            f"rollout.n = {mini * n} responses on {gpus} device(s) does not split into micro batches of {micro}; {fix}"
         )
     if (train_batch * n) % gpus != 0:
-        yield f"{train_batch * n} responses per step do not divide over {gpus} device(s)"
+        yield (
+            f"data.train_batch_size={train_batch} x actor_rollout_ref.rollout.n={n} = {train_batch * n} responses per "
+            f"step do not divide over trainer.n_gpus_per_node x trainer.nnodes = {gpus} device(s)"
+        )
         return
     per_device = train_batch * n // max(gpus, 1)
     for role in ("rollout", "ref"):  # verl's compute_log_prob asserts it, inside a Ray worker
         lp_micro = arr[role].get("log_prob_micro_batch_size_per_gpu")
         if lp_micro and not arr[role].get("log_prob_use_dynamic_bsz", False) and per_device % int(lp_micro) != 0:
             yield (
-                f"{per_device} responses per device must split into micro batches of "
-                f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={lp_micro}"
+                f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={lp_micro}: {per_device} responses per "
+                f"device (data.train_batch_size x rollout.n / devices) do not split into micro batches of {lp_micro}; "
+                f"use actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu="
+                f"{_near(int(lp_micro), _divisors(per_device))}"
             )
+
+
+def _check_data_lengths(cfg: DictConfig) -> Iterator[str]:
+    """Token caps left null that could not be derived from the data (:func:`data_lengths`): what to set."""
+    folder = _data_dir(cfg)
+    where = f"{folder}/summary.json" if folder else "the data's summary.json (one data.train_files)"
+    for key, what in (("max_prompt_length", "the longest training prompt"), ("max_response_length", "the longest SFT trace")):
+        if cfg.data.get(key) is None:
+            yield (
+                f"data.{key} is null and {where} does not give {what}: set data.{key}=<tokens> (or run recallm-data "
+                "again: it writes the lengths into the summary)"
+            )
+
+
+def length_warnings(cfg: DictConfig) -> Iterator[str]:
+    """The token caps against the data's own lengths (``data_gen.generate.data_lengths`` of the training
+    file's directory), said before the run: prompts longer than ``data.max_prompt_length`` are dropped
+    (verl's ``filter_overlong_prompts``); SFT traces longer than ``data.max_response_length`` less the overlong
+    buffer are responses the model was taught to write that would be penalised or cut. Warnings, not
+    refusals: a short cap is how a CPU smoke run stays short; each names the value that fits the data."""
+    folder = _data_dir(cfg)
+    found = data_lengths_of(folder) if folder else {}
+    prompt, response = cfg.data.get("max_prompt_length"), cfg.data.get("max_response_length")
+    where = f"{folder}/summary.json"
+    if prompt is not None and "prompt_max" in found and found["prompt_max"] > int(prompt):
+        yield (
+            f"data.max_prompt_length={prompt} is shorter than the longest training prompt ({found['prompt_max']} "
+            f"tokens, {where}): longer prompts are dropped; data.max_prompt_length={_round_up(found['prompt_max'])} "
+            "keeps them all"
+        )
+    buffer = _overlong_buffer(cfg)
+    if response is not None and "completion_max" in found and found["completion_max"] > int(response) - buffer:
+        room = int(response) - buffer
+        most = "most of " if found.get("completion_median", 0) > room else "some of "
+        penalty = f" less the overlong buffer {buffer} (recallm.reward.overlong.buffer)" if buffer else ""
+        yield (
+            f"data.max_response_length={response}{penalty} leaves {room} tokens: {most}the SFT traces are longer "
+            f"(median {found.get('completion_median', '?')}, longest {found['completion_max']} tokens, {where}), so the "
+            f"responses the model was taught to write are {'penalised or ' if buffer else ''}cut; "
+            f"data.max_response_length={_round_up(found['completion_max'] + buffer)} fits them"
+        )
 
 
 def _check_lengths(cfg: DictConfig) -> Iterator[str]:
     """Context length of the rollout engine and the dynamic-batching token caps vs the longest sequence."""
     arr = cfg.actor_rollout_ref
+    if cfg.data.get("max_prompt_length") is None or cfg.data.get("max_response_length") is None:
+        return  # _check_data_lengths names it
     longest = int(cfg.data.max_prompt_length) + int(cfg.data.max_response_length)
     max_model_len = arr.rollout.get("max_model_len")
     if max_model_len is not None and int(max_model_len) < longest:
@@ -487,6 +632,8 @@ def _check_reward(cfg: DictConfig) -> Iterator[str]:
     if not rm.reward_manager:
         return
     overlong = rm.reward.get("overlong") or {}
+    if cfg.data.get("max_response_length") is None:
+        return  # _check_data_lengths names it
     cap = int(cfg.data.max_response_length)
     end, buffer = overlong.get("max_response_length"), overlong.get("buffer")
     if end != cap:
@@ -591,6 +738,7 @@ CHECKS: tuple[Check, ...] = (
     _check_rollout,
     _check_batches,
     _check_lengths,
+    _check_data_lengths,
     _check_reward,
     _check_eval_step,
     _check_checkpoints,
@@ -600,13 +748,17 @@ CHECKS: tuple[Check, ...] = (
 
 def problems(cfg: DictConfig, checks: Iterable[Check] = CHECKS) -> list[str]:
     """Every problem RecaLLM's checks find in a prepared config, each one line naming its key (empty: none)."""
-    return [problem for check in checks for problem in check(cfg)]
+    import functools
+
+    from recallm.errors import collect
+
+    return collect(*(functools.partial(check, cfg) for check in checks))
 
 
 def validate(cfg: DictConfig) -> None:
     """RecaLLM's checks (:data:`CHECKS`), then verl's ``validate_config`` — all before Ray starts.
 
-    Raises ``RecallmError`` (one line, the first problem found) for: a platform whose rollout or device
+    Raises ``recallm.errors.Problems`` (every problem found, one line each; the CLI prints them all) for: a platform whose rollout or device
     was changed; fused kernels; Ulysses sequence parallelism (any of the four keys, actor and
     reference); a training backend other than FSDP/FSDP2; packed sequences without flash attention;
     rollout log-probs other than the processed ones; a rollout without the recall processor; fewer
@@ -616,9 +768,9 @@ def validate(cfg: DictConfig) -> None:
     (``recallm.eval_step``) that would not be saved or kept; missing data files and rows the reward
     cannot score; and whatever verl's own ``validate_config`` rejects.
     """
-    found = problems(cfg)
-    if found:
-        raise RecallmError(found[0])
+    from recallm.errors import raise_problems
+
+    raise_problems(problems(cfg))
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import validate_config
 
@@ -680,11 +832,16 @@ def run(
     print it (``print_config``) or say what runs where (``describe``) and run verl's trainer."""
     env = prepare(cfg, steps, plain_models=plain_models)
     validate(cfg)
+    for line in length_warnings(cfg):  # (stderr: --print-config's YAML stays alone on stdout)
+        print(f"warning: {line}", file=sys.stderr, flush=True)
     if print_config:
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
-    launch(cfg, env)
+    from recallm.grpo.console import console_to_log
+
+    with console_to_log(cfg, mode=settings_of(cfg).console):
+        launch(cfg, env)
     return 0
 
 

@@ -44,6 +44,9 @@ class GRPOSettings:
     model_name: str | None = None
     """the paper base (``recallm.plan.PAPER_MODELS``) ``recallm-plan`` sizes the run for while
     ``actor_rollout_ref.model.path`` is not set yet"""
+    console: str = field(default="summary", metadata={"choices": ("summary", "full")})
+    """summary: one line per step on the console, verl's and Ray's output in
+    ``<trainer.default_local_dir>/grpo.log`` (``recallm.grpo.console``); full: everything on the console"""
     rlm: dict[str, Any] | None = None
     """``recallm-rlm train``: the RLM sections (``recallm.rlm.train``)"""
 

@@ -35,7 +35,7 @@ import torch
 from recallm.errors import RecallmError
 from recallm.io import iter_jsonl
 
-__all__ = ["SFTDataset", "SFTCollator", "load_sft_file", "strip_recall_spans", "curriculum_order", "check_curriculum"]
+__all__ = ["SFTDataset", "SFTCollator", "load_sft_file", "trace_lengths", "strip_recall_spans", "curriculum_order", "check_curriculum"]
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -148,6 +148,18 @@ def curriculum_order(lengths: list[int], draws: int, schedule, seed: int = 0) ->
     hi = np.maximum(np.ceil(np.interp(progress, ats, his) * n).astype(int), lo + 1)
     ranks = lo + np.floor(rng.random(draws) * (hi - lo)).astype(int)
     return by_length[np.minimum(ranks, n - 1)].tolist()
+
+
+def trace_lengths(path: str | Path) -> list[int]:
+    """Prompt + completion tokens of every record of an SFT JSONL file (unreadable records left out:
+    ``load_sft_file`` names them)."""
+    lengths = []
+    for _, record in iter_jsonl(Path(path), "SFT data file"):
+        try:
+            lengths.append(len(record["prompt_ids"]) + len(record["completion_ids"]))
+        except (KeyError, TypeError):
+            continue
+    return lengths
 
 
 def load_sft_file(

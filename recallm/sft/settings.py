@@ -70,7 +70,9 @@ class EvalCadence:
 class SFTRecipe:
     """The ``sft`` group: the recipe of both stages (``configs/sft/*.yaml``)."""
 
-    max_length: int = field(metadata={"min": 1})
+    max_length: int | None = field(metadata={"min": 1})
+    """the longest example (prompt + completion) trained on; null: the longest trace of the run's data
+    (``recallm.sft.train.check_config`` sets it, within the model's positions)"""
     per_device_batch_size: int = field(metadata={"min": 1})
     global_batch_size: int = field(metadata={"min": 1})
     embed: StageRecipe
@@ -103,7 +105,7 @@ class SFTRecipe:
     """PoSE length extension: position ids spread over this many tokens (> max_length)"""
 
     def __post_init__(self) -> None:
-        if self.position_skip is not None and not self.position_skip > self.max_length:
+        if self.position_skip is not None and self.max_length is not None and not self.position_skip > self.max_length:
             raise RecallmError(f"position_skip must exceed sft.max_length={self.max_length}, got {self.position_skip}")
         if self.curriculum is not None:
             from recallm.sft.data import check_curriculum

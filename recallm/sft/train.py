@@ -56,7 +56,7 @@ import torch
 from transformers import Trainer, TrainingArguments
 
 from recallm.config import typed
-from recallm.errors import RecallmError
+from recallm.errors import RecallmError, collect, raise_problems
 from recallm.io import check_in_file, check_out_dir, iter_jsonl, lock_dir
 from recallm.sft.checkpoints import (
     ManifestCallback,
@@ -179,12 +179,93 @@ def stage_settings(cfg: Any) -> SFTRun:
     """The run's settings (``recallm.sft.settings``: types, ranges, unknown keys), with the global batch
     checked against the processes."""
     run = typed(SFTRun, cfg, "")
+    raise_problems(list(_batch_problems(run)))
+    return run
+
+
+def _batch_problems(run: SFTRun):
     recipe = run.sft
     per_device, global_batch, world = recipe.per_device_batch_size, recipe.global_batch_size, _world_size()
     if global_batch % (per_device * world):
+        step = per_device * world
+        lower, upper = max(step, global_batch // step * step), (global_batch // step + 1) * step
+        divisors = [d for d in range(1, global_batch // world + 1) if global_batch % (d * world) == 0]
+        nearest = max((d for d in divisors if d <= per_device), default=1)
+        yield (
+            f"sft.global_batch_size={global_batch} is not a multiple of sft.per_device_batch_size={per_device} x "
+            f"{world} process(es): use sft.global_batch_size={lower if lower != upper else upper} (or {upper}), or "
+            f"sft.per_device_batch_size={nearest}"
+        )
+
+
+def _default_data_file(run: SFTRun, key: str, path: str) -> str:
+    """The hint for a missing data file: a default of another data group (the tiny mixture's, with a model
+    of one's own) says what to set."""
+    from recallm.paths import model_name
+
+    data_name = (run.data or {}).get("name")
+    own = run.model.get("path")
+    if own and data_name and f"/data/{data_name}/" in str(path) and model_name(own) != data_name:
+        return (
+            f"; it is the default of data={data_name} (the {data_name} mixture), not data for model.path={own}: "
+            f"set {key}=<your traces> (recallm-data ... tokenizer=<model>), or use sft=own_cpu (README, \"Your own "
+            "model\")"
+        )
+    return ""
+
+
+def _stage_steps(run: SFTRun) -> int | None:
+    """The optimizer steps of the stage that runs: ``steps``, or epochs over the training file's records."""
+    settings = run.sft.stage(run.stage)
+    if settings.steps is not None:
+        return settings.steps
+    try:
+        with open(run.train_file, "rb") as f:
+            records = sum(1 for line in f if line.strip())
+    except OSError:
+        return None
+    return math.ceil(records / run.sft.global_batch_size) * math.ceil(settings.num_epochs or 1)
+
+
+def _warmup_problems(run: SFTRun):
+    settings = run.sft.stage(run.stage)
+    steps = _stage_steps(run)
+    if settings.warmup_steps is not None and steps is not None and settings.warmup_steps >= steps:
+        fix = max(0, min(steps - 1, math.ceil(0.1 * steps)))
+        yield (
+            f"sft.{run.stage}.warmup_steps={settings.warmup_steps} is not below the stage's {steps} steps: the peak "
+            f"learning rate sft.{run.stage}.lr would never be reached; use sft.{run.stage}.warmup_steps={fix}"
+        )
+
+
+def _model_positions(run: SFTRun) -> int | None:
+    """``max_position_embeddings`` of the model the stage starts from (None: unknown, or the tiny default)."""
+    path = run.model.get("path") if run.stage == "embed" or run.init_from is None else run.init_from
+    try:
+        config = json.loads((Path(str(path)) / "config.json").read_text()) if path else {}
+    except (OSError, ValueError):
+        return None
+    value = config.get("max_position_embeddings")
+    return int(value) if isinstance(value, int) else None
+
+
+def _max_length(run: SFTRun) -> SFTRun:
+    """``sft.max_length`` null: the longest trace of ``train_file`` and ``val_file``; either way within the
+    model's positions."""
+    from recallm.sft.data import trace_lengths
+
+    length = run.sft.max_length
+    positions = _model_positions(run)
+    if length is None:
+        lengths = [n for path in (run.train_file, run.val_file) if path for n in trace_lengths(path)]
+        if not lengths:
+            raise RecallmError(f"sft.max_length is null and {run.train_file} has no traces to take it from: set sft.max_length=<tokens>")
+        length = max(lengths)
+        run = dataclasses.replace(run, sft=dataclasses.replace(run.sft, max_length=length))
+    if positions is not None and length > positions and run.sft.position_skip is None:
         raise RecallmError(
-            f"sft.global_batch_size={global_batch} is not a multiple of per_device_batch_size={per_device} x "
-            f"{world} process(es)"
+            f"sft.max_length={length} is longer than the model's {positions} positions (max_position_embeddings): "
+            f"use sft.max_length={positions} (longer traces are dropped), or shorter data"
         )
     return run
 
@@ -192,20 +273,52 @@ def stage_settings(cfg: Any) -> SFTRun:
 def check_config(cfg: Any) -> SFTRun:
     """Everything about a run's config that can be checked before anything is written — the
     settings' types and ranges, the kinds of path (output directories that are files, data files
-    that are missing, directories or parquet) — one ``RecallmError`` each; returns the typed
-    settings (``stage_settings``). ``recallm-sft`` runs it before Hydra starts."""
-    run = stage_settings(cfg)
-    check_out_dir(run.out_dir, "out_dir")
-    check_out_dir(run.models_dir, "models_dir")
+    that are missing, empty, directories or parquet), batch sizes that divide, a warm-up shorter than
+    the stage, ``sft.max_length`` (null: the data's longest trace) within the model's positions — every
+    problem at once (``recallm.errors.Problems``, one line each, naming the key and a value that would
+    work); returns the typed settings. ``recallm-sft`` runs it before Hydra starts."""
+    run = typed(SFTRun, cfg, "")
     hint = "create it with `recallm-data` (programmatic traces) or `recallm-annotate` (annotated traces)"
-    check_in_file(run.train_file, "train_file", kind="jsonl", hint=hint)
-    if run.val_file is not None:
-        check_in_file(run.val_file, "val_file", kind="jsonl", hint=hint)
-    for key, path in (("init_from", run.init_from), ("model.path", run.model.get("path"))):
-        if path is not None and not Path(str(path)).is_dir():
-            raise RecallmError(f"{key} {path} is not a model directory")
-    if run.resume not in ("auto", "never") and not Path(run.resume).is_dir():
-        raise RecallmError(f"resume must be auto, never or a checkpoint directory; {run.resume} is not a directory")
+
+    def data_file(key: str, path: str | None, optional: bool):
+        def check() -> None:
+            if path is None:
+                return
+            try:
+                check_in_file(path, key, kind="jsonl", hint=hint + (f", or {key}=null for none" if optional else ""))
+            except RecallmError as exc:
+                raise RecallmError(str(exc) + _default_data_file(run, key, path)) from None
+            if not any(line.strip() for line in open(path, "rb")):
+                raise RecallmError(
+                    f"{key} {path} has no traces" + (f": {key}=null trains without validation" if optional else "")
+                )
+
+        return check
+
+    def model_dirs():
+        for key, path in (("init_from", run.init_from), ("model.path", run.model.get("path"))):
+            if path is not None and not Path(str(path)).is_dir():
+                yield f"{key} {path} is not a model directory"
+
+    def resume():
+        if run.resume not in ("auto", "never") and not Path(run.resume).is_dir():
+            yield f"resume must be auto, never or a checkpoint directory; {run.resume} is not a directory"
+
+    found = collect(
+        lambda: _batch_problems(run),
+        lambda: check_out_dir(run.out_dir, "out_dir") and None,
+        lambda: check_out_dir(run.models_dir, "models_dir") and None,
+        data_file("train_file", run.train_file, False),
+        data_file("val_file", run.val_file, True),
+        model_dirs,
+        resume,
+        lambda: _warmup_problems(run),
+    )
+    if not found:  # the data files are there and readable: the lengths can be read from them
+        sized: list[SFTRun] = []
+        found = collect(lambda: sized.append(_max_length(run)))
+        run = sized[0] if sized else run
+    raise_problems(found)
     return run
 
 
@@ -271,6 +384,8 @@ def run_sft(cfg: dict[str, Any]) -> Path:
     import recallm.modeling  # noqa: F401  (the masked model classes)
 
     run = check_config(cfg)
+    if (cfg.get("sft") or {}).get("max_length") is None and int(os.environ.get("RANK", "0")) == 0:
+        print(f"sft.max_length={run.sft.max_length}: the longest trace of the data", flush=True)
     stage = run.stage
     stage_dir = Path(run.out_dir) / stage
     deepspeed = deepspeed_file(run.deepspeed)
@@ -407,8 +522,9 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         log.info("resuming from %s", checkpoint)
     if trainer.is_world_process_zero():
         print(
-            f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as too "
-            f"long), model {model_dir}, output {stage_dir}" + (f", resuming from {checkpoint}" if checkpoint else "")
+            f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as longer "
+            f"than sft.max_length={max_length}), model "
+            f"{model_dir}, output {stage_dir}" + (f", resuming from {checkpoint}" if checkpoint else "")
         )
     done = _last_step_of(checkpoint, trainer) if checkpoint is not None else None
     info = {"stage": stage, "init": str(model_dir), "steps": done, **train_stats}

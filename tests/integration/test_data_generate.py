@@ -112,6 +112,7 @@ def test_cli(tmp_path, tiny_dir):
         "data.train.entries.3.count=2",
         "data.val.per_cell=2",
         "data.sft.count=4",
+        "data.sft.val_fraction=0.25",  # one validation trace (0.1 x 4 rounds to none: refused)
         "workers=1",
         "progress=false",
     ]

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf, open_dict
 
 pytest.importorskip("verl")
 
-from recallm.errors import RecallmError  # noqa: E402
+from recallm.errors import Problems, RecallmError  # noqa: E402
 from recallm.grpo.app import compose, prepare, validate  # noqa: E402
 
 GPU_RECIPES = ["qwen2.5_7b", "llama3.1_8b"]
@@ -267,17 +267,23 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
         ),
         (["actor_rollout_ref.rollout.name=sglang"], "has no recall logits processor"),
         (["actor_rollout_ref.rollout.n=1"], "at least 2 rollouts per prompt"),
-        (["data.train_batch_size=96"], "must be a multiple of actor_rollout_ref.actor.ppo_mini_batch_size"),
+        (
+            ["data.train_batch_size=96"],
+            r"actor_rollout_ref\.actor\.ppo_mini_batch_size=128 must divide data\.train_batch_size=96: use "
+            r"actor_rollout_ref\.actor\.ppo_mini_batch_size=96",
+        ),
         (
             ["actor_rollout_ref.actor.use_dynamic_bsz=false", "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=3"],
-            "must split into micro batches",
+            r"actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=3: .* does not split into micro batches of 3; "
+            r"use actor_rollout_ref\.actor\.ppo_micro_batch_size_per_gpu=\d+",
         ),
         (
             [
                 "actor_rollout_ref.actor.use_dynamic_bsz=false",
                 "actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu=7",
             ],
-            r"must split into micro batches of actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=7",
+            r"actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=7: \d+ responses per device .* do not "
+            r"split into micro batches of 7; use actor_rollout_ref\.rollout\.log_prob_micro_batch_size_per_gpu=\d+",
         ),
         (["data.val_files=/nope.parquet"], "data file /nope.parquet does not exist"),
         # the overlong penalty: DAPO's, ending at the generation cap and starting `buffer` tokens before it
@@ -310,7 +316,8 @@ def test_config_errors_before_ray(extra, message, composed):
 
 
 def test_every_problem_is_listed(composed):
-    """The checks report every problem they find (``problems``); ``validate`` raises the first."""
+    """The checks report every problem they find (``problems``); ``validate`` raises them all (``Problems``:
+    the CLI prints one ``error:`` line each)."""
     from recallm.grpo.app import problems
 
     cfg = _variant(
@@ -319,8 +326,9 @@ def test_every_problem_is_listed(composed):
     prepare(cfg)
     found = problems(cfg)
     assert len(found) == 2 and "use_fused_kernels=true" in found[0] and "at least 2 rollouts" in found[1]
-    with pytest.raises(RecallmError, match="use_fused_kernels=true"):
+    with pytest.raises(Problems, match="use_fused_kernels=true") as raised:
         validate(cfg)
+    assert raised.value.problems == found
     cfg = copy.deepcopy(composed("qwen2.5_7b"))
     prepare(cfg)
     assert problems(cfg) == []

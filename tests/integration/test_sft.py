@@ -231,7 +231,7 @@ def test_partial_and_corrupt_checkpoints(tmp_path, sft_data, tiny_dir, caplog):
 def test_config_errors(tmp_path, sft_data, tiny_dir):
     with pytest.raises(RecallmError, match="stage must be one of embed, full"):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=middle"))
-    with pytest.raises(RecallmError, match="not a multiple of per_device_batch_size"):
+    with pytest.raises(RecallmError, match="not a multiple of sft.per_device_batch_size"):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "sft.global_batch_size=12"))
     with pytest.raises(RecallmError, match=r"sft.full.lr must be > 0"):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", "sft.full.lr=0"))
