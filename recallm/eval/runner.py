@@ -88,8 +88,8 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 JSON"
             raise RecallmError(f"{path}:{number}: not valid JSON ({why}); the results file is damaged") from None
-        if not isinstance(record, dict) or not isinstance(record.get("example_id"), str):
-            raise RecallmError(f"{path}:{number}: not a result record (no example_id); the results file is damaged")
+        if not isinstance(record, dict):
+            raise RecallmError(f"{path}:{number}: not a result record (a JSON object); the results file is damaged")
         records.append(record)
     return records
 
@@ -293,7 +293,7 @@ def run_eval(
         raise RecallmError("two examples share an id; a benchmark is listed twice")
     prepare_out_dir(out_dir, fingerprint or {}, overwrite)
     results = out_dir / RESULTS_FILE
-    done = {r["example_id"] for r in read_results(results)}
+    done = {r.get("example_id") for r in read_results(results)}
     pending = [s for s in plan if s.example_id not in done]
     if limit is not None:
         pending = pending[: max(0, int(limit))]
@@ -351,7 +351,7 @@ def run_eval(
     planned, seen = set(ids), set()
     records = []
     for r in read_results(results):  # the planned examples, each once
-        if r["example_id"] in planned and r["example_id"] not in seen:
+        if r.get("example_id") in planned and r["example_id"] not in seen:
             seen.add(r["example_id"])
             records.append(r)
     summary = summarize(records, benchmarks, run_info)

@@ -166,8 +166,8 @@ def test_results_without_run_json_are_not_reused(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [b"\xff\xfe\x00garbage\n", b'[1, 2]\n{"example_id": "x"}\n', b'"just a string"\n', b'{"no_id": 1}\n'],
-    ids=["not-utf8", "list", "string", "no-id"],
+    [b"\xff\xfe\x00garbage\n", b'[1, 2]\n{"example_id": "x"}\n', b'"just a string"\n', b'5\n'],
+    ids=["not-utf8", "list", "string", "number"],
 )
 def test_damaged_results_file_is_one_line(tmp_path, content):
     from recallm.eval.runner import read_results
