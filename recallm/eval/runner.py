@@ -45,7 +45,7 @@ from recallm.eval.backends import Backend
 from recallm.eval.benchmarks.base import Benchmark, example_seed
 from recallm.eval.scoring import text_span_stats
 from recallm.eval.types import Example, Generation, Spec, TextRequest
-from recallm.io import write_json_atomic
+from recallm.io import forget_files, record_files, write_json_atomic
 
 __all__ = [
     "RESULTS_FILE",
@@ -294,6 +294,7 @@ def run_eval(
     prepare_out_dir(out_dir, fingerprint or {}, overwrite)
     results = out_dir / RESULTS_FILE
     done = {r.get("example_id") for r in read_results(results)}
+    forget_files(out_dir, [RESULTS_FILE, SUMMARY_FILE])  # appended to now: checksummed again at the end
     pending = [s for s in plan if s.example_id not in done]
     if limit is not None:
         pending = pending[: max(0, int(limit))]
@@ -358,6 +359,7 @@ def run_eval(
     summary["complete"] = len(records) == len(plan)
     summary["planned"] = len(plan)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    record_files(out_dir, [RESULTS_FILE, SUMMARY_FILE])  # verified where the report reads them
     return summary
 
 
