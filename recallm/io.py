@@ -124,6 +124,19 @@ def replace(tmp: str | Path, path: str | Path) -> Path:
     return path
 
 
+def _alive(pid: str) -> bool:
+    """Whether process ``pid`` (of this host) still runs; a name that is no pid counts as alive."""
+    try:
+        os.kill(int(pid), 0)
+    except ValueError:
+        return True
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def _tmp_name(path: Path) -> Path:
     return path.with_name(f".{path.name}.tmp-{os.getpid()}-{secrets.token_hex(3)}")
 
@@ -156,12 +169,14 @@ class atomic_path:
 
 @contextlib.contextmanager
 def atomic_dir(path: str | Path) -> Iterator[Path]:
-    """``with atomic_dir(d) as tmp:`` fill the directory ``tmp``; it replaces ``d`` whole if the block
-    succeeds. A temporary directory left by a killed earlier attempt is removed first."""
+    """``with atomic_dir(d) as tmp:`` fill the directory ``tmp`` (a name of this process's own); it
+    replaces ``d`` whole if the block succeeds. Temporary directories left by killed earlier
+    attempts (their process gone) are removed first."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    if tmp.exists():
-        shutil.rmtree(tmp)
+    for stale in path.parent.glob(f".{path.name}.tmp-*") if path.parent.is_dir() else ():
+        if not _alive(stale.name.rsplit("-", 2)[-2]):
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = _tmp_name(path)  # this run's own name: two runs writing one directory never share it
     tmp.mkdir(parents=True)
     try:
         yield tmp

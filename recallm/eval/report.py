@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from recallm.errors import RecallmError
-from recallm.io import write_text_atomic
+from recallm.io import verify_file, write_text_atomic
 
 __all__ = [
     "load_summary",
@@ -64,6 +64,7 @@ def load_summary(run_dir: str | Path) -> dict[str, Any]:
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
         raise RecallmError(f"{run_dir} has no summary.json (is it an eval out_dir? run `recallm-eval` into it first)")
+    verify_file(path)  # the checksum recorded when the run finished
     try:
         summary = json.loads(path.read_bytes().decode("utf-8"))
     except UnicodeDecodeError:
@@ -293,6 +294,7 @@ class ReportContext:
             path = self.dirs[run] / "results.jsonl"
             rows = []
             if path.is_file():
+                verify_file(path)
                 for line in path.read_text(errors="replace").splitlines():
                     try:
                         row = json.loads(line)

@@ -45,7 +45,7 @@ from recallm.eval.backends import Backend
 from recallm.eval.benchmarks.base import Benchmark, example_seed
 from recallm.eval.scoring import text_span_stats
 from recallm.eval.types import Example, Generation, Spec, TextRequest
-from recallm.io import write_json_atomic
+from recallm.io import forget_files, record_files, write_json_atomic
 
 __all__ = [
     "RESULTS_FILE",
@@ -88,8 +88,8 @@ def read_results(path: str | Path) -> list[dict[str, Any]]:
         except (json.JSONDecodeError, UnicodeDecodeError, RecursionError) as exc:
             why = exc.msg if isinstance(exc, json.JSONDecodeError) else "not UTF-8 JSON"
             raise RecallmError(f"{path}:{number}: not valid JSON ({why}); the results file is damaged") from None
-        if not isinstance(record, dict) or not isinstance(record.get("example_id"), str):
-            raise RecallmError(f"{path}:{number}: not a result record (no example_id); the results file is damaged")
+        if not isinstance(record, dict):
+            raise RecallmError(f"{path}:{number}: not a result record (a JSON object); the results file is damaged")
         records.append(record)
     return records
 
@@ -293,7 +293,8 @@ def run_eval(
         raise RecallmError("two examples share an id; a benchmark is listed twice")
     prepare_out_dir(out_dir, fingerprint or {}, overwrite)
     results = out_dir / RESULTS_FILE
-    done = {r["example_id"] for r in read_results(results)}
+    done = {r.get("example_id") for r in read_results(results)}
+    forget_files(out_dir, [RESULTS_FILE, SUMMARY_FILE])  # appended to now: checksummed again at the end
     pending = [s for s in plan if s.example_id not in done]
     if limit is not None:
         pending = pending[: max(0, int(limit))]
@@ -351,13 +352,14 @@ def run_eval(
     planned, seen = set(ids), set()
     records = []
     for r in read_results(results):  # the planned examples, each once
-        if r["example_id"] in planned and r["example_id"] not in seen:
+        if r.get("example_id") in planned and r["example_id"] not in seen:
             seen.add(r["example_id"])
             records.append(r)
     summary = summarize(records, benchmarks, run_info)
     summary["complete"] = len(records) == len(plan)
     summary["planned"] = len(plan)
     write_json_atomic(out_dir / SUMMARY_FILE, summary)
+    record_files(out_dir, [RESULTS_FILE, SUMMARY_FILE])  # verified where the report reads them
     return summary
 
 

@@ -228,6 +228,7 @@ def final_from_checkpoint(checkpoint: Path, tokenizer, final: Path, info: dict[s
     if not any(p.name.endswith(".safetensors") for p in files):
         return None
     if main:
+        shutil.rmtree(final.with_name(f".{final.name}.tmp"), ignore_errors=True)  # save_final's, left by a kill
         with atomic_dir(final) as tmp:
             for path in files:
                 shutil.copy2(path, tmp / path.name)

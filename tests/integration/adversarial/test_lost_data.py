@@ -166,8 +166,8 @@ def test_results_without_run_json_are_not_reused(tmp_path):
 
 @pytest.mark.parametrize(
     "content",
-    [b"\xff\xfe\x00garbage\n", b'[1, 2]\n{"example_id": "x"}\n', b'"just a string"\n', b'{"no_id": 1}\n'],
-    ids=["not-utf8", "list", "string", "no-id"],
+    [b"\xff\xfe\x00garbage\n", b'[1, 2]\n{"example_id": "x"}\n', b'"just a string"\n', b'5\n'],
+    ids=["not-utf8", "list", "string", "number"],
 )
 def test_damaged_results_file_is_one_line(tmp_path, content):
     from recallm.eval.runner import read_results
@@ -213,3 +213,32 @@ def test_damaged_pipeline_state_is_one_line(tmp_path, content):
     with pytest.raises(RecallmError, match=r"pipeline\.json is (corrupt|not a pipeline state file)") as exc:
         pipeline.status()
     assert "\n" not in str(exc.value)
+
+
+def test_eval_results_are_checksummed_when_a_run_finishes(tmp_path, tiny_dir):
+    """A finished run's results and summary carry checksums the report verifies; a resumed run
+    drops them while it appends."""
+    from data_gen.fit import PromptRenderer
+    from recallm.eval.backends import HFBackend
+    from recallm.eval.benchmarks import make_benchmarks
+    from recallm.eval.report import build_report
+    from recallm.eval.runner import run_eval
+    from recallm.io import file_problem
+    from recallm.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_dir)
+    suite = {
+        "generation": {"max_new_tokens": 4},
+        "benchmarks": {"lost_in_thought": {"lengths": [512], "per_cell": 1, "key_type": "toy", "value_type": "toy"}},
+    }
+    out = tmp_path / "ev"
+    run_eval(make_benchmarks(suite), HFBackend(tiny_dir, tokenizer, batch_size=1), PromptRenderer(tokenizer), out,
+             fingerprint={"m": 1}, progress=False)  # fmt: skip
+    assert file_problem(out / "results.jsonl", required=True) is None
+    assert file_problem(out / "summary.json", required=True) is None
+    build_report({"run": out}, tmp_path / "report")
+    summary = out / "summary.json"
+    summary.write_text(summary.read_text().replace('"complete": true', '"complete": false'))
+    with pytest.raises(RecallmError, match=r"summary\.json (changed since it was written|has \d+ bytes)"):
+        build_report({"run": out}, tmp_path / "report2")
+    assert not (tmp_path / "report2").exists()
