@@ -16,7 +16,7 @@
 #   RECALLM_NET_IFACE the network interface between nodes (e.g. ib0, eth1): the Ray head address
 #                     is taken from it, and NCCL_SOCKET_IFNAME / GLOO_SOCKET_IFNAME default to it
 #   RECALLM_HEAD_IP   the head node's address, if you know better than both
-#   RECALLM_SKIP_PLAN=1 do not run recallm-plan --require-fit before the launch (grpo.sbatch, sft.sbatch)
+#   RECALLM_SKIP_PLAN=1 do not run recallm-plan --require-fit before the launch (grpo*.sbatch, sft.sbatch)
 #   WANDB_MODE        default offline (compute nodes often have no internet; `wandb sync` the runs
 #                     from a login node later); WANDB_DIR default $RECALLM_REPO/outputs/wandb
 #

@@ -2,7 +2,7 @@
 
 recallm-grpo [--print-config] [key=value ...]       # Hydra overrides, any verl key included
 recallm-grpo plot [NAME=]METRICS [...] --out DIR     # training curves (Figure 10's panels) from verl's metric logs
-recallm-grpo --plan [key=value ...]                 # memory, disk, save time on this node (recallm-plan: any cluster)
+recallm-grpo --plan [--gpus N ...] [key=value ...]  # memory, disk, save time (recallm-plan grpo; this node's values by default)
 
 The command line is read by ``recallm.cli.common.hydra_command`` like every Hydra command's, except
 that Hydra does not run the job: the config it composes (once) and checks goes to the one GRPO launch
@@ -21,11 +21,7 @@ from recallm.grpo.settings import closed as grpo_keys_closed
 
 
 @cli_errors
-def run(cfg, print_config: bool = False, plan: bool = False) -> int:
-    if plan:  # recallm-plan grpo with this node's values (recallm.cli.plan)
-        from recallm.cli.plan import node_args, show
-
-        return show("grpo", cfg, node_args())
+def run(cfg, print_config: bool = False) -> int:
     from recallm.grpo.app import run as launch_grpo
 
     return launch_grpo(cfg, print_config=print_config)
@@ -64,17 +60,25 @@ def plot(argv: list[str]) -> int:
     return 0
 
 
-main = hydra_command(
+_main = hydra_command(
     "grpo",
     run,
     closed=grpo_keys_closed,  # ours under recallm.; verl's keys: its own config gives the types
-    flags={
-        "--print-config": "print the composed and validated config, launch nothing",
-        "--plan": "print whether the run fits this node (recallm-plan grpo for other clusters), launch nothing",
-    },
+    flags={"--print-config": "print the composed and validated config, launch nothing"},
     subcommands={"plot": plot},
     hydra_run=False,
 )
+
+def main(argv: list[str] | None = None) -> int | None:
+    """``recallm-grpo ...``; ``recallm-grpo --plan [recallm-plan's flags] [key=value ...]``: whether the run
+    fits (``recallm-plan grpo``, on this node's values unless flags say otherwise), launching nothing."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--plan" in args:
+        from recallm.cli.plan import main as plan_main
+
+        return plan_main(["grpo", *[a for a in args if a != "--plan"]])
+    return _main(args)
+
 
 if __name__ == "__main__":
     sys.exit(main())

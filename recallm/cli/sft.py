@@ -21,22 +21,25 @@ def check(cfg: DictConfig) -> None:
 
 
 @cli_errors
-def run(cfg: DictConfig, plan: bool = False):
-    if plan:  # recallm-plan sft with this node's values (recallm.cli.plan)
-        from recallm.cli.plan import node_args, show
-
-        return show("sft", OmegaConf.to_container(cfg, resolve=True), node_args())
+def run(cfg: DictConfig):
     from recallm.sft.train import run_sft
 
     return run_sft(OmegaConf.to_container(cfg, resolve=True))
 
 
-main = hydra_command(
-    "sft",
-    run,
-    check=check,
-    flags={"--plan": "print whether the run fits this node (recallm-plan sft for other clusters), train nothing"},
-)
+_main = hydra_command("sft", run, check=check)
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    """``recallm-sft [key=value ...]``; ``recallm-sft --plan [recallm-plan's flags] [key=value ...]``: whether
+    the stage fits (``recallm-plan sft``, on this node's values unless flags say otherwise), before the data
+    exists and without training (the run's own checks, such as the data files, are not made)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--plan" in args:
+        from recallm.cli.plan import main as plan_main
+
+        return plan_main(["sft", *[a for a in args if a != "--plan"]])
+    return _main(args)
 
 
 if __name__ == "__main__":

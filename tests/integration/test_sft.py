@@ -239,7 +239,7 @@ def test_config_errors(tmp_path, sft_data, tiny_dir):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full"))
 
 
-def _cli(tmp_path, *args, nproc=None, env=None, timeout=900):
+def _cli(tmp_path, *args, nproc=None, env=None, timeout=1800):  # the first run builds DeepSpeed's C++ ops
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] if nproc else [sys.executable]
     )
