@@ -207,10 +207,14 @@ recallm_cleanup() {
     kill -9 "$pid" 2>/dev/null || true
   done
 }
+# The run first (SIGTERM: recallm-sft ends its step and saves a checkpoint, recallm-eval has written every
+# finished example; up to RECALLM_SAVE_WAIT seconds, default 120, well inside the signal's lead), then the
+# requeue: `scontrol requeue` kills what is left of the job after KillWait (often 30 s), too short a
+# grace for a save.
 recallm_on_warning() {
-  echo "[recallm] warning signal: requeueing job ${SLURM_JOB_ID:-?}; the next run resumes from the newest checkpoint"
+  echo "[recallm] warning signal: stopping the run (it saves first), then requeueing job ${SLURM_JOB_ID:-?}; the next run resumes from the newest checkpoint"
+  RECALLM_CLEANUP_WAIT=${RECALLM_SAVE_WAIT:-120} recallm_cleanup
   scontrol requeue "${SLURM_JOB_ID}" || echo "[recallm] scontrol requeue failed" >&2
-  recallm_cleanup
   exit 0
 }
 

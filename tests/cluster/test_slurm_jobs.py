@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -124,6 +125,46 @@ def test_sft_embed_then_full(slurm, sft_data, tiny_dir, tmp_path):
     assert state["global_step"] == 4
     trained = AutoModelForCausalLM.from_pretrained(out / "full" / "final")
     assert not torch.equal(trained.model.layers[0].mlp.up_proj.weight, embedded.model.layers[0].mlp.up_proj.weight)
+
+
+def same_weights(a: Path, b: Path) -> None:
+    from transformers import AutoModelForCausalLM
+
+    import recallm.modeling  # noqa: F401
+
+    x, y = AutoModelForCausalLM.from_pretrained(a), AutoModelForCausalLM.from_pretrained(b)
+    for (name, p), (_, q) in zip(x.state_dict().items(), y.state_dict().items(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_sft_preempted_saves_requeues_and_resumes(slurm, sft_data, tiny_dir, tmp_path):
+    """SLURM's warning (``scancel --signal=USR1 --batch``: what ``--signal=B:USR1@300`` sends before the time
+    limit) during training: the script stops recallm-sft (SIGTERM through torchrun: it ends its step and saves),
+    requeues the job; the same job id runs again, resumes once, from that step, and ends with the weights of
+    the same job never interrupted."""
+    common = ("stage=full", f"init_from={tiny_dir}", "max_steps=8", "sft.save_steps=1000", "sft.logging_steps=1")
+    logs = tmp_path / "logs"
+    whole = slurm.submit("sft.sbatch", *sft_args(sft_data, tiny_dir, tmp_path / "whole", *common), options=CPU_JOB,
+                         logs=logs, env=sft_env())
+    assert slurm.wait(whole, timeout=900) == "COMPLETED", whole.text()[-6000:]
+    out = tmp_path / "preempted"
+    job = slurm.submit("sft.sbatch", *sft_args(sft_data, tiny_dir, out, *common), options=CPU_JOB, logs=logs,
+                       env=sft_env())
+    slurm.wait_log(job, r"\{'loss'", timeout=900)  # training: step 1 logged
+    slurm.run("scancel", "--signal=USR1", "--batch", job.id)
+    slurm.wait_log(job, r"restart 1\)", timeout=300)  # requeued, running again under the same id
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job.text()[-6000:]
+    log = job.text()
+    stops = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint (\S+) saved", log)
+    resumes = sorted(set(re.findall(r"resuming from (\S+checkpoint-(\d+))", log)))  # the print and the log line
+    assert len(stops) == 1 and len(resumes) == 1, log[-6000:]
+    step = int(stops[0][0])
+    assert 0 < step < 8 and resumes[0] == (str(out / "full" / f"checkpoint-{step}"), str(step))
+    assert "warning signal: stopping the run" in log
+    assert slurm.completions(job)[-1] == "COMPLETED" and len(slurm.completions(job)) == 2, slurm.completions(job)
+    assert json.loads((out / "full" / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
+    same_weights(tmp_path / "whole" / "full" / "final", out / "full" / "final")
 
 
 @pytest.mark.slow
