@@ -25,7 +25,7 @@ SFT_MIX = {
     "seed": 0,
     "tolerance": 0.05,
     "train": {
-        "lengths": [256],
+        "lengths": [256, 320],
         "entries": [
             {"task": "kv_retrieval", "count": 24, "params": {"key_type": "toy", "value_type": "toy", "formats": ["lines"]}},
         ],
@@ -165,6 +165,39 @@ def test_sft_preempted_saves_requeues_and_resumes(slurm, sft_data, tiny_dir, tmp
     assert slurm.completions(job)[-1] == "COMPLETED" and len(slurm.completions(job)) == 2, slurm.completions(job)
     assert json.loads((out / "full" / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
     same_weights(tmp_path / "whole" / "full" / "final", out / "full" / "final")
+
+
+@pytest.mark.slow
+def test_sft_hard_scancel_then_resubmit_resumes_from_a_complete_checkpoint(slurm, sft_data, tiny_dir, tmp_path):
+    """A hard ``scancel`` mid-run (SIGTERM to every process of the job, SIGKILL ``KillWait`` later, no requeue),
+    then the same command submitted again: it resumes from a checkpoint that verifies against its manifest
+    (``recallm.sft.checkpoints``), never from a partial one, and ends at the last step."""
+    from recallm.errors import RecallmError
+    from recallm.sft.checkpoints import check_checkpoint
+
+    common = ("stage=full", f"init_from={tiny_dir}", "max_steps=8", "sft.save_steps=2", "sft.logging_steps=1")
+    out, logs = tmp_path / "sft", tmp_path / "logs"
+    first = slurm.submit("sft.sbatch", *sft_args(sft_data, tiny_dir, out, *common), options=CPU_JOB, logs=logs,
+                         env=sft_env())
+    slurm.wait_log(first, r"(?s)\{'loss'.*\{'loss'.*\{'loss'", timeout=900)  # step 3: checkpoint-2 written
+    slurm.run("scancel", first.id)
+    assert slurm.wait(first, timeout=120) == "CANCELLED"
+    kept = {p.name: p for p in (out / "full").glob("checkpoint-*")}
+    assert kept and not (out / "full" / "final").exists()
+    complete = set()
+    for name, path in kept.items():
+        try:
+            check_checkpoint(path)
+            complete.add(name)
+        except RecallmError:  # a partial one: the rerun must not take it
+            pass
+    second = slurm.submit("sft.sbatch", *sft_args(sft_data, tiny_dir, out, *common), options=CPU_JOB, logs=logs,
+                          env=sft_env())
+    assert slurm.wait(second, timeout=900) == "COMPLETED", second.text()[-6000:]
+    resumed = sorted(set(re.findall(r"resuming from \S+/(checkpoint-\d+)", second.text())))
+    newest = max(complete, key=lambda n: int(n.split("-")[1]))
+    assert resumed == [newest], (resumed, sorted(kept), sorted(complete))
+    assert json.loads((out / "full" / "checkpoint-8" / "trainer_state.json").read_text())["global_step"] == 8
 
 
 @pytest.mark.slow
