@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-fast test-integration test-vllm lint bench clean smollm2 system-deps
+.PHONY: demo test test-fast test-integration test-vllm test-cluster lint bench clean smollm2 system-deps
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || bash scripts/system_deps.sh venv $(PYTHON)
@@ -50,6 +50,11 @@ test-integration: $(STAMP) system-deps
 # scripts/test_vllm.sh and the README for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# Third tier: the sbatch scripts under a real one-machine SLURM (scripts/local_slurm.sh installs slurm-wlm and
+# munge with apt-get as root, else the tier skips with the reason), preemption and requeue, GRPO on two Ray nodes.
+test-cluster: $(STAMP)
+	$(PY) -m pytest -q tests/cluster
 
 # ruff, then the layer rule of ARCHITECTURE.md (import-linter; the contract is in pyproject.toml)
 lint: $(STAMP)

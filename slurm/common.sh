@@ -11,6 +11,9 @@
 #   RECALLM_REPO      the checkout (default: the directory sbatch was called from)
 #   RECALLM_VENV      its virtual environment (default: $RECALLM_REPO/.venv)
 #   RECALLM_DRY_RUN=1 print what would run, run nothing
+#   RECALLM_NGPUS     GPUs per node where SLURM sets no SLURM_GPUS_ON_NODE (default 4; a CPU run: 1)
+#   RECALLM_NCPUS     the CPUs each node's Ray declares (grpo*.sbatch; default SLURM_CPUS_PER_TASK; logical,
+#                     so a CPU run declares what verl's resource bundles ask for, e.g. 16)
 #   RECALLM_PORT_BASE the first of the 200 ports this job's Ray uses (default: from the job id, see
 #                     recallm_port_base)
 #   RECALLM_NET_IFACE the network interface between nodes (e.g. ib0, eth1): the Ray head address
@@ -153,6 +156,15 @@ recallm_ray_port_args() {
 recallm_start_ray() {
   local nodes=("$@") head=$1 node ip
   local tmp=/tmp/ray-recallm-${SLURM_JOB_ID:-$$}
+  # Ray (>= 2.5x) turns token authentication on in `ray start` when ~/.ray/auth_token exists (any local
+  # ray.init() on the node writes one), but never in a process that joins an explicit address (the poll
+  # below, the driver): refused as "InvalidAuthToken" (seen under a real SLURM). One mode and one token for
+  # the whole job, in the environment srun gives every node (RAY_AUTH_MODE=disabled turns it off).
+  if [[ "${RAY_AUTH_MODE:-}" != disabled ]]; then
+    export RAY_AUTH_MODE=token
+    RAY_AUTH_TOKEN=${RAY_AUTH_TOKEN:-$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')}
+    export RAY_AUTH_TOKEN
+  fi
   ip=${RECALLM_HEAD_IP:-$(recallm_node_ip "$head")} || return 1
   export RAY_ADDRESS="$ip:$BASE"
   echo "[recallm] Ray head $head ($RAY_ADDRESS), ${#nodes[@]} node(s) x $NGPUS GPU(s), ports $BASE-$((BASE + RECALLM_PORT_BLOCK - 1))"
@@ -196,10 +208,14 @@ recallm_cleanup() {
     kill -9 "$pid" 2>/dev/null || true
   done
 }
+# The run first (SIGTERM: recallm-sft ends its step and saves a checkpoint, recallm-eval has written every
+# finished example; up to RECALLM_SAVE_WAIT seconds, default 120, well inside the signal's lead), then the
+# requeue: `scontrol requeue` kills what is left of the job after KillWait (often 30 s), too short a
+# grace for a save.
 recallm_on_warning() {
-  echo "[recallm] warning signal: requeueing job ${SLURM_JOB_ID:-?}; the next run resumes from the newest checkpoint"
+  echo "[recallm] warning signal: stopping the run (it saves first), then requeueing job ${SLURM_JOB_ID:-?}; the next run resumes from the newest checkpoint"
+  RECALLM_CLEANUP_WAIT=${RECALLM_SAVE_WAIT:-120} recallm_cleanup
   scontrol requeue "${SLURM_JOB_ID}" || echo "[recallm] scontrol requeue failed" >&2
-  recallm_cleanup
   exit 0
 }
 

@@ -22,9 +22,14 @@ def check(cfg: DictConfig) -> None:
 
 @cli_errors
 def run(cfg: DictConfig):
+    from recallm.sft.preemption import Stopped
     from recallm.sft.train import run_sft
 
-    return run_sft(OmegaConf.to_container(cfg, resolve=True))
+    try:
+        return run_sft(OmegaConf.to_container(cfg, resolve=True))
+    except Stopped as exc:  # SIGTERM / SIGUSR1: the checkpoint is saved, the next run continues from it
+        print(f"recallm-sft: {exc}", file=sys.stderr)
+        sys.exit(128 + exc.signum)
 
 
 _main = hydra_command("sft", run, check=check)

@@ -18,7 +18,8 @@ applies to both. Four steps:
    (:func:`recall_constraint`: the one place verl's keys are derived from
    ``recallm.recall_constrained``); a vLLM rollout's ``hf_overrides`` (vLLM serves the base
    architecture) and context length; the platform's environment (the CPU plugin's, vLLM's CPU
-   build's); the modules every verl process imports; the environment every Ray worker must carry
+   build's); the node resources ``ray.init`` refuses when it joins a running cluster (``RAY_ADDRESS``:
+   the sbatch scripts start Ray themselves); the modules every verl process imports; the environment every Ray worker must carry
    (W&B mode, NCCL/Gloo interfaces, the job's expiration timestamp). A recipe adds its own steps
    (``recallm.rlm.train``: the data set and the agent loop); a new feature of GRPO adds one function
    to :data:`PREPARE_STEPS`;
@@ -345,6 +346,29 @@ def platform(cfg: DictConfig, run: Prepared) -> None:
     run.env["RECALLM_GRPO_CPU"] = "1" if rm.cpu else "0"
 
 
+#: what ``ray.init`` refuses when it joins a running cluster (the cluster's ``ray start`` declared them)
+RAY_NODE_KEYS = ("num_cpus", "num_gpus", "resources", "labels", "object_store_memory", "_system_config")
+
+
+def ray_cluster(cfg: DictConfig, run: Prepared) -> None:
+    """Joining a running Ray cluster (``RAY_ADDRESS`` set: the sbatch scripts start Ray themselves):
+    ``ray_kwargs.ray_init`` loses the node resources a platform declares for a Ray of its own (the CPU
+    platform's logical CPUs and GPUs), which ``ray.init`` refuses when it connects; the cluster's nodes
+    declared theirs (``ray start --num-cpus --num-gpus``)."""
+    address = os.environ.get("RAY_ADDRESS", "")
+    if address in ("", "local"):
+        return
+    ray_init = OmegaConf.select(cfg, "ray_kwargs.ray_init", default=None)
+    if ray_init is None:
+        return
+    dropped = [key for key in RAY_NODE_KEYS if ray_init.get(key) not in (None, {}, [])]
+    if dropped:
+        with open_dict(cfg):
+            for key in dropped:
+                ray_init[key] = None
+        log.info("joining the Ray cluster at %s: its nodes declare %s, not ray_kwargs.ray_init", address, ", ".join(dropped))
+
+
 def runtime(cfg: DictConfig, run: Prepared) -> None:
     """``recallm.grpo.runtime`` in every verl process (the masked classes, the platform's patches, the
     recall metrics); verl's JSONL metrics log next to the checkpoints (``recallm.eval.curves`` reads it)."""
@@ -393,6 +417,7 @@ PREPARE_STEPS: tuple[Step, ...] = (
     recall_constraint,
     vllm_rollout,
     platform,
+    ray_cluster,
     runtime,
     operations,
 )

@@ -16,6 +16,8 @@ Features:
   against the manifest written when it was saved); newer partial or damaged ones are moved aside
   with a warning, never silently used; ``resume=never`` starts over; ``resume=<dir>`` picks one
   (an error if it does not verify). One run writes a stage directory at a time (its lock);
+* SIGTERM or SIGUSR1 (preemption, SLURM's warning before the time limit): the current step ends, a
+  checkpoint is saved, the run stops (``recallm.sft.preemption``); the next run resumes from it;
 * console logs always — the loss every ``logging_steps``, at least every ``logging_seconds`` (30 s)
   and at the last step (``recallm.sft.progress``) — W&B with ``logger=wandb`` (``WANDB_MODE=offline``
   works without network);
@@ -67,6 +69,7 @@ from recallm.sft.checkpoints import (
     model_dir_problem,
     save_final,
 )
+from recallm.sft.preemption import SaveOnSignal, Stopped
 from recallm.sft.progress import LogEverySeconds
 from recallm.sft.settings import STAGES, SFTRun
 
@@ -499,6 +502,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         max_steps=int(run.max_steps or settings.steps or -1),
         **extra_args,
     )
+    stop = SaveOnSignal()  # SIGTERM / SIGUSR1 (preemption, the time limit's warning): save, stop, raise Stopped
     trainer = RecallTrainer(
         model=model,
         args=args,
@@ -511,7 +515,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         ),
         processing_class=tokenizer,
         recall_eval={"records": val_records, "max_new_tokens": eval_cfg.max_new_tokens},
-        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), *(run._callbacks or [])],
+        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), stop, *(run._callbacks or [])],
     )
     checkpoint = None
     if resume == "auto":
@@ -535,7 +539,10 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         )
     if final is None:
         trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        info["steps"] = trainer.state.global_step
+        step = trainer.state.global_step
+        if stop.stopped and step < trainer.state.max_steps:  # saved at this step; the next run resumes there
+            raise Stopped(stop.stopped, step, str(stage_dir / f"checkpoint-{step}"))
+        info["steps"] = step
         final = save_final(trainer, tokenizer, stage_dir / "final", info)
     if trainer.is_world_process_zero():
         print(f"wrote {final}")

@@ -554,6 +554,22 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
     assert cfg.ray_kwargs.ray_init.num_gpus == cfg.trainer.n_gpus_per_node == 1
 
 
+def test_joining_a_running_ray_cluster_drops_the_node_resources(tiny_dir, tiny_data, monkeypatch):
+    """The sbatch scripts start Ray and set RAY_ADDRESS: ray.init refuses num_cpus/num_gpus when it joins (seen
+    under a real SLURM, tests/cluster), so the CPU platform's logical resources are left to the nodes."""
+    overrides = [f"actor_rollout_ref.model.path={tiny_dir}", f"data.train_files={tiny_data[0]}", f"data.val_files={tiny_data[1]}"]
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    cfg = compose(overrides)
+    prepare(cfg)
+    assert cfg.ray_kwargs.ray_init.num_gpus == 1 and cfg.ray_kwargs.ray_init.num_cpus == 16  # a Ray of its own
+    monkeypatch.setenv("RAY_ADDRESS", "192.0.2.5:10000")
+    cfg = compose(overrides)
+    prepare(cfg)
+    validate(cfg)
+    assert cfg.ray_kwargs.ray_init.num_gpus is None and cfg.ray_kwargs.ray_init.num_cpus is None
+    assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.VERL_PLATFORM == "cpu"  # the workers still get the plugin
+
+
 @pytest.mark.parametrize("platform", ["cpu", "vllm_cpu"])
 def test_the_command_composes_once(platform, tiny_dir, tiny_data, monkeypatch, capsys):
     """``recallm-grpo --print-config``: Hydra composes the config one time (checked, prepared, printed), the

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -183,6 +184,36 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
         run_sft({**cfg, "_callbacks": [KillAfter()]})
     assert find_checkpoint(tmp_path / "b" / "run" / "full").name == "checkpoint-4"
     resumed = run_sft(cfg)  # resume=auto
+    a, b = AutoModelForCausalLM.from_pretrained(whole), AutoModelForCausalLM.from_pretrained(resumed)
+    for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
+def test_a_signal_saves_stops_and_the_rerun_ends_with_the_same_weights(tmp_path, sft_data, tiny_dir, sig):
+    """SIGTERM / SIGUSR1 during step 3 (save_steps=4): step 3 ends, checkpoint-3 is saved, no final, Stopped; the
+    rerun resumes from checkpoint-3 and ends with the weights of a run never stopped (tests/cluster: under SLURM)."""
+    from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from recallm.sft.preemption import Stopped
+
+    class SignalDuringStep3(TrainerCallback):
+        def on_step_begin(self, args, state, control, **kwargs):
+            if state.global_step == 2:
+                os.kill(os.getpid(), sig)
+
+    common = ["stage=full", f"init_from={tiny_dir}", "max_steps=6", "sft.save_steps=4", "sft.eval.steps=1000"]
+    whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
+    cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *common)
+    before = signal.getsignal(sig)
+    with pytest.raises(Stopped, match=f"stopped by {sig.name} after step 3") as stopped:
+        run_sft({**cfg, "_callbacks": [SignalDuringStep3()]})
+    assert signal.getsignal(sig) == before  # the handler is the run's only
+    stage = tmp_path / "b" / "run" / "full"
+    assert stopped.value.step == 3 and stopped.value.checkpoint == str(stage / "checkpoint-3")
+    assert find_checkpoint(stage).name == "checkpoint-3" and not (stage / "final").exists()
+    resumed = run_sft(cfg)  # resume=auto
+    assert json.loads((stage / "checkpoint-6" / "trainer_state.json").read_text())["global_step"] == 6
     a, b = AutoModelForCausalLM.from_pretrained(whole), AutoModelForCausalLM.from_pretrained(resumed)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
