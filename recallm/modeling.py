@@ -53,6 +53,10 @@ __all__ = [
     "create_recallm_model",
     "check_recallm_model",
     "read_model_config",
+    "ADAPTER_CONFIG",
+    "adapter_base",
+    "load_recallm_model",
+    "merge_adapter",
 ]
 
 log = logging.getLogger(__name__)
@@ -392,6 +396,9 @@ def read_model_config(path: str | Path, name: str | None = None):
     ``name`` (the setting, e.g. ``--base``) starts the first message. The one reading of a model
     directory's config for every command that takes a model (callers add their own checks)."""
     path = Path(path)
+    base = adapter_base(path)
+    if base is not None:  # a LoRA adapter directory: its base model's config
+        path = base
     if not (path / "config.json").is_file():
         where = f"{name} {path}" if name else str(path)
         raise RecallmError(f"{where} is not a Hugging Face model directory (no config.json)")
@@ -441,3 +448,64 @@ def check_recallm_model(path: str | Path) -> dict[str, object]:
         "eos_token": f"{tokenizer.eos_token} ({tokenizer.eos_token_id})",
         **ids.as_config(),
     }
+
+
+# ------------------------------------------------------------------------------- LoRA adapters
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(path: str | Path) -> Path | None:
+    """The base model directory of a PEFT LoRA adapter directory (``adapter_config.json`` without a
+    ``config.json``: what ``recallm-sft`` writes to ``final/adapter``, ``recallm-export --keep-adapter``
+    writes), or None for anything else. A base that is not a model directory is a ``RecallmError``."""
+    import json
+
+    path = Path(path)
+    if (path / "config.json").is_file() or not (path / ADAPTER_CONFIG).is_file():
+        return None
+    try:
+        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise RecallmError(f"cannot read {path / ADAPTER_CONFIG}: {exc}") from None
+    if not base:
+        raise RecallmError(f"{path / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    base_dir = Path(base) if Path(base).is_absolute() else path / base
+    if not (base_dir / "config.json").is_file():
+        raise RecallmError(
+            f"the LoRA adapter {path} is for the base model {base}, which is not a model directory here: "
+            "move it back, or edit base_model_name_or_path in its adapter_config.json"
+        )
+    return base_dir
+
+
+def load_recallm_model(path: str | Path, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` for a model directory; for a LoRA adapter
+    directory (:func:`adapter_base`), its base with the adapter merged in (PEFT), a plain model again.
+    The one loader of "a model or an adapter" (eval's HF backend, export)."""
+    base = adapter_base(path)
+    if base is None:
+        return AutoModelForCausalLM.from_pretrained(str(path), **kwargs)
+    from peft import PeftModel
+
+    model = AutoModelForCausalLM.from_pretrained(str(base), **kwargs)
+    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+
+
+def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = None) -> Path:
+    """Merge a LoRA adapter directory into its base and save a plain RecaLLM model directory at ``out``
+    (written next to it and renamed into place), tokenizer included (the adapter's own when it has one).
+    ``dtype``: of the written weights (default: the base's)."""
+    from recallm.io import atomic_dir
+    from recallm.tokens import load_tokenizer
+
+    adapter = Path(adapter)
+    base = adapter_base(adapter)
+    if base is None:
+        raise RecallmError(f"{adapter} is not a LoRA adapter directory (no {ADAPTER_CONFIG} naming a base model)")
+    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
+    model = load_recallm_model(adapter, **kwargs)
+    tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    with atomic_dir(Path(out)) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return Path(out)
