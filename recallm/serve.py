@@ -8,7 +8,9 @@ context, reading the recall token ids from the same config (``recallm.modeling.s
 merges a user's own overrides with those: one place, used by ``recallm-serve`` and ``recallm-grpo``);
 :func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
 OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
-at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``).
+at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``). A LoRA adapter directory
+(``recallm-sft``'s ``final/adapter``, ``recallm-export --keep-adapter``'s ``<out>/adapter``) is served
+with vLLM's LoRA support: its base model plus the adapter under the served name (``_lora_args``).
 """
 
 from __future__ import annotations
@@ -73,14 +75,17 @@ def _pop_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
 def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: str | None = None) -> list[str]:
     """The ``vllm serve`` command for ``settings`` (checks the model first; ``extra``: more
     ``vllm serve`` arguments, whose ``--hf-overrides`` are merged and ``--logits-processors`` kept)."""
-    from recallm.modeling import check_recallm_model, served_hf_overrides, vllm_hf_overrides
+    from recallm.modeling import (
+        adapter_base,
+        check_recallm_model,
+        read_model_config,
+        served_hf_overrides,
+        vllm_hf_overrides,
+    )
 
     check_recallm_model(settings.model)  # one line for a directory that is no RecaLLM model
-    from transformers import AutoConfig
-
-    import recallm.modeling  # noqa: F401  (registers the recallm_<base> configs)
-
-    config = AutoConfig.from_pretrained(str(settings.model))
+    config = read_model_config(settings.model)  # (a LoRA adapter: its base's)
+    base = adapter_base(settings.model)
     extra = list(extra)
     for own in ("--host", "--port", "--served-model-name", "--model"):
         if any(a == own or a.startswith(own + "=") for a in extra):
@@ -103,20 +108,51 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
         "-m",
         "recallm.serve",  # vLLM's own CLI, in a process that knows the recallm_<base> configs (below)
         "serve",
-        str(settings.model),
+        str(base or settings.model),
         "--host",
         settings.host,
         "--port",
         str(settings.port),
         "--served-model-name",
-        settings.served_model_name,
+        settings.served_model_name if base is None else f"{settings.served_model_name}-base",
         "--hf-overrides",
         json.dumps(overrides, sort_keys=True),
     ]
+    if base is not None:
+        command += _lora_args(settings)
     if processors:
         command += ["--logits-processors", *processors]
     command += extra
     return command
+
+
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def _lora_args(settings: ServeSettings) -> list[str]:
+    """A LoRA adapter directory is served as vLLM serves adapters: its base model (as ``<name>-base``) with
+    the adapter as the model ``<name>`` (``--enable-lora --lora-modules``), the adapter's tokenizer. vLLM
+    cannot serve trained token rows (PEFT's ``trainable_token_indices``): such an adapter is merged first."""
+    adapter = settings.model
+    config = json.loads((adapter / "adapter_config.json").read_text())
+    if config.get("trainable_token_indices"):
+        raise RecallmError(
+            f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
+            f"first (recallm-export --checkpoint {adapter} --out <dir>) and serve that directory"
+        )
+    rank = int(config.get("r") or 8)
+    max_rank = next((r for r in _VLLM_LORA_RANKS if r >= rank), None)
+    if max_rank is None:
+        raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")
+    tokenizer = adapter if (adapter / "tokenizer_config.json").is_file() else None
+    return [
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_rank),
+        "--lora-modules",
+        f"{settings.served_model_name}={adapter.resolve()}",
+        *(["--tokenizer", str(tokenizer.resolve())] if tokenizer else []),
+    ]
 
 
 def _vllm_cli() -> int | None:

@@ -262,7 +262,6 @@ class HFBackend(Backend):
         model=None,
     ) -> None:
         import torch
-        from transformers import AutoModelForCausalLM
 
         import recallm.modeling  # noqa: F401  (registers recallm_<base>)
 
@@ -278,7 +277,9 @@ class HFBackend(Backend):
             dtypes = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
             if dtype not in dtypes:
                 raise RecallmError(f"backend.dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-            model = AutoModelForCausalLM.from_pretrained(str(model_path), dtype=dtypes[dtype])
+            from recallm.modeling import load_recallm_model  # a model directory or a LoRA adapter (merged)
+
+            model = load_recallm_model(model_path, dtype=dtypes[dtype])
         self.model = model.to(self.device).eval()
         config = self.model.config
         self.recall = None
