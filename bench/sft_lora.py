@@ -8,7 +8,8 @@ One run, same data, same steps, same batch, same seed:
 1. data: the synthetic retrieval tasks of ``configs/data/smollm2.yaml`` (key-value retrieval and math
    retrieval, integer keys, random-string values) at 256-384 tokens with SmolLM2's tokenizer, recall spans
    in the traces; ``--train`` traces for training and ``--heldout`` fresh prompts (another seed);
-2. the embedding stage once (``configs/sft/smollm2_cpu.yaml``'s: 8 steps at 2e-2, the four token rows);
+2. the embedding stage once (``configs/sft/smollm2_cpu.yaml``'s: 8 steps at 2e-2, the four token rows), or
+   ``--init DIR``, an embedding stage's output;
 3. from its output, stage ``full`` for ``--steps`` steps per variant, each a ``recallm-sft`` process of
    its own (its peak resident memory from ``os.wait4``; seconds per step from the Trainer's
    ``train_runtime``, model loading excluded):
@@ -129,6 +130,7 @@ def main() -> None:
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
+    parser.add_argument("--init", type=Path, default=None, help="an embedding stage's final model to start from")
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if "full" not in variants or "lora" not in variants or any(v not in VARIANTS for v in variants):
@@ -154,9 +156,11 @@ def main() -> None:
             "sft.logging_steps=4",
             f"sft.save_steps={args.steps}",
         ]
-        embed_out = work / "embed"
-        _sft([*common, "stage=embed", f"out_dir={embed_out}"], work / "embed.log")
-        init = embed_out / "embed" / "final"
+        init = args.init
+        if init is None:  # the embedding stage, once, shared by every variant
+            embed_out = work / "embed"
+            _sft([*common, "stage=embed", f"out_dir={embed_out}"], work / "embed.log")
+            init = embed_out / "embed" / "final"
         rows = {}
         for name in variants:
             out = work / name

@@ -57,6 +57,7 @@ __all__ = [
     "adapter_base",
     "load_recallm_model",
     "merge_adapter",
+    "vllm_lora_rank",
 ]
 
 log = logging.getLogger(__name__)
@@ -509,3 +510,26 @@ def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = N
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
     return Path(out)
+
+
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(adapter: str | Path) -> int:
+    """vLLM's ``max_lora_rank`` for serving a LoRA adapter directory (the smallest vLLM accepts that holds the
+    adapter's rank). vLLM cannot serve trained token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's
+    ``PEFTHelper`` takes no ``modules_to_save``): such an adapter is a ``RecallmError`` naming the merge."""
+    import json
+
+    adapter = Path(adapter)
+    config = json.loads((adapter / ADAPTER_CONFIG).read_text())
+    if config.get("trainable_token_indices") or config.get("modules_to_save"):
+        raise RecallmError(
+            f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
+            f"first (recallm-export --checkpoint {adapter} --out <dir>) and use that directory"
+        )
+    rank = int(config.get("r") or 8)
+    for allowed in _VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")

@@ -126,24 +126,14 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     return command
 
 
-_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
-
-
 def _lora_args(settings: ServeSettings) -> list[str]:
     """A LoRA adapter directory is served as vLLM serves adapters: its base model (as ``<name>-base``) with
-    the adapter as the model ``<name>`` (``--enable-lora --lora-modules``), the adapter's tokenizer. vLLM
-    cannot serve trained token rows (PEFT's ``trainable_token_indices``): such an adapter is merged first."""
+    the adapter as the model ``<name>`` (``--enable-lora --lora-modules``), the adapter's tokenizer
+    (``recallm.modeling.vllm_lora_rank``: the rank vLLM needs; an adapter with trained token rows is refused)."""
+    from recallm.modeling import vllm_lora_rank
+
     adapter = settings.model
-    config = json.loads((adapter / "adapter_config.json").read_text())
-    if config.get("trainable_token_indices"):
-        raise RecallmError(
-            f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
-            f"first (recallm-export --checkpoint {adapter} --out <dir>) and serve that directory"
-        )
-    rank = int(config.get("r") or 8)
-    max_rank = next((r for r in _VLLM_LORA_RANKS if r >= rank), None)
-    if max_rank is None:
-        raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")
+    max_rank = vllm_lora_rank(adapter)
     tokenizer = adapter if (adapter / "tokenizer_config.json").is_file() else None
     return [
         "--enable-lora",

@@ -74,3 +74,53 @@ def test_lora_grpo_on_cpu_keeps_spans_verbatim_and_log_probs_agreed(tiny_dir, tm
     rows = list(RecallTokenIds.from_config(initial.config).as_config().values())
     # the token rows stay as the embedding stage left them (frozen under verl's LoRA)
     assert torch.equal(merged.get_input_embeddings().weight[rows], initial.get_input_embeddings().weight[rows])
+
+
+@pytest.mark.parametrize(
+    "recipe, rank, longest, cap_gb",
+    [("qwen2.5_7b_lora_1gpu", 64, 21120, 80), ("qwen2.5_1.5b_lora_24gb", 32, 8704, 24)],
+)
+def test_single_gpu_recipes_compose_and_validate(recipe, rank, longest, cap_gb, tiny_dir, tmp_path):
+    """The one-GPU LoRA recipes compose with verl's config, pass our checks, keep the vLLM rollout with the recall
+    processor, and hold their memory arithmetic's premises (one GPU, the longest sequence fits the token caps and
+    vLLM's context, vLLM's share of the card). verl's own validation of a LoRA config with the vLLM rollout
+    needs vLLM installed (it checks vLLM's version for LoRA): the vLLM tier runs it
+    (tests/vllm_tier/test_vllm_lora.py)."""
+    from data_gen.generate import plan_from_config, run_plan
+    from recallm.grpo.app import compose, prepare, problems
+    from rewards import load_reward_config
+
+    mix = {
+        "train": {
+            "lengths": [256, 320],
+            "entries": [{"task": "kv_retrieval", "count": 4, "params": {"key_type": "toy", "value_type": "toy"}}],
+        }
+    }
+    run_plan(plan_from_config(mix), tmp_path, tiny_dir, workers=1, progress=False)
+    data = tmp_path / "train.parquet"
+    cfg = compose(
+        [
+            f"grpo={recipe}",
+            f"actor_rollout_ref.model.path={tiny_dir}",
+            f"data.train_files={data}",
+            f"data.val_files={data}",
+        ]
+    )
+    prepare(cfg)
+    assert problems(cfg) == []
+    arr = cfg.actor_rollout_ref
+    assert arr.model.lora_rank == rank and arr.model.lora.merge is False  # vLLM loads the adapter itself
+    assert cfg.trainer.n_gpus_per_node == 1 and cfg.trainer.nnodes == 1
+    assert arr.rollout.name == "vllm" and "recallm.recall.vllm:RecallLogitsProcessorV1" in (
+        arr.rollout.engine_kwargs.vllm.logits_processors
+    )
+    assert cfg.data.max_prompt_length + cfg.data.max_response_length == arr.rollout.max_model_len == longest
+    for token_cap in (
+        arr.actor.ppo_max_token_len_per_gpu,
+        arr.ref.log_prob_max_token_len_per_gpu,
+        arr.rollout.log_prob_max_token_len_per_gpu,
+    ):
+        assert token_cap >= longest
+    overlong = load_reward_config(cfg.reward.reward_kwargs.recallm).overlong
+    assert overlong.max_response_length == cfg.data.max_response_length
+    assert arr.rollout.gpu_memory_utilization * cap_gb <= 0.6 * 80

@@ -13,7 +13,7 @@ import torch
 from recallm.errors import RecallmError
 
 
-def _adapter(base_dir, out, *, token_rows: bool = False):
+def _adapter(base_dir, out, *, token_rows: bool = False, std: float = 0.05):
     """A LoRA adapter of ``base_dir`` with non-zero weights, saved as recallm-sft saves one."""
     from recallm.modeling import load_recallm_model
     from recallm.sft.lora import apply_lora
@@ -28,7 +28,7 @@ def _adapter(base_dir, out, *, token_rows: bool = False):
     with torch.no_grad():
         for name, p in peft.named_parameters():
             if "lora_B" in name:
-                p.normal_(std=0.05)
+                p.normal_(std=std)
     peft.save_pretrained(out)
     load_tokenizer(base_dir).save_pretrained(out)
     return out
