@@ -62,6 +62,11 @@ __all__ = [
     "check_weights",
     "load_causal_lm",
     "save_model_dir",
+    "ADAPTER_CONFIG",
+    "adapter_base",
+    "load_recallm_model",
+    "merge_adapter",
+    "vllm_lora_rank",
 ]
 
 log = logging.getLogger(__name__)
@@ -401,6 +406,9 @@ def read_model_config(path: str | Path, name: str | None = None):
     ``name`` (the setting, e.g. ``--base``) starts the first message. The one reading of a model
     directory's config for every command that takes a model (callers add their own checks)."""
     path = Path(path)
+    base = adapter_base(path)
+    if base is not None:  # a LoRA adapter directory: its base model's config
+        path = base
     if not (path / "config.json").is_file():
         where = f"{name} {path}" if name else str(path)
         raise RecallmError(f"{where} is not a Hugging Face model directory (no config.json)")
@@ -432,7 +440,7 @@ def check_recallm_model(path: str | Path, *, weights: bool = False) -> dict[str,
     tokenizer = load_tokenizer(path)
     ids = RecallTokenIds.from_pretrained(config, tokenizer)
     if weights:
-        check_weights(path)
+        check_weights(adapter_base(path) or path)  # a LoRA adapter: its base's weights
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": "probe"}], tokenize=False, add_generation_prompt=True
     )
@@ -567,3 +575,87 @@ def save_model_dir(model, tokenizer, directory: str | Path, what: str = "the mod
         tokenizer.save_pretrained(directory)
     write_manifest(directory)
     return Path(directory)
+
+
+# ------------------------------------------------------------------------------- LoRA adapters
+ADAPTER_CONFIG = "adapter_config.json"
+
+
+def adapter_base(path: str | Path) -> Path | None:
+    """The base model directory of a PEFT LoRA adapter directory (``adapter_config.json`` without a
+    ``config.json``: what ``recallm-sft`` writes to ``final/adapter``, ``recallm-export --keep-adapter``
+    writes), or None for anything else. A base that is not a model directory is a ``RecallmError``."""
+    import json
+
+    path = Path(path)
+    if (path / "config.json").is_file() or not (path / ADAPTER_CONFIG).is_file():
+        return None
+    try:
+        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
+    except (OSError, ValueError) as exc:
+        raise RecallmError(f"cannot read {path / ADAPTER_CONFIG}: {exc}") from None
+    if not base:
+        raise RecallmError(f"{path / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    base_dir = Path(base) if Path(base).is_absolute() else path / base
+    if not (base_dir / "config.json").is_file():
+        raise RecallmError(
+            f"the LoRA adapter {path} is for the base model {base}, which is not a model directory here: "
+            "move it back, or edit base_model_name_or_path in its adapter_config.json"
+        )
+    return base_dir
+
+
+def load_recallm_model(path: str | Path, **kwargs):
+    """``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` for a model directory; for a LoRA adapter
+    directory (:func:`adapter_base`), its base with the adapter merged in (PEFT), a plain model again.
+    The one loader of "a model or an adapter" (eval's HF backend, export)."""
+    base = adapter_base(path)
+    if base is None:
+        return load_causal_lm(path, **kwargs)
+    from peft import PeftModel
+
+    model = load_causal_lm(base, **kwargs)
+    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+
+
+def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = None) -> Path:
+    """Merge a LoRA adapter directory into its base and save a plain RecaLLM model directory at ``out``
+    (written next to it and renamed into place), tokenizer included (the adapter's own when it has one).
+    ``dtype``: of the written weights (default: the base's)."""
+    from recallm.io import atomic_dir
+    from recallm.tokens import load_tokenizer
+
+    adapter = Path(adapter)
+    base = adapter_base(adapter)
+    if base is None:
+        raise RecallmError(f"{adapter} is not a LoRA adapter directory (no {ADAPTER_CONFIG} naming a base model)")
+    kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
+    model = load_recallm_model(adapter, **kwargs)
+    tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base)
+    with atomic_dir(Path(out)) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+    return Path(out)
+
+
+_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+
+
+def vllm_lora_rank(adapter: str | Path) -> int:
+    """vLLM's ``max_lora_rank`` for serving a LoRA adapter directory (the smallest vLLM accepts that holds the
+    adapter's rank). vLLM cannot serve trained token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's
+    ``PEFTHelper`` takes no ``modules_to_save``): such an adapter is a ``RecallmError`` naming the merge."""
+    import json
+
+    adapter = Path(adapter)
+    config = json.loads((adapter / ADAPTER_CONFIG).read_text())
+    if config.get("trainable_token_indices") or config.get("modules_to_save"):
+        raise RecallmError(
+            f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
+            f"first (recallm-export --checkpoint {adapter} --out <dir>) and use that directory"
+        )
+    rank = int(config.get("r") or 8)
+    for allowed in _VLLM_LORA_RANKS:
+        if allowed >= rank:
+            return allowed
+    raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")

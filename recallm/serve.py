@@ -8,7 +8,9 @@ context, reading the recall token ids from the same config (``recallm.modeling.s
 merges a user's own overrides with those: one place, used by ``recallm-serve`` and ``recallm-grpo``);
 :func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
 OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
-at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``).
+at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``). A LoRA adapter directory
+(``recallm-sft``'s ``final/adapter``, ``recallm-export --keep-adapter``'s ``<out>/adapter``) is served
+with vLLM's LoRA support: its base model plus the adapter under the served name (``_lora_args``).
 """
 
 from __future__ import annotations
@@ -73,14 +75,17 @@ def _pop_option(args: list[str], name: str) -> tuple[list[str], list[str]]:
 def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: str | None = None) -> list[str]:
     """The ``vllm serve`` command for ``settings`` (checks the model first; ``extra``: more
     ``vllm serve`` arguments, whose ``--hf-overrides`` are merged and ``--logits-processors`` kept)."""
-    from recallm.modeling import check_recallm_model, served_hf_overrides, vllm_hf_overrides
+    from recallm.modeling import (
+        adapter_base,
+        check_recallm_model,
+        read_model_config,
+        served_hf_overrides,
+        vllm_hf_overrides,
+    )
 
     check_recallm_model(settings.model, weights=True)  # one line: no RecaLLM model, damaged or NaN weights
-    from transformers import AutoConfig
-
-    import recallm.modeling  # noqa: F401  (registers the recallm_<base> configs)
-
-    config = AutoConfig.from_pretrained(str(settings.model))
+    config = read_model_config(settings.model)  # (a LoRA adapter: its base's)
+    base = adapter_base(settings.model)
     extra = list(extra)
     for own in ("--host", "--port", "--served-model-name", "--model"):
         if any(a == own or a.startswith(own + "=") for a in extra):
@@ -103,20 +108,41 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
         "-m",
         "recallm.serve",  # vLLM's own CLI, in a process that knows the recallm_<base> configs (below)
         "serve",
-        str(settings.model),
+        str(base or settings.model),
         "--host",
         settings.host,
         "--port",
         str(settings.port),
         "--served-model-name",
-        settings.served_model_name,
+        settings.served_model_name if base is None else f"{settings.served_model_name}-base",
         "--hf-overrides",
         json.dumps(overrides, sort_keys=True),
     ]
+    if base is not None:
+        command += _lora_args(settings)
     if processors:
         command += ["--logits-processors", *processors]
     command += extra
     return command
+
+
+def _lora_args(settings: ServeSettings) -> list[str]:
+    """A LoRA adapter directory is served as vLLM serves adapters: its base model (as ``<name>-base``) with
+    the adapter as the model ``<name>`` (``--enable-lora --lora-modules``), the adapter's tokenizer
+    (``recallm.modeling.vllm_lora_rank``: the rank vLLM needs; an adapter with trained token rows is refused)."""
+    from recallm.modeling import vllm_lora_rank
+
+    adapter = settings.model
+    max_rank = vllm_lora_rank(adapter)
+    tokenizer = adapter if (adapter / "tokenizer_config.json").is_file() else None
+    return [
+        "--enable-lora",
+        "--max-lora-rank",
+        str(max_rank),
+        "--lora-modules",
+        f"{settings.served_model_name}={adapter.resolve()}",
+        *(["--tokenizer", str(tokenizer.resolve())] if tokenizer else []),
+    ]
 
 
 def _vllm_cli() -> int | None:

@@ -4,6 +4,13 @@ recallm-export --checkpoint outputs/grpo/tiny_cpu --out outputs/grpo/tiny_cpu/hf
 recallm-export --checkpoint outputs/grpo/tiny_cpu/global_step_20 --out model-step20
 recallm-export --checkpoint /runs/grpo-llama --step 60 --out /runs/grpo-llama/hf-step60   (App. D.3's step)
 recallm-export --checkpoint outputs/grpo/tiny_cpu --out model-bf16 --dtype bfloat16
+recallm-export --checkpoint outputs/grpo/lora_run --out model-lora --keep-adapter   (base + model-lora/adapter)
+recallm-export --checkpoint outputs/sft/tiny_cpu/full/final/adapter --out merged   (a LoRA adapter, merged)
+
+A LoRA run (``actor_rollout_ref.model.lora_rank`` > 0) is exported with its adapter merged into a plain
+model directory, or with ``--keep-adapter`` as its base plus ``<out>/adapter``, the adapter alone; both load
+in ``recallm-eval`` and ``recallm-serve``. A LoRA adapter directory (``adapter_config.json``, e.g. SFT's
+``final/adapter``) given as ``--checkpoint`` is merged into its base.
 
 The weights keep the dtype the model was trained from (its checkpoint's config records it) unless
 ``--dtype`` says otherwise; the command prints what it wrote.
@@ -39,19 +46,33 @@ def main(argv: list[str] | None = None) -> int:
         default=None,
         help="dtype of the written weights (default: the trained model's, as its checkpoint's config records it)",
     )
+    parser.add_argument(
+        "--keep-adapter",
+        action="store_true",
+        help="a LoRA run: write the base model and the adapter alone (<out>/adapter) instead of merging them",
+    )
     args = parser.parse_args(argv)
-    from recallm.grpo.export import export_checkpoint, find_actor_dir, trained_dtype
-    from recallm.modeling import check_recallm_model
+    from recallm.grpo.export import ADAPTER_SUBDIR, export_checkpoint, find_actor_dir, trained_dtype
+    from recallm.modeling import adapter_base, check_recallm_model, merge_adapter
 
     check_out_dir(args.out, "--out")
     if args.step is not None and args.step < 1:
         parser.error(f"--step must be a positive step number, got {args.step}")
-    actor = find_actor_dir(args.checkpoint, args.step)
-    trained = trained_dtype(actor)
-    out = export_checkpoint(actor, args.out, dtype=args.dtype)
-    dtype = args.dtype or trained
-    how = "as trained" if dtype == trained else f"converted from the trained {trained} by --dtype"
-    print(f"wrote {out} from {actor}: {_weights(out)} in {dtype} ({how})")
+    base = adapter_base(args.checkpoint)
+    if base is not None:  # a LoRA adapter directory
+        if args.keep_adapter or args.step is not None:
+            parser.error("--keep-adapter and --step take a GRPO checkpoint; the adapter directory is merged as it is")
+        out = merge_adapter(args.checkpoint, args.out, dtype=args.dtype)
+        print(f"wrote {out}: the adapter {args.checkpoint} merged into {base}, {_weights(out)}")
+    else:
+        actor = find_actor_dir(args.checkpoint, args.step)
+        trained = trained_dtype(actor)
+        out = export_checkpoint(actor, args.out, dtype=args.dtype, keep_adapter=args.keep_adapter)
+        dtype = args.dtype or trained
+        how = "as trained" if dtype == trained else f"converted from the trained {trained} by --dtype"
+        print(f"wrote {out} from {actor}: {_weights(out)} in {dtype} ({how})")
+        if args.keep_adapter:
+            print(f"  the adapter alone: {out / ADAPTER_SUBDIR} (its base: {out})")
     for key, value in check_recallm_model(out).items():
         print(f"  {key}: {value}")
     return 0

@@ -277,9 +277,9 @@ class HFBackend(Backend):
             dtypes = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
             if dtype not in dtypes:
                 raise RecallmError(f"backend.dtype must be one of {sorted(dtypes)}, got {dtype!r}")
-            from recallm.modeling import load_causal_lm
+            from recallm.modeling import load_recallm_model  # a model directory or a LoRA adapter (merged)
 
-            model = load_causal_lm(model_path, dtype=dtypes[dtype])
+            model = load_recallm_model(model_path, dtype=dtypes[dtype])
         self.model = model.to(self.device).eval()
         config = self.model.config
         self.recall = None
@@ -437,20 +437,19 @@ class VLLMBackend(Backend):
                 "backend=vllm needs vLLM, which is not installed here; on a GPU node `pip install -e '.[gpu]'`, "
                 "elsewhere use backend=hf or backend=openai"
             ) from None
-        from transformers import AutoConfig
-
-        import recallm.modeling  # noqa: F401
-        from recallm.modeling import vllm_hf_overrides
+        from recallm.modeling import adapter_base, read_model_config, vllm_hf_overrides, vllm_lora_rank
         from recallm.recall.vllm import V1_PROCESSOR_FQCN
         from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
 
-        config = AutoConfig.from_pretrained(str(model_path))
+        config = read_model_config(model_path)  # (a LoRA adapter directory: its base's)
+        base = adapter_base(model_path)
         self.tokenizer = tokenizer
         self.recall_constrained = bool(recall_constrained)
         self.recall = None
+        self.lora_request = None
         kwargs: dict[str, Any] = {
-            "model": str(model_path),
-            "tokenizer": str(model_path),
+            "model": str(base or model_path),
+            "tokenizer": str(model_path if (Path(model_path) / "tokenizer_config.json").is_file() else base),
             "dtype": dtype,
             "tensor_parallel_size": int(tensor_parallel_size),
             "gpu_memory_utilization": float(gpu_memory_utilization),
@@ -468,6 +467,12 @@ class VLLMBackend(Backend):
                 f"model {model_path} has no recall tokens: constrained recall is impossible "
                 "(set backend.recall_constrained=false to evaluate it without)"
             )
+        if base is not None:  # a LoRA adapter: vLLM serves the base with the adapter on every request
+            from vllm.lora.request import LoRARequest
+
+            kwargs.update(enable_lora=True, max_loras=1, max_lora_rank=vllm_lora_rank(model_path))
+            self.lora_request = LoRARequest("recallm-adapter", 1, str(Path(model_path).resolve()))
+            model_path = base  # (its generation config below)
         kwargs.update(dict(engine_kwargs or {}))
         self.llm = LLM(**kwargs)
         self._request_ids = itertools.count()
@@ -533,7 +538,7 @@ class VLLMBackend(Backend):
         ``progress``: after every engine step (``Backend``)."""
         prompts, params = self._engine_inputs(requests, settings)
         ids = [f"recallm-{next(self._request_ids)}" for _ in requests]
-        done = drive_engine(self.llm.llm_engine, ids, prompts, params, cancelled, progress)
+        done = drive_engine(self.llm.llm_engine, ids, prompts, params, cancelled, progress, self.lora_request)
         results = []
         for request_id, prompt in zip(ids, prompts, strict=True):
             tokens, finish_reason = done[request_id]
@@ -556,6 +561,7 @@ def drive_engine(
     params: Sequence[Any],
     cancelled: Sequence[Callable[[], bool]] | None = None,
     progress: Progress | None = None,
+    lora_request: Any = None,
 ) -> dict[str, tuple[list[int], str]]:
     """Run requests to their end on a vLLM ``LLMEngine`` (``add_request``, ``step``,
     ``abort_request``), aborting the cancelled ones. Returns ``{request_id: (token_ids,
@@ -584,7 +590,7 @@ def drive_engine(
                 if progress is not None:
                     progress(0, 1)
                 continue
-            engine.add_request(rid, prompt, param)
+            engine.add_request(rid, prompt, param, lora_request=lora_request)
             live.add(rid)
         while live:
             stopped = [rid for rid in request_ids if rid in live and stop_of[rid]()]

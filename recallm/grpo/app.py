@@ -309,6 +309,18 @@ def recall_constraint(cfg: DictConfig, run: Prepared) -> None:
         run.hf_overrides["recall_constrained"] = constrained
 
 
+def lora(cfg: DictConfig, run: Prepared) -> None:
+    """verl's own LoRA (``actor_rollout_ref.model.lora_rank`` > 0; verl builds the ``LoraConfig`` and the
+    reference is the actor with its adapter off). The ``hf_cpu`` rollout takes whole weights: the adapter is
+    merged before each weight push (``model.lora.merge=true``); verl's vLLM rollout loads the adapter itself.
+    The four RecaLLM token rows stay frozen, as the embedding stage left them: verl's ``LoraConfig`` has no
+    ``trainable_token_indices``, and the rows need no further training (README, "One GPU")."""
+    if int(OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0) or 0) <= 0:
+        return
+    if cfg.actor_rollout_ref.rollout.name == "hf_cpu":
+        _set(cfg, "actor_rollout_ref.model.lora.merge", True)
+
+
 def vllm_rollout(cfg: DictConfig, run: Prepared) -> None:
     """verl's vLLM rollout: every vLLM rollout (the ablation too) serves a RecaLLM model as its base
     architecture. The ``hf_overrides`` reach the server through the environment (``HF_OVERRIDES_ENV``)
@@ -415,6 +427,7 @@ PREPARE_STEPS: tuple[Step, ...] = (
     model,
     reward_manager,
     recall_constraint,
+    lora,
     vllm_rollout,
     platform,
     ray_cluster,

@@ -5,7 +5,8 @@ finds the actor checkpoint, registers the RecaLLM classes first (so the merger b
 ``recallm_<base>`` model and keeps its config: recall token ids, ``max_recall_tokens``), saves
 the tokenizer with its chat template, and checks the result (``check_recallm_model``). The
 directory loads with ``AutoModelForCausalLM`` after ``import recallm.modeling``, and with vLLM through
-``recallm.modeling.vllm_hf_overrides``.
+``recallm.modeling.vllm_hf_overrides``. A LoRA run is exported merged (a plain model directory), or with
+``keep_adapter`` as its base plus the adapter alone in ``out/adapter``.
 
 The weights keep the dtype the model was trained from — the one its checkpoint's
 ``huggingface/config.json`` records (float32 for the tiny model and a float32 SmolLM2, bfloat16 for
@@ -24,7 +25,7 @@ from pathlib import Path
 
 from recallm.errors import RecallmError
 
-__all__ = ["find_actor_dir", "export_checkpoint", "trained_dtype", "DTYPES"]
+__all__ = ["find_actor_dir", "export_checkpoint", "trained_dtype", "DTYPES", "ADAPTER_SUBDIR"]
 
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -111,10 +112,46 @@ def _merger(config, dtype):
     return _Merger(config)
 
 
-def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None) -> Path:
+ADAPTER_SUBDIR = "adapter"
+
+
+def _lora_export(out: Path, tokenizer_dir: Path, *, keep_adapter: bool) -> None:
+    """After verl's merger wrote a LoRA run as its base weights plus ``out/lora_adapter`` (PEFT format):
+    merge the adapter into ``out`` (the default), or keep it separate as ``out/adapter``, a LoRA adapter
+    directory naming ``out`` as its base (``recallm.modeling.adapter_base``) with the tokenizer."""
+    from recallm.io import write_json_atomic
+    from recallm.tokens import load_tokenizer
+
+    verl_dir = out / "lora_adapter"
+    config_path = verl_dir / "adapter_config.json"
+    adapter_config = json.loads(config_path.read_text())
+    adapter_config["base_model_name_or_path"] = ".."  # relative: the export stays movable
+    write_json_atomic(config_path, adapter_config)
+    if keep_adapter:
+        verl_dir.rename(out / ADAPTER_SUBDIR)
+        load_tokenizer(tokenizer_dir).save_pretrained(out / ADAPTER_SUBDIR)
+        return
+    import torch
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    dtype = json.loads((out / "config.json").read_text()).get("dtype") or "float32"
+    model = AutoModelForCausalLM.from_pretrained(str(out), dtype=getattr(torch, dtype))
+    merged = PeftModel.from_pretrained(model, str(verl_dir)).merge_and_unload()
+    for old in out.glob("model*.safetensors*"):
+        old.unlink()
+    merged.save_pretrained(out)
+    shutil.rmtree(verl_dir)
+
+
+def export_checkpoint(
+    path: str | Path, out: str | Path, step: int | None = None, dtype: str | None = None, *, keep_adapter: bool = False
+) -> Path:
     """Merge the actor checkpoint :func:`find_actor_dir` picks (``step``: that one of a run
     directory) into the Hugging Face directory ``out``, its weights in ``dtype`` (default: the
-    trained one, :func:`trained_dtype`)."""
+    trained one, :func:`trained_dtype`). A LoRA run (``actor_rollout_ref.model.lora_rank`` > 0): the
+    adapter merged in, or with ``keep_adapter`` the base in ``out`` and the adapter alone in
+    ``out/adapter`` (:func:`_lora_export`)."""
     import recallm.modeling  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
     from recallm.io import write_json_atomic
     from recallm.modeling import check_recallm_model
@@ -144,6 +181,10 @@ def export_checkpoint(path: str | Path, out: str | Path, step: int | None = None
         saved["dtype"] = dtype  # (verl builds the model in bfloat16 and says so; the weights are `dtype`)
         saved.pop("torch_dtype", None)
         write_json_atomic(out / "config.json", saved)
+        if (out / "lora_adapter").is_dir():
+            _lora_export(out, actor / "huggingface", keep_adapter=keep_adapter)
+        elif keep_adapter:
+            raise RecallmError(f"{actor} is not a LoRA checkpoint: there is no adapter to keep separate")
     except Exception:
         shutil.rmtree(out, ignore_errors=True)  # never leave a half-written model behind
         raise

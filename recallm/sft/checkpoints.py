@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin")
+_WEIGHTS = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin", "adapter_model.safetensors")
 
 
 # ---------------------------------------------------------------------------------- verification
@@ -198,9 +198,10 @@ class ManifestCallback(TrainerCallback):
         return control
 
 
-def save_final(trainer, tokenizer, final: Path, info: dict[str, Any]) -> Path:
+def save_final(trainer, tokenizer, final: Path, info: dict[str, Any], *, lora: bool = False) -> Path:
     """Save the trained model as ``final`` atomically (module doc); every process calls it (the
-    model save may be collective), the main process writes."""
+    model save may be collective), the main process writes. ``lora``: the model is a PEFT model, saved
+    merged with its adapter beside it (``recallm.sft.lora.save_merged``)."""
     from recallm.modeling import check_finite
 
     steps = trainer.state.global_step
@@ -209,7 +210,13 @@ def save_final(trainer, tokenizer, final: Path, info: dict[str, Any]) -> Path:
     main = trainer.is_world_process_zero()
     if main and tmp.exists():
         shutil.rmtree(tmp)  # left by a kill during an earlier save
-    trainer.save_model(str(tmp))
+    if lora:
+        if main:
+            from recallm.sft.lora import save_merged
+
+            save_merged(trainer.accelerator.unwrap_model(trainer.model), tokenizer, tmp)
+    else:
+        trainer.save_model(str(tmp))
     if main:
         tokenizer.save_pretrained(tmp)
         (tmp / "recallm_sft.json").write_text(json.dumps(info, indent=2))

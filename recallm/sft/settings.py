@@ -12,7 +12,7 @@ from typing import Any
 
 from recallm.errors import RecallmError
 
-__all__ = ["STAGES", "StageRecipe", "AdamSettings", "EvalCadence", "SFTRecipe", "SFTRun"]
+__all__ = ["STAGES", "StageRecipe", "AdamSettings", "EvalCadence", "LoraSettings", "SFTRecipe", "SFTRun"]
 
 STAGES = ("embed", "full")
 
@@ -67,6 +67,35 @@ class EvalCadence:
 
 
 @dataclass(frozen=True)
+class LoraSettings:
+    """``sft.lora``: stage ``full`` as a LoRA finetune (PEFT) instead of a full one; ``rank: 0`` (the
+    default) is the full finetune. The embedding stage ignores it (it trains the token rows only)."""
+
+    rank: int = field(default=0, metadata={"min": 0})
+    """LoRA rank r (0: off, every weight trains)"""
+    alpha: float = field(default=32.0, metadata={"min": 0})
+    """scaling: the update is alpha / rank times the low-rank product"""
+    dropout: float = field(default=0.0, metadata={"min": 0, "max": 1})
+    target_modules: Any = "all-linear"
+    """PEFT's ``target_modules``: ``all-linear`` (every linear layer but the output head) or a list of names"""
+    token_rows: bool = False
+    """also train the four RecaLLM tokens' embedding rows next to the adapter (PEFT's
+    ``trainable_token_indices``; untied models: their lm_head rows too); false: they stay as the embedding
+    stage left them"""
+
+    def __post_init__(self) -> None:
+        modules = self.target_modules
+        if not (isinstance(modules, str) and modules) and not (
+            isinstance(modules, (list, tuple)) and modules and all(isinstance(m, str) and m for m in modules)
+        ):
+            raise RecallmError(f"target_modules must be all-linear or a list of module names, got {modules!r}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.rank > 0
+
+
+@dataclass(frozen=True)
 class SFTRecipe:
     """The ``sft`` group: the recipe of both stages (``configs/sft/*.yaml``)."""
 
@@ -81,6 +110,8 @@ class SFTRecipe:
     min_lr_ratio: float = field(default=0.1, metadata={"min": 0})
     """the cosine schedule ends at this share of the peak learning rate"""
     adam: AdamSettings = field(default_factory=AdamSettings)
+    lora: LoraSettings = field(default_factory=LoraSettings)
+    """stage ``full`` as a LoRA finetune (``rank`` > 0)"""
     grad_clip: float = field(default=1.0, metadata={"min": 0})
     gradient_checkpointing: bool = False
     bf16: bool = False

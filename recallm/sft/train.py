@@ -29,6 +29,9 @@ Features:
   ``steps`` instead of ``epochs``, ``warmup_steps``, and the data options of
   ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum``,
   ``position_skip`` (PoSE length extension);
+* ``sft.lora.rank`` > 0: stage ``full`` trains a LoRA adapter (PEFT) instead of every weight
+  (``recallm.sft.lora``: the same masked loss, resume and checkpoints; ``final`` is the merged model
+  with the adapter alone under ``final/adapter``); the embedding stage is unchanged;
 * output: ``<out_dir>/<stage>/final``, a Hugging Face directory (model, tokenizer, chat template)
   that ``AutoModelForCausalLM`` loads after ``import recallm.modeling``, written whole or not at all
   (temporary directory, fsync, rename); ``stage=full`` verifies it before starting from it.
@@ -429,6 +432,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         n_prompts = recipe.eval.recall_prompts
         if n_prompts:
             val_records = [record for _, record in itertools.islice(iter_jsonl(run.val_file), n_prompts)]
+    lora = stage == "full" and recipe.lora.enabled
     if stage == "embed":
         freeze_all_but_token_rows(model, list(ids.as_config().values()))
         weight_decay = 0.0
@@ -438,6 +442,17 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         model.config.use_cache = False
     if recipe.label_logits_only:
         model.label_logits_only(True)
+    if lora:
+        from recallm.sft.lora import apply_lora
+
+        model = apply_lora(
+            model,
+            recipe.lora,
+            list(ids.as_config().values()),
+            base_dir=model_dir,
+            gradient_checkpointing=recipe.gradient_checkpointing,
+            seed=recipe.seed,
+        )
     global_batch = recipe.global_batch_size
     epochs, total_steps = settings.num_epochs, settings.steps
     if total_steps is None:
@@ -532,8 +547,15 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         )
     done = _last_step_of(checkpoint, trainer) if checkpoint is not None else None
     info = {"stage": stage, "init": str(model_dir), "steps": done, **train_stats}
+    if lora:
+        info["lora"] = dataclasses.asdict(recipe.lora)
     final = None
-    if done is not None:  # a rerun after a kill while `final` was written: the checkpoint is the result
+    if done is not None and lora:  # a rerun after a kill while `final` was written: the adapter is the result
+        from recallm.sft.lora import load_adapter_weights
+
+        load_adapter_weights(model, checkpoint)
+        final = save_final(trainer, tokenizer, stage_dir / "final", info, lora=True)
+    elif done is not None:  # the same with full weights: the checkpoint is the result
         final = final_from_checkpoint(
             checkpoint, tokenizer, stage_dir / "final", info, main=trainer.is_world_process_zero()
         )
@@ -543,7 +565,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         if stop.stopped and step < trainer.state.max_steps:  # saved at this step; the next run resumes there
             raise Stopped(stop.stopped, step, str(stage_dir / f"checkpoint-{step}"))
         info["steps"] = step
-        final = save_final(trainer, tokenizer, stage_dir / "final", info)
+        final = save_final(trainer, tokenizer, stage_dir / "final", info, lora=lora)
     if trainer.is_world_process_zero():
         print(f"wrote {final}")
     return final

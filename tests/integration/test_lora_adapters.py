@@ -1,0 +1,97 @@
+"""LoRA adapter directories (``adapter_config.json`` naming a base): loaded merged (eval's HF backend),
+merged by ``recallm-export``, served by ``recallm-serve`` as vLLM serves adapters, and their errors."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+
+import pytest
+import torch
+
+from recallm.errors import RecallmError
+
+
+def _adapter(base_dir, out, *, token_rows: bool = False, std: float = 0.05):
+    """A LoRA adapter of ``base_dir`` with non-zero weights, saved as recallm-sft saves one."""
+    from recallm.modeling import load_recallm_model
+    from recallm.sft.lora import apply_lora
+    from recallm.sft.settings import LoraSettings
+    from recallm.tokens import RecallTokenIds, load_tokenizer
+
+    model = load_recallm_model(base_dir)
+    rows = list(RecallTokenIds.from_config(model.config).as_config().values())
+    peft = apply_lora(
+        model, LoraSettings(rank=4, token_rows=token_rows), rows, base_dir=base_dir, gradient_checkpointing=False
+    )
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=std)
+    peft.save_pretrained(out)
+    load_tokenizer(base_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def adapter_dir(tiny_dir, tmp_path_factory):
+    return _adapter(tiny_dir, tmp_path_factory.mktemp("lora") / "adapter")
+
+
+def test_an_adapter_loads_merged_everywhere(adapter_dir, tiny_dir, tmp_path, capsys):
+    from recallm.cli.export import main as export_main
+    from recallm.eval.backends import HFBackend, check_model_dir
+    from recallm.modeling import check_recallm_model, load_recallm_model
+    from recallm.tokens import load_tokenizer
+
+    assert check_recallm_model(adapter_dir)["model_type"] == "recallm_qwen2"
+    assert check_model_dir(adapter_dir, constrained=True)["recall"] is True
+    base, merged = load_recallm_model(tiny_dir), load_recallm_model(adapter_dir)
+    assert type(merged).__name__ == "RecallQwen2ForCausalLM"
+    assert not torch.equal(merged.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight)
+    backend = HFBackend(adapter_dir, load_tokenizer(adapter_dir), batch_size=1)
+    for name, value in merged.state_dict().items():
+        torch.testing.assert_close(backend.model.state_dict()[name], value, rtol=0, atol=0, msg=name)
+    assert export_main(["--checkpoint", str(adapter_dir), "--out", str(tmp_path / "merged")]) == 0
+    assert "merged into" in capsys.readouterr().out
+    exported = load_recallm_model(tmp_path / "merged")
+    for name, value in merged.state_dict().items():
+        torch.testing.assert_close(exported.state_dict()[name], value, rtol=0, atol=0, msg=name)
+    check_recallm_model(tmp_path / "merged")
+    with pytest.raises(SystemExit) as exc:  # argparse's one line: --keep-adapter is for GRPO checkpoints
+        export_main(["--checkpoint", str(adapter_dir), "--out", str(tmp_path / "x"), "--keep-adapter"])
+    assert exc.value.code == 2 and "--keep-adapter and --step take a GRPO checkpoint" in capsys.readouterr().err
+
+
+def test_serve_serves_an_adapter_with_vllms_lora(adapter_dir, tiny_dir, tmp_path):
+    from recallm.serve import PROCESSOR, ServeSettings, serve_command
+
+    command = serve_command(ServeSettings(adapter_dir, served_model_name="m"))
+    assert command[:5] == [sys.executable, "-m", "recallm.serve", "serve", str(tiny_dir.resolve())]
+
+    def option(name):
+        return command[command.index(name) + 1]
+
+    assert option("--served-model-name") == "m-base" and "--enable-lora" in command
+    assert option("--lora-modules") == f"m={adapter_dir.resolve()}" and option("--max-lora-rank") == "8"
+    assert option("--tokenizer") == str(adapter_dir.resolve()) and option("--logits-processors") == PROCESSOR
+    assert json.loads(option("--hf-overrides"))["model_type"] == "qwen2"
+    rows = _adapter(tiny_dir, tmp_path / "rows", token_rows=True)
+    with pytest.raises(RecallmError, match="trains the recall token rows next to the adapter, which vLLM cannot"):
+        serve_command(ServeSettings(rows))
+
+
+def test_an_adapter_whose_base_is_gone_is_one_line(adapter_dir, tmp_path):
+    from recallm.cli.serve import main
+    from recallm.modeling import adapter_base
+
+    moved = shutil.copytree(adapter_dir, tmp_path / "moved")
+    config = json.loads((moved / "adapter_config.json").read_text())
+    config["base_model_name_or_path"] = str(tmp_path / "gone")
+    (moved / "adapter_config.json").write_text(json.dumps(config))
+    with pytest.raises(RecallmError, match="is for the base model .*gone, which is not a model directory here"):
+        adapter_base(moved)
+    with pytest.raises(SystemExit) as exc:
+        main([str(moved), "--print-command"])
+    assert exc.value.code == 2
