@@ -118,8 +118,8 @@ def recall_metrics(
     model, tokenizer, records: list[dict], *, max_new_tokens: int, batch_size: int = 1
 ) -> dict[str, float]:
     """Greedy constrained generation on validation prompts (``recallm.generation.generate``,
-    ``batch_size`` prompts at a time): spans per answer, verbatim fraction, answer accuracy (the
-    reward's answer metric)."""
+    ``batch_size`` prompts at a time): spans per answer, the spans checked, their verbatim fraction
+    (absent when there are none), answer accuracy (the reward's answer metric)."""
     from recallm.generation import GenRequest, generate, generated_spans
     from recallm.tokens import RecallTokenIds, eos_token_ids
     from rewards import score_response
@@ -153,11 +153,10 @@ def recall_metrics(
         )
         correct += score.answer
     n = len(records)
-    return {
-        "recall_spans": spans / n,
-        "recall_verbatim": verbatim / spans if spans else 1.0,
-        "answer_accuracy": correct / n,
-    }
+    metrics = {"recall_spans": spans / n, "recall_spans_checked": spans, "answer_accuracy": correct / n}
+    if spans:  # no spans, no verbatim rate (never a perfect 1.0 that measured nothing)
+        metrics["recall_verbatim"] = verbatim / spans
+    return metrics
 
 
 # -------------------------------------------------------------------------------- recipe
