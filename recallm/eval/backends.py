@@ -416,6 +416,7 @@ class VLLMBackend(Backend):
 
     name = "vllm"
     reports_progress = True
+    lora_request: Any = None  # a LoRA adapter directory's vllm.lora.request.LoRARequest (set by __init__)
 
     def __init__(
         self,
@@ -590,7 +591,7 @@ def drive_engine(
                 if progress is not None:
                     progress(0, 1)
                 continue
-            engine.add_request(rid, prompt, param, lora_request=lora_request)
+            engine.add_request(rid, prompt, param, **({} if lora_request is None else {"lora_request": lora_request}))
             live.add(rid)
         while live:
             stopped = [rid for rid in request_ids if rid in live and stop_of[rid]()]
