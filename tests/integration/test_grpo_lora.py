@@ -104,6 +104,7 @@ def test_single_gpu_recipes_compose_and_validate(recipe, rank, longest, cap_gb, 
             f"actor_rollout_ref.model.path={tiny_dir}",
             f"data.train_files={data}",
             f"data.val_files={data}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",  # the recipes require a run directory
         ]
     )
     prepare(cfg)

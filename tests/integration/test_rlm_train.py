@@ -326,6 +326,7 @@ def test_two_grpo_steps_of_the_tiny_root_on_cpu_then_resume(tmp_path, tiny_dir):
         f"trainer.default_local_dir={ckpt}",
         f"trainer.rollout_data_dir={rollouts}",
         "trainer.project_name=recallm_test",
+        "recallm.console=full",  # verl's step lines on stdout (step_metrics reads them)
     ]
     first = _train(common, tmp_path)
     assert first.returncode == 0, first.stdout[-8000:]

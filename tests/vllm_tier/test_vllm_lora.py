@@ -40,6 +40,7 @@ def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
             f"actor_rollout_ref.model.path={model}",
             f"data.train_files={data}",
             f"data.val_files={data}",
+            f"trainer.default_local_dir={tmp_path / 'ckpt'}",  # the recipes require a run directory
         ]
     )
     prepare(cfg)
