@@ -11,7 +11,7 @@ One run, same data, same steps, same batch, same seed:
 2. the embedding stage once (``configs/sft/smollm2_cpu.yaml``'s: 8 steps at 2e-2, the four token rows), or
    ``--init DIR``, an embedding stage's output;
 3. from its output, stage ``full`` for ``--steps`` steps per variant, each a ``recallm-sft`` process of
-   its own (its peak resident memory from ``os.wait4``; seconds per step from the Trainer's
+   its own (its peak resident memory: its VmHWM at exit; seconds per step from the Trainer's
    ``train_runtime``, model loading excluded):
    * ``full``: every weight, AdamW at the recipe's 1e-4;
    * ``lora``: ``sft.lora.rank=16`` on every linear layer, AdamW at 1e-3 (LoRA's usual 10x), token rows
@@ -85,18 +85,34 @@ def _data(model: Path, out: Path, count: int, seed: int) -> Path:
     return out / "sft" / "train.jsonl"
 
 
+#: runs recallm-sft as ``python -m`` would, then writes the process's VmHWM (its own address space's peak
+#: resident memory) to $RECALLM_BENCH_HWM at exit. Not os.wait4's ru_maxrss: Linux keeps that across execve, so
+#: a child reports at least the forking bench's resident memory (which grows once a model is loaded to score).
+_SFT_WITH_PEAK = """
+import atexit, os, runpy
+
+def _write_peak():
+    with open("/proc/self/status") as f:
+        peak = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+    with open(os.environ["RECALLM_BENCH_HWM"], "w") as f:
+        f.write(str(peak))
+
+atexit.register(_write_peak)
+runpy.run_module("recallm.cli.sft", run_name="__main__", alter_sys=True)
+"""
+
+
 def _sft(args: list[str], log: Path) -> int:
-    """One ``recallm-sft`` process; its peak resident memory in bytes (Linux ``ru_maxrss`` is in KiB)."""
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT)}
+    """One ``recallm-sft`` process; its peak resident memory in bytes (VmHWM, see ``_SFT_WITH_PEAK``)."""
+    peak_file = log.with_suffix(".peak")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "PYTHONPATH": str(ROOT), "RECALLM_BENCH_HWM": str(peak_file)}
     with log.open("w") as f:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "recallm.cli.sft", *args], stdout=f, stderr=subprocess.STDOUT, env=env
+        done = subprocess.run(
+            [sys.executable, "-c", _SFT_WITH_PEAK, *args], stdout=f, stderr=subprocess.STDOUT, env=env
         )
-        _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode:
+    if done.returncode:
         raise SystemExit(f"recallm-sft {' '.join(args)} failed; see {log}:\n{log.read_text()[-3000:]}")
-    return usage.ru_maxrss * 1024
+    return int(peak_file.read_text())
 
 
 def _seconds_per_step(stage_dir: Path) -> float:
