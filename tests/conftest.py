@@ -34,6 +34,21 @@ def _root_logging_restored():
         if handler not in handlers and not type(handler).__module__.startswith("_pytest"):
             root.removeHandler(handler)  # pytest's own capture handlers come and go with each phase
     root.setLevel(level)
+    _absl_handler_on_the_real_stderr()
+
+
+def _absl_handler_on_the_real_stderr() -> None:
+    """absl's logging handler (absl.logging, imported by rouge-score for HELMET's metrics) takes the
+    ``sys.stderr`` of its import — in a test, a pytest capture stream — and closes that stream in its ``close()``
+    unless it is the current ``sys.stderr``. Hydra's logging setup (``logging.config.dictConfig``) closes every
+    handler ever made, attached or not; so a later in-process command closed the capture under another test
+    ("lost sys.stderr"). The handler is attached nowhere (only ``absl.app`` attaches it): its stream becomes
+    the real stderr, which it never closes."""
+    import sys
+
+    absl_logging = sys.modules.get("absl.logging")
+    if absl_logging is not None:
+        absl_logging.get_absl_handler().python_handler.stream = sys.__stderr__
 
 
 @pytest.fixture(scope="session")

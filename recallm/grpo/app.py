@@ -255,10 +255,11 @@ def absolute_paths(cfg: DictConfig, run: Prepared) -> None:
 
 
 def model(cfg: DictConfig, run: Prepared) -> None:
-    """A RecaLLM model: checked (``check_recallm_model``: one line for a directory that is not), its recall
+    """A RecaLLM model: checked (``check_recallm_model``: one line for a directory that is not, or whose weights
+    are truncated, altered or not finite: verl's workers would fail on them with a traceback each), its recall
     token ids for the metrics, ``external_lib`` so that actor and reference load the masked classes. A plain
     model where the recipe accepts one (:attr:`Prepared.plain_models`), only without the constraint."""
-    from recallm.modeling import check_recallm_model, read_model_config
+    from recallm.modeling import check_recallm_model, check_weights, read_model_config
 
     path = Path(str(cfg.actor_rollout_ref.model.path))
     if run.plain_models and not read_model_config(path).model_type.startswith("recallm_"):
@@ -267,8 +268,9 @@ def model(cfg: DictConfig, run: Prepared) -> None:
                 f"{path} is a plain model without recall tokens: set recallm.recall_constrained=false (or convert "
                 "it with recallm-create-model)"
             )
+        check_weights(path)
         return
-    run.model = check_recallm_model(path)  # raises for a model without the recall tokens
+    run.model = check_recallm_model(path, weights=True)  # raises for a model without the recall tokens
     run.env["RECALLM_RECALL_TOKEN_IDS"] = f"{run.model['recall_start_token_id']},{run.model['recall_end_token_id']}"
     libs = cfg.actor_rollout_ref.model.get("external_lib")
     libs = [libs] if isinstance(libs, str) else list(libs or [])
