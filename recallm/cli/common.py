@@ -145,8 +145,7 @@ def _exit(code: Any) -> int | None:
 
 def _prog_and_about(command: str) -> tuple[str, str]:
     module = sys.modules.get(command)
-    if command == "__main__":  # python -m recallm.cli.sft
-        command = getattr(getattr(module, "__spec__", None), "name", None) or command
+    command = _module_name(command)
     prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
     about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
     return prog, about or prog
@@ -304,19 +303,41 @@ def _help_header(command: str) -> list[str]:
     """Overrides that make ``--help`` open with the command's name and what it does (the first
     paragraph of its module's doc) instead of Hydra's "app is powered by Hydra"."""
     module = sys.modules.get(command)
-    if command == "__main__":  # python -m recallm.cli.sft
-        command = getattr(getattr(module, "__spec__", None), "name", None) or command
+    command = _module_name(command)
     prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
     about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
     return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about or prog)}"]
 
 
+def _module_name(module: str) -> str:
+    """``module``'s importable name: ``__main__`` under ``python -m recallm.cli.sft`` is ``recallm.cli.sft``."""
+    if module == "__main__":
+        return getattr(getattr(sys.modules.get("__main__"), "__spec__", None), "name", None) or module
+    return module
+
+
 def _job_name(run: Callable[..., Any]) -> str:
     """The name Hydra gives the job (its log file, ``hydra.job.name``): the module defining ``run``."""
-    module = run.__module__
-    if module == "__main__":  # python -m recallm.cli.sft
-        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) or module
-    return module.rsplit(".", 1)[-1]
+    return _module_name(run.__module__).rsplit(".", 1)[-1]
+
+
+def _task(
+    run: Callable[..., Any], given: dict[str, bool], quiet: Sequence[str], level: int, result: dict[str, Any]
+) -> Callable[[Any], None]:
+    """The task function Hydra runs: ``run`` with the command's flags and loggers turned down, its exit code
+    in ``result["code"]``; a refused run (exit 2) removes Hydra's run directory (nothing written)."""
+
+    def task(cfg) -> None:
+        for name in quiet:
+            logging.getLogger(name).setLevel(level)
+        try:
+            result["code"] = run(cfg, **given)
+        except SystemExit as exc:
+            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
+                _remove_hydra_dir()
+            raise
+
+    return task
 
 
 def _run_composed(
@@ -335,17 +356,7 @@ def _run_composed(
     from recallm.paths import CONFIG_DIR
 
     result: dict[str, Any] = {}
-
-    def task(task_cfg) -> None:
-        for name in quiet:
-            logging.getLogger(name).setLevel(level)
-        try:
-            result["code"] = run(task_cfg, **given)
-        except SystemExit as exc:
-            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
-                _remove_hydra_dir()
-            raise
-
+    task = _task(run, given, quiet, level, result)
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
     configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
@@ -404,21 +415,8 @@ def _run_hydra(
     from recallm.paths import CONFIG_DIR
 
     result: dict[str, Any] = {}
-
-    def task(cfg) -> None:
-        for name in quiet:
-            logging.getLogger(name).setLevel(level)
-        try:
-            result["code"] = run(cfg, **given)
-        except SystemExit as exc:
-            if exc.code == EXIT_USAGE:  # refused: nothing written, not even Hydra's own run directory
-                _remove_hydra_dir()
-            raise
-
-    module = run.__module__  # Hydra names the job after the calling module (`sft`, `eval`, ...)
-    if module == "__main__":  # python -m recallm.cli.sft
-        module = getattr(getattr(sys.modules["__main__"], "__spec__", None), "name", None) or module
-    task.__module__ = module
+    task = _task(run, given, quiet, level, result)
+    task.__module__ = _module_name(run.__module__)  # Hydra names the job after the calling module (`sft`, ...)
     if "--help" in args or "-h" in args:  # Hydra's help would name the app `app` ("app is powered by Hydra")
         args = [*args, *_help_header(command)]
     saved = sys.argv

@@ -45,7 +45,6 @@ __all__ = [
 ]
 
 TIMEOUT_ENV = "RECALLM_COLLECTIVE_TIMEOUT"
-_PG_MODULES = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
 
 
 def recall_token_ids() -> tuple[int | None, int | None]:
@@ -123,22 +122,17 @@ def install_appending_file_logger() -> None:
 
 
 def _timeout_process_group(distributed) -> None:
-    original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_recallm_timeout", False):
-        return
+    from recallm.grpo.cpu.patches import wrap_process_group_init
 
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        if timeout_second is None and os.environ.get(TIMEOUT_ENV, "").isdigit():
-            timeout_second = int(os.environ[TIMEOUT_ENV])
-        return original(timeout_second=timeout_second, backend=backend)
+    def wrap(original):
+        def initialize_global_process_group_ray(timeout_second=None, backend=None):
+            if timeout_second is None and os.environ.get(TIMEOUT_ENV, "").isdigit():
+                timeout_second = int(os.environ[TIMEOUT_ENV])
+            return original(timeout_second=timeout_second, backend=backend)
 
-    initialize_global_process_group_ray._recallm_timeout = True  # type: ignore[attr-defined]
-    initialize_global_process_group_ray.__wrapped__ = original  # type: ignore[attr-defined]
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
-    for name in _PG_MODULES:
-        module = sys.modules.get(name)
-        if module is not None and getattr(module, "initialize_global_process_group_ray", None) is original:
-            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+        return initialize_global_process_group_ray
+
+    wrap_process_group_init(distributed, "_recallm_timeout", wrap)
 
 
 def install_collective_timeout() -> None:

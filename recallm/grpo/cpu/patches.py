@@ -93,25 +93,35 @@ def after_import(module_name: str, hook: _Hook) -> None:
 _PG_MODULES = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
 
 
-def _patch_process_group(distributed: ModuleType) -> None:
+def wrap_process_group_init(distributed: ModuleType, marker: str, wrap: Callable[[Callable], Callable]) -> None:
+    """Replace ``verl.utils.distributed.initialize_global_process_group_ray`` with ``wrap(original)``, there and
+    in the modules that imported it by name (``_PG_MODULES``); once per ``marker`` (an attribute set on the
+    wrapper), so that wrappers stack (this CPU patch, ``recallm.grpo.runtime``'s collective timeout)."""
     original = distributed.initialize_global_process_group_ray
-    if getattr(original, "_recallm_cpu", False):
+    if getattr(original, marker, False):
         return
-
-    def initialize_global_process_group_ray(timeout_second=None, backend=None):
-        from verl.utils.device import get_device_name
-
-        if backend is None and get_device_name() == "cpu":
-            backend = "gloo"
-        return original(timeout_second=timeout_second, backend=backend)
-
-    initialize_global_process_group_ray._recallm_cpu = True  # type: ignore[attr-defined]
-    initialize_global_process_group_ray.__wrapped__ = original  # type: ignore[attr-defined]
-    distributed.initialize_global_process_group_ray = initialize_global_process_group_ray
+    wrapper = wrap(original)
+    setattr(wrapper, marker, True)
+    wrapper.__wrapped__ = original  # type: ignore[attr-defined]
+    distributed.initialize_global_process_group_ray = wrapper
     for name in _PG_MODULES:
         module = sys.modules.get(name)
         if module is not None and getattr(module, "initialize_global_process_group_ray", None) is original:
-            module.initialize_global_process_group_ray = initialize_global_process_group_ray
+            module.initialize_global_process_group_ray = wrapper
+
+
+def _patch_process_group(distributed: ModuleType) -> None:
+    def wrap(original):
+        def initialize_global_process_group_ray(timeout_second=None, backend=None):
+            from verl.utils.device import get_device_name
+
+            if backend is None and get_device_name() == "cpu":
+                backend = "gloo"
+            return original(timeout_second=timeout_second, backend=backend)
+
+        return initialize_global_process_group_ray
+
+    wrap_process_group_init(distributed, "_recallm_cpu", wrap)
 
 
 # --- patch 2: no pinned memory for the FSDP2 CPU-offloaded reference -----------------------------
