@@ -399,6 +399,37 @@ def _group_settings(config_dir: Path, choices: Mapping[str, Any]) -> dict[str, d
     return out
 
 
+def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any]) -> list[str]:
+    """The keys a chosen option file declares required (``???``) and no file of ours sets, at their place in
+    the composed config. Hydra does not require them: merging ``???`` over a value an earlier config set
+    (verl's default for ``trainer.default_local_dir``, a schema's default) keeps that value, so a recipe's
+    ``???`` would be silently ignored."""
+    from omegaconf import OmegaConf
+
+    def placed(file: Path, where: str) -> dict[str, Any]:
+        try:
+            flat = _flatten(OmegaConf.to_container(OmegaConf.load(file), resolve=False))
+        except Exception:  # noqa: BLE001  (a broken option file is Hydra's to report)
+            return {}
+        return {f"{where}.{k}" if where else k: v for k, v in flat.items() if not k.startswith("defaults")}
+
+    values: dict[str, list[Any]] = {}
+    files = [(config_dir / f"{config_name}.yaml", "")]
+    for choice, option in choices.items():
+        group, _, package = str(choice).partition("@")
+        if group.startswith("hydra") or ".." in group or not isinstance(option, str):
+            continue
+        file = config_dir / group / f"{option}.yaml"
+        if file.is_file():
+            head = file.read_text(encoding="utf-8", errors="replace")[:2000]
+            files.append((file, "" if "@package _global_" in head else (package or group.replace("/", "."))))
+    for file, where in files:
+        if file.is_file():
+            for key, value in placed(file, where).items():
+                values.setdefault(key, []).append(value)
+    return [key for key, found in values.items() if "???" in found and all(v == "???" for v in found)]
+
+
 def _lookup(cfg: Any, key: str) -> Any:
     from omegaconf import OmegaConf
     from omegaconf.errors import MissingMandatoryValue
@@ -646,6 +677,13 @@ def check_overrides(
         problem = _type_error(key, default, value)
         if problem:
             raise RecallmError(problem)
+    given = {o.key_or_group for o, g in zip(parsed, is_group, strict=True) if not g}
+    for key in _required_keys(config_dir, config_name, dict(cfg.hydra.runtime.choices)):
+        parent, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, parent, default=None) if parent else cfg  # (the leaf itself unresolved)
+        if key not in given and OmegaConf.is_dict(node) and leaf in node and not OmegaConf.is_missing(node, leaf):
+            with open_dict(node):
+                node[leaf] = "???"  # required again: whoever reads it says so (cli_errors: one line naming it)
     if keep_hydra:  # the reference was composed with the group overrides only: record them all, as Hydra does
         from hydra._internal.config_loader_impl import get_overrides_dirname
 

@@ -177,6 +177,28 @@ def test_checkpoints_outside_the_checkout_and_wandb_mode(composed, monkeypatch, 
     assert "W&B online (credentials in WANDB_API_KEY)" in describe(cfg)
 
 
+@pytest.mark.parametrize("recipe", ["qwen2.5_7b", "llama3.1_8b", "qwen2.5_7b_lora_1gpu", "qwen2.5_1.5b_lora_24gb"])
+def test_a_recipes_required_run_directory_is_required(recipe, tiny_dir, tiny_data, tmp_path, capsys, monkeypatch):
+    """The recipes' ``default_local_dir: ???`` merged over verl's default kept verl's (``checkpoints/...``):
+    the run directory was silently not required. Now it is, in one line; set, it is kept."""
+    from recallm.cli.grpo import main
+
+    assert OmegaConf.is_missing(compose([f"grpo={recipe}"]).trainer, "default_local_dir")
+    assert compose([f"grpo={recipe}", "trainer.default_local_dir=/runs/x"]).trainer.default_local_dir == "/runs/x"
+    assert not OmegaConf.is_missing(compose(["grpo=tiny_cpu"]).trainer, "default_local_dir")  # set by the recipe
+    monkeypatch.chdir(tmp_path)
+    train, val = tiny_data
+    args = [f"grpo={recipe}", f"actor_rollout_ref.model.path={tiny_dir}", f"data.train_files={train}",
+            f"data.val_files={val}", "--print-config"]  # fmt: skip
+    with pytest.raises(SystemExit) as exc:
+        main(args)
+    assert exc.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "error: config value trainer.default_local_dir is required: set it on the command line "
+        "(trainer.default_local_dir=...)"
+    )
+
+
 def test_export_picks_the_evaluated_step(tmp_path, capsys):
     # the Llama recipe evaluates step 60 of 150: recallm-export takes it by name, not the newest
     from recallm.cli.export import main
