@@ -375,6 +375,9 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
     from recallm.recall import ForceRecallSpans
 
     out = export_checkpoint(ckpt, tmp_path / "hf")
+    from recallm.io import verify_manifest
+
+    assert verify_manifest(out)  # every exported file's size and CRC-32 recorded (and checked here)
     model = AutoModelForCausalLM.from_pretrained(out)
     assert type(model).__name__ == "RecallQwen2ForCausalLM"
     # the tiny model trains in float32 and is exported in float32 (verl's merger alone makes bfloat16)
