@@ -39,6 +39,13 @@ class Problems(RecallmError):
         super().__init__(first + more)
 
 
+def _missing_line(exc: BaseException) -> str:
+    """The one line for a ``???`` config value nobody set (OmegaConf's ``MissingMandatoryValue``)."""
+    m = re.search(r"Missing mandatory value: ?([\w.\[\]]+)", str(exc))
+    key = m.group(1) if m else getattr(exc, "full_key", None) or "a required value"
+    return f"config value {key} is required: set it on the command line ({key}=...)"
+
+
 def collect(*checks: Callable[[], object]) -> list[str]:
     """Run every check and gather what they find: a check returns or yields problem lines (strings), or
     raises a ``RecallmError`` (one line; a :class:`Problems`, its lines). One check failing does not stop
@@ -54,6 +61,9 @@ def collect(*checks: Callable[[], object]) -> list[str]:
                 found.extend(str(p) for p in result)
         except Problems as exc:
             found.extend(exc.problems)
+        except _MISSING as exc:  # a `???` value the check read: one problem among the others
+            if (line := _missing_line(exc)) not in found:
+                found.append(line)
         except (RecallmError, FileNotFoundError, NotADirectoryError) as exc:
             found.append(str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__)
     return found
@@ -75,9 +85,7 @@ def cli_errors(fn: F) -> F:
             return fn(*args, **kwargs)
         except _MISSING as exc:  # a `???` config value nobody set
             logging.getLogger("recallm").debug("missing config value", exc_info=True)
-            m = re.search(r"Missing mandatory value: ?([\w.\[\]]+)", str(exc))
-            key = m.group(1) if m else getattr(exc, "full_key", None) or "a required value"
-            print(f"error: config value {key} is required: set it on the command line ({key}=...)", file=sys.stderr)
+            print(f"error: {_missing_line(exc)}", file=sys.stderr)
             sys.exit(EXIT_USAGE)
         except Problems as exc:  # every problem of a launch's checks, one line each
             logging.getLogger("recallm").debug("user errors", exc_info=True)

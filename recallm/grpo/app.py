@@ -752,7 +752,8 @@ def _check_data(cfg: DictConfig) -> Iterator[str]:
     for key in ("data.train_files", "data.val_files"):
         value = OmegaConf.select(cfg, key, default=None)
         files += [value] if isinstance(value, str) else list(value or [])
-    missing = [file for file in files if not Path(str(file)).is_file()]
+    files = list(dict.fromkeys(str(file) for file in files))  # train and val may name the same file
+    missing = [file for file in files if not Path(file).is_file()]
     for file in missing:
         yield f"data file {file} does not exist; generate it with `recallm-data`"
     if missing or not (rm.reward_manager and rm.check_data):
