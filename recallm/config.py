@@ -376,7 +376,6 @@ def _flatten(node: Any, prefix: str = "") -> dict[str, Any]:
 def _group_settings(config_dir: Path, choices: Mapping[str, Any]) -> dict[str, dict[str, Any]]:
     """package -> {relative dotted key: value} of every option file of each chosen config group of
     ``config_dir`` (files placed at the global package are left out)."""
-    from omegaconf import OmegaConf
 
     out: dict[str, dict[str, Any]] = {}
     for choice in choices:
@@ -388,15 +387,23 @@ def _group_settings(config_dir: Path, choices: Mapping[str, Any]) -> dict[str, d
             continue
         known: dict[str, Any] = {}
         for file in sorted(folder.glob("*.yaml")):
-            head = file.read_text(encoding="utf-8", errors="replace")[:2000]
-            if "@package _global_" in head:
-                continue
-            try:
-                known.update(_flatten(OmegaConf.to_container(OmegaConf.load(file), resolve=False)))
-            except Exception:  # noqa: BLE001  (a broken option file is Hydra's to report when chosen)
-                continue
+            is_global, flat = _option_file(file)
+            if not is_global:
+                known.update(flat)
         out[package or group.replace("/", ".")] = known
     return out
+
+
+def _option_file(file: Path) -> tuple[bool, dict[str, Any]]:
+    """Whether a config file is placed at the global package (``# @package _global_``), and its dotted
+    keys -> raw values (none for a file that does not load: a broken option file is Hydra's to report)."""
+    from omegaconf import OmegaConf
+
+    is_global = "@package _global_" in file.read_text(encoding="utf-8", errors="replace")[:2000]
+    try:
+        return is_global, _flatten(OmegaConf.to_container(OmegaConf.load(file), resolve=False))
+    except Exception:  # noqa: BLE001
+        return is_global, {}
 
 
 def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any]) -> list[str]:
@@ -404,29 +411,20 @@ def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any
     the composed config. Hydra does not require them: merging ``???`` over a value an earlier config set
     (verl's default for ``trainer.default_local_dir``, a schema's default) keeps that value, so a recipe's
     ``???`` would be silently ignored."""
-    from omegaconf import OmegaConf
-
-    def placed(file: Path, where: str) -> dict[str, Any]:
-        try:
-            flat = _flatten(OmegaConf.to_container(OmegaConf.load(file), resolve=False))
-        except Exception:  # noqa: BLE001  (a broken option file is Hydra's to report)
-            return {}
-        return {f"{where}.{k}" if where else k: v for k, v in flat.items() if not k.startswith("defaults")}
-
     values: dict[str, list[Any]] = {}
     files = [(config_dir / f"{config_name}.yaml", "")]
     for choice, option in choices.items():
         group, _, package = str(choice).partition("@")
         if group.startswith("hydra") or ".." in group or not isinstance(option, str):
             continue
-        file = config_dir / group / f"{option}.yaml"
-        if file.is_file():
-            head = file.read_text(encoding="utf-8", errors="replace")[:2000]
-            files.append((file, "" if "@package _global_" in head else (package or group.replace("/", "."))))
+        files.append((config_dir / group / f"{option}.yaml", package or group.replace("/", ".")))
     for file, where in files:
-        if file.is_file():
-            for key, value in placed(file, where).items():
-                values.setdefault(key, []).append(value)
+        if not file.is_file():
+            continue
+        is_global, flat = _option_file(file)
+        for key, value in flat.items():
+            if not key.startswith("defaults"):
+                values.setdefault(key if is_global or not where else f"{where}.{key}", []).append(value)
     return [key for key, found in values.items() if "???" in found and all(v == "???" for v in found)]
 
 

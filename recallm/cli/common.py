@@ -302,11 +302,8 @@ def _help(
 def _help_header(command: str) -> list[str]:
     """Overrides that make ``--help`` open with the command's name and what it does (the first
     paragraph of its module's doc) instead of Hydra's "app is powered by Hydra"."""
-    module = sys.modules.get(command)
-    command = _module_name(command)
-    prog = "recallm-" + command.rsplit(".", 1)[-1].replace("_", "-")
-    about = " ".join(((module.__doc__ if module else None) or "").split("\n\n")[0].split()).replace("`", "")
-    return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about or prog)}"]
+    prog, about = _prog_and_about(command)
+    return [f"hydra.help.app_name={prog}", f"hydra.help.header={_quote(about)}"]
 
 
 def _module_name(module: str) -> str:

@@ -154,7 +154,7 @@ def export_checkpoint(
     ``out/adapter`` (:func:`_lora_export`)."""
     import recallm.modeling  # noqa: F401  (the merger builds the model through AutoModelForCausalLM)
     from recallm.io import write_json_atomic, write_manifest
-    from recallm.modeling import check_recallm_model, check_weights
+    from recallm.modeling import check_recallm_model
     from recallm.tokens import load_tokenizer
 
     if dtype is not None and dtype not in DTYPES:
@@ -186,8 +186,7 @@ def export_checkpoint(
         elif keep_adapter:
             raise RecallmError(f"{actor} is not a LoRA checkpoint: there is no adapter to keep separate")
         load_tokenizer(actor / "huggingface").save_pretrained(out)  # exactly as trained, chat template included
-        check_recallm_model(out)
-        check_weights(out)  # every tensor read whole and finite: verl's merger checks neither
+        check_recallm_model(out, weights=True)  # every tensor read whole and finite: verl's merger checks neither
         write_manifest(out)  # the size and CRC-32 of every file, verified where the model is loaded
     except Exception:
         shutil.rmtree(out, ignore_errors=True)  # never leave a half-written (or non-finite) model behind
