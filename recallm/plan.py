@@ -75,7 +75,9 @@ job leaves the earlier ones behind. RecaLLM's own retention (``recallm.keep_chec
 ``recallm.grpo.retention``) scans the directory after every save instead, keeps the newest ones and
 the evaluated step (``recallm.eval_step``) as weights only (``4P``: model shards, no optimizer).
 
-One save is written at ``write_bandwidth`` (the node's ranks share it). verl's deadline save
+One save is written at ``write_bandwidth`` (the node's ranks share it), then read back once for its
+checksums (``recallm.grpo.checkpoints``; a step without them is not resumed from), taken at the same
+rate. verl's deadline save
 (``utils/checkpoint/checkpoint_manager.py``: ``should_save_ckpt_esi``) starts once the time left before
 the deadline is at most ``60 + longest step + trainer.esi_redundant_time``: the save then has at least
 ``60 + esi_redundant_time`` seconds before the deadline (``slurm/grpo*.sbatch`` set the deadline to the
@@ -738,18 +740,19 @@ def grpo_plan(
 
     # --- the time of one save
     save_s = one / cluster.write_bandwidth
+    check_s = one / cluster.write_bandwidth  # the checksum pass reads it back (recallm.grpo.checkpoints)
     redundant = float(_sel(cfg, "trainer.esi_redundant_time", 0) or 0)
     margin = VERL_SAVE_LEAD + redundant
     plan.add(
         "time",
         "deadline save",
-        save_s * SAVE_SAFETY,
+        (save_s + check_s) * SAVE_SAFETY,
         margin,
         "s",
-        f"one save {one / GB:,.0f} GB at {cluster.write_bandwidth / GB:.2f} GB/s = {save_s:,.0f} s "
-        f"(x{SAVE_SAFETY} slack) must end before SLURM's USR1: verl starts it at least 60 + "
-        f"trainer.esi_redundant_time={redundant:g} s before",
-        fix=f"trainer.esi_redundant_time={math.ceil(save_s * SAVE_SAFETY - VERL_SAVE_LEAD)} (or a faster disk)",
+        f"one save {one / GB:,.0f} GB at {cluster.write_bandwidth / GB:.2f} GB/s = {save_s:,.0f} s, and its "
+        f"checksums as long again (x{SAVE_SAFETY} slack), must end before SLURM's USR1: verl starts it at least "
+        f"60 + trainer.esi_redundant_time={redundant:g} s before",
+        fix=f"trainer.esi_redundant_time={math.ceil((save_s + check_s) * SAVE_SAFETY - VERL_SAVE_LEAD)} (or a faster disk)",
     )
     timeout = int(_sel(cfg, f"{arr}.nccl_timeout", TORCH_NCCL_TIMEOUT) or TORCH_NCCL_TIMEOUT)
     rank_s = (one / n) / (cluster.write_bandwidth / cluster.gpus_per_node)

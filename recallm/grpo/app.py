@@ -879,11 +879,26 @@ def run(
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
+    resume_point(cfg)
     from recallm.grpo.console import console_to_log
 
     with console_to_log(cfg, mode=settings_of(cfg).console):
         launch(cfg, env)
     return 0
+
+
+def resume_point(cfg: DictConfig) -> None:
+    """Verify the checkpoint the run resumes from, and move damaged newer ones aside
+    (``recallm.grpo.checkpoints.prepare_resume``); says where it resumes."""
+    from recallm.grpo.checkpoints import prepare_resume
+
+    t = cfg.trainer
+    if t.get("default_hdfs_dir"):
+        return  # verl itself refuses to resume from HDFS
+    resume = prepare_resume(str(t.default_local_dir), str(t.resume_mode), t.get("resume_from_path"))
+    for line in resume.moved:
+        print(f"warning: checkpoint {line}", file=sys.stderr, flush=True)
+    print(f"resume:       {resume.describe()}", flush=True)
 
 
 def launch(cfg: DictConfig, env: dict[str, str]) -> None:

@@ -1,7 +1,8 @@
 """Export a verl FSDP checkpoint as a Hugging Face RecaLLM model directory.
 
 verl's own merger (``verl.model_merger``, FSDP backend) gathers the sharded weights; this module
-finds the actor checkpoint, registers the RecaLLM classes first (so the merger builds a
+finds the actor checkpoint, verifies it against the checksums written when it was saved
+(``recallm.grpo.checkpoints``), registers the RecaLLM classes first (so the merger builds a
 ``recallm_<base>`` model and keeps its config: recall token ids, ``max_recall_tokens``), saves
 the tokenizer with its chat template, and checks the result (``check_recallm_model``). The
 directory loads with ``AutoModelForCausalLM`` after ``import recallm.modeling``, and with vLLM through
@@ -160,6 +161,10 @@ def export_checkpoint(
     if dtype is not None and dtype not in DTYPES:
         raise RecallmError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     actor = find_actor_dir(path, step)
+    if actor.parent.name.startswith("global_step_"):
+        from recallm.grpo.checkpoints import check_step
+
+        check_step(actor.parent)  # the files as verl saved them (their checksums: recallm.grpo.checkpoints)
     dtype = dtype or trained_dtype(actor)
     out = Path(out)
     if out.exists() and any(out.iterdir()):

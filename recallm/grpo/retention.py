@@ -5,14 +5,14 @@ Why our own: verl 0.9.1's ``trainer.max_actor_ckpt_to_keep`` removes only the ch
 running process (``BaseCheckpointManager.previous_saved_paths`` starts empty), so every requeue of a
 SLURM job leaves the earlier ones behind; and it would remove the step the Llama recipe is evaluated
 at. :func:`prune` scans ``trainer.default_local_dir`` instead, after every save of the trainer
-(``recallm.grpo.runtime`` wraps ``RayPPOTrainer._save_checkpoint``), so the bound holds across requeues:
+(``recallm.grpo.checkpoints`` wraps ``RayPPOTrainer._save_checkpoint``), so the bound holds across requeues:
 
 * the ``keep`` newest ``global_step_N`` directories stay whole (model, optimizer, extra, data.pt: any of
   them can be resumed from);
 * the one ``latest_checkpointed_iteration.txt`` names is never touched (verl resumes from it);
 * the ``eval_step`` directory, once older than those, keeps its model shards and Hugging Face config
   (``recallm-export --step N`` reads them) and loses its optimizer state (two thirds of its size:
-  ``optim_world_size_*`` files), which only a resume would need;
+  ``optim_world_size_*`` files, dropped from its manifest too), which only a resume would need;
 * every other one is removed.
 
 The launcher passes the settings to the trainer's process through the environment
@@ -26,7 +26,9 @@ import re
 import shutil
 from pathlib import Path
 
-__all__ = ["KEEP_ENV", "EVAL_STEP_ENV", "prune", "saved_steps", "install"]
+from recallm.io import forget_files
+
+__all__ = ["KEEP_ENV", "EVAL_STEP_ENV", "prune", "saved_steps", "settings"]
 
 KEEP_ENV = "RECALLM_KEEP_CHECKPOINTS"
 EVAL_STEP_ENV = "RECALLM_EVAL_STEP"
@@ -64,17 +66,18 @@ def prune(root: str | Path, keep: int, eval_step: int | None = None) -> list[str
         if step in newest or step == latest:
             continue
         if step == eval_step:
-            for file in path.rglob("*"):
-                if file.is_file() and _OPTIMIZER_FILE.fullmatch(file.name):
-                    file.unlink()
-                    removed.append(str(file))
+            optimizer = [f for f in path.rglob("*") if f.is_file() and _OPTIMIZER_FILE.fullmatch(f.name)]
+            forget_files(path, [str(f.relative_to(path)) for f in optimizer])  # the rest stays verifiable
+            for file in optimizer:
+                file.unlink()
+                removed.append(str(file))
             continue
         shutil.rmtree(path, ignore_errors=True)
         removed.append(str(path))
     return removed
 
 
-def _settings() -> tuple[int | None, int | None]:
+def settings() -> tuple[int | None, int | None]:
     def number(name: str) -> int | None:
         try:
             return int(os.environ[name])
@@ -82,29 +85,3 @@ def _settings() -> tuple[int | None, int | None]:
             return None
 
     return number(KEEP_ENV), number(EVAL_STEP_ENV)
-
-
-def _wrap_trainer(module) -> None:
-    cls = getattr(module, "RayPPOTrainer", None)
-    original = getattr(cls, "_save_checkpoint", None)
-    if original is None or getattr(original, "_recallm", False):
-        return
-
-    def _save_checkpoint(self, *args, **kwargs):
-        result = original(self, *args, **kwargs)
-        keep, eval_step = _settings()
-        if keep:
-            removed = prune(self.config.trainer.default_local_dir, keep, eval_step)
-            if removed:
-                print(f"[recallm] checkpoint retention (keep {keep}): removed {len(removed)} path(s)", flush=True)
-        return result
-
-    _save_checkpoint._recallm = True  # type: ignore[attr-defined]
-    cls._save_checkpoint = _save_checkpoint
-
-
-def install() -> None:
-    """Wrap verl's trainer's save (when ``RECALLM_KEEP_CHECKPOINTS`` is set; ``recallm.grpo.runtime``)."""
-    from recallm.grpo.cpu.patches import after_import
-
-    after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

@@ -24,8 +24,8 @@
   (``RECALLM_COLLECTIVE_TIMEOUT``, seconds): verl 0.9.1's engine workers call
   ``initialize_global_process_group_ray(timeout_second=None)``, so torch's default (10 minutes for
   NCCL) would bound the barrier every rank waits in while the slowest writes its checkpoint shard;
-* with ``RECALLM_KEEP_CHECKPOINTS``, prunes the checkpoint directory after every save
-  (``recallm.grpo.retention``).
+* checksums every checkpoint after verl saves it, then (with ``RECALLM_KEEP_CHECKPOINTS``) prunes
+  the checkpoint directory (``recallm.grpo.checkpoints``, ``recallm.grpo.retention``).
 """
 
 from __future__ import annotations
@@ -150,10 +150,9 @@ install_appending_file_logger()
 install_token_builder_families()
 if os.environ.get(TIMEOUT_ENV):
     install_collective_timeout()
-if os.environ.get("RECALLM_KEEP_CHECKPOINTS"):
-    from recallm.grpo.retention import install as _install_retention
+from recallm.grpo.checkpoints import install as _install_checkpoints  # noqa: E402
 
-    _install_retention()
+_install_checkpoints()
 if os.environ.get("RECALLM_VLLM_CPU") == "1":
     from recallm.grpo.vllm_cpu import activate as _activate_vllm_cpu
 

@@ -329,10 +329,13 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
     data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(tiny_dir, data, ckpt, rollouts)
 
-    first = run_grpo(cmd, tmp_path)
+    first = run_grpo(cmd + ["trainer.save_freq=1"], tmp_path)
     assert first.returncode == 0, first.stdout[-8000:]
     assert (ckpt / "global_step_2" / "actor").is_dir()
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    from recallm.grpo.checkpoints import check_step
+
+    assert check_step(ckpt / "global_step_1") and check_step(ckpt / "global_step_2")  # checksummed when saved
     metrics = step_metrics(first.stdout)
     assert sorted(metrics) == [1, 2], first.stdout[-4000:]
     for step, m in metrics.items():
@@ -359,11 +362,19 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
         ):
             assert math.isfinite(m[f"recallm/reward/{key}"]), key
 
+    # one flipped byte in the newest step's weights: the resume takes the newest intact step instead
+    shard = ckpt / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt"
+    damaged = bytearray(shard.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01
+    shard.write_bytes(bytes(damaged))
     second = run_grpo(cmd + ["trainer.total_training_steps=3"], tmp_path)
     assert second.returncode == 0, second.stdout[-8000:]
-    assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
+    assert "warning: checkpoint global_step_2 is damaged: actor/model_world_size_1_rank_0.pt changed" in second.stdout
+    assert "resume:       global_step_1 (checksums verified)" in second.stdout
+    assert f"Resuming from {ckpt / 'global_step_1'}" in second.stdout
+    assert (ckpt / "corrupt-global_step_2").is_dir()  # kept aside, not deleted
     metrics = step_metrics(second.stdout)
-    assert sorted(metrics) == [3], second.stdout[-4000:]  # steps 1-2 not redone
+    assert sorted(metrics) == [2, 3], second.stdout[-4000:]  # step 1 not redone
     assert metrics[3]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
     assert (ckpt / "global_step_3" / "actor").is_dir()
 

@@ -142,7 +142,7 @@ def test_grpo_plan_disk_and_save_time_lines():
     one = 12 * qwen.params
     assert lines["checkpoints"].need == 4 * one  # 3 kept + 1 being written
     assert lines["checkpoints"].fits
-    assert lines["deadline save"].need == pytest.approx(one / GB * 1.5)
+    assert lines["deadline save"].need == pytest.approx(2 * one / GB * 1.5)  # the save and its checksum pass
     assert lines["deadline save"].have == 60 + 600
     # every save kept (no retention) on a 1 TB disk: 15 saves of 91 GB do not fit, the fix says what to set
     plan = grpo_plan(_grpo_cfg(recallm__keep_checkpoints=None), _cluster(), qwen)
@@ -151,7 +151,7 @@ def test_grpo_plan_disk_and_save_time_lines():
     # a slow disk: the deadline save does not fit, and the fix names the esi_redundant_time that would
     plan = grpo_plan(_grpo_cfg(), _cluster(write_bandwidth=0.1 * GB), qwen)
     save = next(line for line in plan.lines if line.what == "deadline save")
-    assert save.fits is False and f"trainer.esi_redundant_time={int(one / (0.1 * GB) * 1.5 - 60) + 1}" in save.fix
+    assert save.fits is False and f"trainer.esi_redundant_time={int(2 * one / (0.1 * GB) * 1.5 - 60) + 1}" in save.fix
     # the rollout's KV cache: how many longest sequences fit at once
     kv = next(line for line in plan.lines if line.what == "vLLM KV cache")
     v = vllm_budget(qwen, int(79.2 * GiB), 0.6)
@@ -195,27 +195,6 @@ def test_retention_keeps_the_newest_the_latest_and_the_eval_weights(tmp_path):
     (tmp_path / "global_step_80").mkdir()
     prune(tmp_path, keep=1)
     assert sorted(saved_steps(tmp_path)) == [30, 80]
-
-
-def test_retention_wraps_verls_save(tmp_path, monkeypatch):
-    from recallm.grpo import retention
-
-    for step in (1, 2, 3):
-        (tmp_path / f"global_step_{step}").mkdir()
-    calls = []
-
-    class RayPPOTrainer:
-        config = types.SimpleNamespace(trainer=types.SimpleNamespace(default_local_dir=str(tmp_path)))
-
-        def _save_checkpoint(self):
-            calls.append("saved")
-
-    module = types.SimpleNamespace(RayPPOTrainer=RayPPOTrainer)
-    retention._wrap_trainer(module)
-    retention._wrap_trainer(module)  # once only
-    monkeypatch.setenv(retention.KEEP_ENV, "1")
-    RayPPOTrainer()._save_checkpoint()
-    assert calls == ["saved"] and sorted(retention.saved_steps(tmp_path)) == [3]
 
 
 def test_collective_timeout_reaches_the_process_group(monkeypatch):

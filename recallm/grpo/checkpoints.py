@@ -1,0 +1,209 @@
+"""verl's GRPO checkpoints (``<trainer.default_local_dir>/global_step_N``): checksummed when saved,
+verified before a run resumes from one or ``recallm-export`` reads one, then pruned
+(``recallm.grpo.retention``).
+
+* **Save.** verl's ``RayPPOTrainer._save_checkpoint`` is wrapped in the trainer's process
+  (``recallm.grpo.runtime``). Before verl writes a step, that step's old manifest is removed (a save
+  into an existing directory, after a resume from an earlier step, must not leave a manifest that
+  would vouch for a mix of files). After verl has written the actor's shards, ``data.pt`` and the
+  tracker (``latest_checkpointed_iteration.txt``), the size and CRC-32 of every file of the step
+  go into its ``recallm_files.json`` (``recallm.io.write_manifest``: each file fsynced, the
+  manifest written atomically), then the retention prunes. The manifest is written last, so a step
+  without one was cut short. With ``actor_rollout_ref.actor.checkpoint.async_save`` the shards are
+  still being written when the save returns: no manifest, and one line says so.
+* **Resume** (``trainer.resume_mode=auto``, before Ray starts: :func:`prepare_resume`, called by
+  ``recallm.grpo.app.run``). The step the tracker names is verified: every listed file there, with
+  its size and CRC-32. A damaged step (a file missing, truncated or changed since the save; no
+  manifest while an older step has one; the directory the tracker names is gone) is moved aside as
+  ``corrupt-global_step_N`` with one line saying why, and the newest intact older step is written
+  into the tracker (atomically), so verl resumes there and never from a partial save. Without an
+  intact step the launch stops with one line and moves nothing. An unreadable tracker (a kill
+  while verl rewrote it) counts as naming the newest step. ``resume_mode=resume_path``: that step
+  is verified and a damaged one refused.
+* Steps saved before this existed (no step of the directory has a manifest) are resumed from as
+  they are, with one line saying they are unverified.
+
+Model weights are not re-checked for non-finite values here: verl's actor skips an update whose
+gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with non-finite weights
+(``recallm.modeling.check_recallm_model``); ``recallm-export`` checks the exported weights.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from recallm.errors import RecallmError
+from recallm.grpo.retention import prune, saved_steps, settings
+from recallm.io import MANIFEST_FILE, fsync_path, verify_manifest, write_manifest, write_text_atomic
+
+__all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
+
+TRACKER = "latest_checkpointed_iteration.txt"
+_STEP_DIR = re.compile(r"global_step_(\d+)")
+
+
+def _tracked(root: Path) -> int | None:
+    """The step the tracker names; None when there is no tracker; -1 when it does not read."""
+    tracker = root / TRACKER
+    if not tracker.exists():
+        return None
+    try:
+        return int(tracker.read_text().strip())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return -1
+
+
+def _checksummed(root: Path) -> bool:
+    """Whether any step of ``root`` has a manifest (then every step must have one)."""
+    return any((path / MANIFEST_FILE).is_file() for path in saved_steps(root).values())
+
+
+def step_problem(step_dir: str | Path, *, need_manifest: bool = True) -> str | None:
+    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a file missing,
+    truncated or changed since the save; no manifest (with ``need_manifest``); no actor directory."""
+    step_dir = Path(step_dir)
+    if not step_dir.is_dir():
+        return "missing"
+    try:
+        verified = verify_manifest(step_dir)
+    except RecallmError as exc:
+        return f"damaged: {exc}"
+    if not verified and need_manifest:
+        return f"incomplete: no {MANIFEST_FILE} (the checksums written after a save ends): the save was cut short"
+    if not (step_dir / "actor").is_dir():
+        return "incomplete: no actor directory"
+    return None
+
+
+def _weights_only(step_dir: Path) -> bool:
+    """A step the retention kept as weights only (``recallm.eval_step``): exportable, not resumable."""
+    actor = step_dir / "actor"
+    return any(actor.glob("model_world_size_*")) and not any(actor.glob("optim_world_size_*"))
+
+
+def check_step(step_dir: str | Path) -> bool:
+    """Raise ``RecallmError`` (one line) unless ``step_dir`` is intact; True if it was verified
+    against its manifest, False if it has none (saved before checksums existed)."""
+    step_dir = Path(step_dir)
+    need = _checksummed(step_dir.parent)
+    problem = step_problem(step_dir, need_manifest=need)
+    if problem:
+        raise RecallmError(f"checkpoint {step_dir} is {problem}")
+    return need
+
+
+@dataclass(frozen=True)
+class Resume:
+    """Where a launch resumes: ``step`` (None: from scratch), whether it was verified, what was moved aside."""
+
+    step: int | None
+    verified: bool = False
+    moved: tuple[str, ...] = ()
+
+    def describe(self) -> str:
+        if self.step is None:
+            return "from scratch (no checkpoint)"
+        how = "checksums verified" if self.verified else "saved without checksums: unverified"
+        return f"global_step_{self.step} ({how})"
+
+
+def _aside(path: Path) -> Path:
+    target = path.with_name(f"corrupt-{path.name}")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"corrupt-{path.name}-{n}")
+        n += 1
+    os.replace(path, target)
+    fsync_path(path.parent)
+    return target
+
+
+def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path: str | None = None) -> Resume:
+    """Verify what a launch will resume from and make verl's tracker name the newest intact step
+    (module doc). Raises ``RecallmError`` (one line) when no intact step is left; then nothing moves."""
+    root = Path(root)
+    if resume_mode == "disable":
+        return Resume(None)
+    if resume_mode == "resume_path":
+        if not resume_from_path:
+            raise RecallmError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N")
+        step_dir = Path(resume_from_path)
+        match = _STEP_DIR.fullmatch(step_dir.name)
+        if not match:
+            raise RecallmError(f"trainer.resume_from_path={step_dir} is not a global_step_N directory")
+        return Resume(int(match.group(1)), check_step(step_dir))
+    steps = saved_steps(root)
+    tracked = _tracked(root)
+    if tracked is None:
+        return Resume(None)  # verl starts from scratch: nothing was ever saved here (its tracker comes last)
+    need = _checksummed(root)
+    newest = tracked if tracked >= 0 else max(steps, default=-1)
+    candidates = sorted((s for s in steps if s <= newest), reverse=True)
+    if tracked >= 0 and tracked not in steps:
+        damaged = [(root / f"global_step_{tracked}", "missing")]
+    else:
+        damaged = []
+    for step in candidates:
+        problem = step_problem(steps[step], need_manifest=need)
+        if problem is None and not _weights_only(steps[step]):
+            break
+        if problem is not None:  # (an intact step kept as weights only, recallm.eval_step, stays for export)
+            damaged.append((steps[step], problem))
+    else:
+        listed = "; ".join(f"{p.name} is {why}" for p, why in damaged) or "no step with its optimizer state"
+        raise RecallmError(
+            f"no intact checkpoint to resume from in {root}: {listed}; move them away or set trainer.resume_mode=disable"
+        )
+    moved = []
+    for path, why in damaged:
+        if path.exists():
+            target = _aside(path)
+            moved.append(f"{path.name} is {why}: moved it to {target.name}")
+        else:
+            moved.append(f"{path.name} (named by {TRACKER}) is {why}")
+    if step != tracked:
+        write_text_atomic(root / TRACKER, str(step))
+    return Resume(step, need, tuple(moved))
+
+
+# --------------------------------------------------------------------------- in verl's trainer
+def _async_save(config) -> bool:
+    try:
+        return bool(config.actor_rollout_ref.actor.checkpoint.get("async_save", False))
+    except AttributeError:
+        return False
+
+
+def _wrap_trainer(module) -> None:
+    cls = getattr(module, "RayPPOTrainer", None)
+    original = getattr(cls, "_save_checkpoint", None)
+    if original is None or getattr(original, "_recallm", False):
+        return
+
+    def _save_checkpoint(self, *args, **kwargs):
+        step_dir = Path(str(self.config.trainer.default_local_dir)) / f"global_step_{self.global_steps}"
+        (step_dir / MANIFEST_FILE).unlink(missing_ok=True)  # a re-save must not keep the old step's checksums
+        result = original(self, *args, **kwargs)
+        if _async_save(self.config):
+            print(f"[recallm] async_save: {step_dir.name} is written in the background, without checksums", flush=True)
+        else:
+            write_manifest(step_dir)
+        keep, eval_step = settings()
+        if keep:
+            removed = prune(step_dir.parent, keep, eval_step)
+            if removed:
+                print(f"[recallm] checkpoint retention (keep {keep}): removed {len(removed)} path(s)", flush=True)
+        return result
+
+    _save_checkpoint._recallm = True  # type: ignore[attr-defined]
+    cls._save_checkpoint = _save_checkpoint
+
+
+def install() -> None:
+    """Wrap verl's trainer's save (``recallm.grpo.runtime``, in every verl process)."""
+    from recallm.grpo.cpu.patches import after_import
+
+    after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)
