@@ -133,14 +133,20 @@ recallm_node_ip() {
 }
 
 # Ray's ports for one node, from the job's block (see recallm_port_base). Head only: the GCS,
-# dashboard and client ports.
+# dashboard and client ports. The head and the worker nodes take different ports of the block (the head
+# base+0..8 and worker processes base+20..109, a worker node base+12..18 and base+110..199): a head and a
+# worker node on one host (two SLURM nodes on one machine: scripts/local_slurm.sh's partition `two`) do
+# not collide.
 recallm_ray_port_args() {
-  local base=$1 role=$2
+  local base=$1 role=$2 node=$1 first=$(($1 + 20)) last=$(($1 + 109))
+  if [[ "$role" != head ]]; then
+    node=$((base + 10)) first=$((base + 110)) last=$((base + 199))
+  fi
   local args=(
-    "--node-manager-port=$((base + 2))" "--object-manager-port=$((base + 3))"
-    "--dashboard-agent-listen-port=$((base + 5))" "--dashboard-agent-grpc-port=$((base + 6))"
-    "--metrics-export-port=$((base + 7))" "--runtime-env-agent-port=$((base + 8))"
-    "--min-worker-port=$((base + 20))" "--max-worker-port=$((base + 199))"
+    "--node-manager-port=$((node + 2))" "--object-manager-port=$((node + 3))"
+    "--dashboard-agent-listen-port=$((node + 5))" "--dashboard-agent-grpc-port=$((node + 6))"
+    "--metrics-export-port=$((node + 7))" "--runtime-env-agent-port=$((node + 8))"
+    "--min-worker-port=$first" "--max-worker-port=$last"
   )
   if [[ "$role" == head ]]; then
     args=("--port=$base" "--dashboard-port=$((base + 1))" "--ray-client-server-port=$((base + 4))" "${args[@]}")
@@ -178,8 +184,10 @@ recallm_start_ray() {
   if ((${#nodes[@]} > 1)); then
     mapfile -t worker_ports < <(recallm_ray_port_args "$BASE" worker)
     for node in "${nodes[@]:1}"; do
+      # (a temp directory per node: two nodes on one host would otherwise share one session's logs, and
+      # every raylet's log monitor would print each worker's output again)
       srun --nodes=1 --ntasks=1 --nodelist="$node" "$VENV/bin/ray" start --address="$RAY_ADDRESS" \
-        "${worker_ports[@]}" --num-cpus="$NCPUS" --num-gpus="$NGPUS" --temp-dir="$tmp" --block &
+        "${worker_ports[@]}" --num-cpus="$NCPUS" --num-gpus="$NGPUS" --temp-dir="$tmp-$node" --block &
       RECALLM_CHILDREN+=("$!")
     done
     "$VENV/bin/python" -m recallm.grpo.cluster --address "$RAY_ADDRESS" --nodes "${#nodes[@]}" \
@@ -188,33 +196,39 @@ recallm_start_ray() {
 }
 
 # Background processes this job started (killed on exit), and the requeue on SLURM's warning.
-# The cleanup sends SIGTERM, waits up to RECALLM_CLEANUP_WAIT seconds (default 30) for them to
-# end, then SIGKILLs what is left: the job does not end while its children still run.
+# The cleanup sends SIGTERM to the given PIDs (default: all of them), waits up to RECALLM_CLEANUP_WAIT
+# seconds (default 30) for them to end, then SIGKILLs what is left: the job does not end while its
+# children still run.
 RECALLM_CHILDREN=()
 recallm_cleanup() {
-  local pid left i
-  for pid in "${RECALLM_CHILDREN[@]}"; do
+  local pid left i pids=("$@")
+  ((${#pids[@]})) || pids=("${RECALLM_CHILDREN[@]}")
+  for pid in "${pids[@]}"; do
     kill "$pid" 2>/dev/null || true
   done
   for ((i = 0; i < ${RECALLM_CLEANUP_WAIT:-30} * 10; i++)); do
     left=0
-    for pid in "${RECALLM_CHILDREN[@]}"; do
+    for pid in "${pids[@]}"; do
       kill -0 "$pid" 2>/dev/null && left=1
     done
     ((left)) || return 0
     sleep 0.1
   done
-  for pid in "${RECALLM_CHILDREN[@]}"; do
+  for pid in "${pids[@]}"; do
     kill -9 "$pid" 2>/dev/null || true
   done
 }
-# The run first (SIGTERM: recallm-sft ends its step and saves a checkpoint, recallm-eval has written every
-# finished example; up to RECALLM_SAVE_WAIT seconds, default 120, well inside the signal's lead), then the
-# requeue: `scontrol requeue` kills what is left of the job after KillWait (often 30 s), too short a
-# grace for a save.
+# The run first (SIGTERM: recallm-sft and recallm-grpo end their step and save a checkpoint, recallm-eval has
+# written every finished example; up to RECALLM_SAVE_WAIT seconds, default 120, the GRPO scripts' the signal's
+# lead less a minute), and only then what serves it (Ray's nodes, a judge server: GRPO's save needs its Ray
+# cluster up until it ends), then the requeue: `scontrol requeue` kills what is left of the job after
+# KillWait (often 30 s), too short a grace for a save.
 recallm_on_warning() {
   echo "[recallm] warning signal: stopping the run (it saves first), then requeueing job ${SLURM_JOB_ID:-?}; the next run resumes from the newest checkpoint"
-  RECALLM_CLEANUP_WAIT=${RECALLM_SAVE_WAIT:-120} recallm_cleanup
+  if [[ -n "${RECALLM_RUN_PID:-}" ]]; then
+    RECALLM_CLEANUP_WAIT=${RECALLM_SAVE_WAIT:-120} recallm_cleanup "$RECALLM_RUN_PID"
+  fi
+  recallm_cleanup
   scontrol requeue "${SLURM_JOB_ID}" || echo "[recallm] scontrol requeue failed" >&2
   exit 0
 }
@@ -231,7 +245,7 @@ recallm_plan() {
 # Run "$@" in the background and wait for it (so that the USR1 trap runs while it works).
 recallm_run() {
   "$@" &
-  local pid=$!
-  RECALLM_CHILDREN+=("$pid")
-  wait "$pid"
+  RECALLM_RUN_PID=$!
+  RECALLM_CHILDREN+=("$RECALLM_RUN_PID")
+  wait "$RECALLM_RUN_PID"
 }

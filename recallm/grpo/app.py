@@ -37,6 +37,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import signal
 import sys
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -394,9 +395,11 @@ def runtime(cfg: DictConfig, run: Prepared) -> None:
 
 def operations(cfg: DictConfig, run: Prepared) -> None:
     """What keeps a long run alive: the process group's timeout (``actor_rollout_ref.nccl_timeout``, which
-    verl 0.9.1's engine workers do not pass on: ``recallm.grpo.runtime``), the checkpoint retention
-    (``recallm.keep_checkpoints``, ``recallm.eval_step``: ``recallm.grpo.retention``), and W&B offline
-    unless credentials are configured (``recallm.tracking``)."""
+    verl 0.9.1's engine workers do not pass on: ``recallm.grpo.runtime``), the save-and-stop on SIGTERM or
+    SIGUSR1 (``recallm.grpo.preemption``), the checkpoint retention (``recallm.keep_checkpoints``,
+    ``recallm.eval_step``: ``recallm.grpo.retention``), and W&B offline unless credentials are configured
+    (``recallm.tracking``)."""
+    from recallm.grpo.preemption import STOP_ENV, stop_file
     from recallm.grpo.retention import EVAL_STEP_ENV, KEEP_ENV
     from recallm.grpo.runtime import TIMEOUT_ENV
 
@@ -404,6 +407,7 @@ def operations(cfg: DictConfig, run: Prepared) -> None:
     if timeout:
         run.env[TIMEOUT_ENV] = str(int(timeout))
     rm = settings_of(cfg)
+    run.env[STOP_ENV] = str(stop_file(cfg.trainer.default_local_dir))  # (recallm.grpo.preemption)
     if rm.keep_checkpoints:
         run.env[KEEP_ENV] = str(rm.keep_checkpoints)
         if rm.eval_step:
@@ -881,9 +885,24 @@ def run(
     print(describe(cfg), flush=True)
     resume_point(cfg)
     from recallm.grpo.console import console_to_log
+    from recallm.grpo.preemption import stop_file, stop_on_signals, stopped_by
 
-    with console_to_log(cfg, mode=settings_of(cfg).console):
-        launch(cfg, env)
+    with stop_on_signals(stop_file(cfg.trainer.default_local_dir)) as received:
+        try:
+            with console_to_log(cfg, mode=settings_of(cfg).console):
+                launch(cfg, env)
+        except Exception as exc:
+            stopped = stopped_by(exc)
+            if stopped is None or not received:
+                raise
+            name = signal.Signals(received["signal"]).name
+            print(
+                f"stopped by {name} after step {stopped.step}: checkpoint "
+                f"{Path(str(cfg.trainer.default_local_dir)) / f'global_step_{stopped.step}'} saved; run the same "
+                "command again to continue from it (trainer.resume_mode=auto)",
+                flush=True,
+            )
+            return 128 + received["signal"]
     return 0
 
 

@@ -25,7 +25,9 @@
   ``initialize_global_process_group_ray(timeout_second=None)``, so torch's default (10 minutes for
   NCCL) would bound the barrier every rank waits in while the slowest writes its checkpoint shard;
 * checksums every checkpoint after verl saves it, then (with ``RECALLM_KEEP_CHECKPOINTS``) prunes
-  the checkpoint directory (``recallm.grpo.checkpoints``, ``recallm.grpo.retention``).
+  the checkpoint directory (``recallm.grpo.checkpoints``, ``recallm.grpo.retention``);
+* with ``RECALLM_STOP_FILE``, saves and stops once ``recallm-grpo`` was sent SIGTERM or SIGUSR1
+  (``recallm.grpo.preemption``).
 """
 
 from __future__ import annotations
@@ -153,6 +155,10 @@ if os.environ.get(TIMEOUT_ENV):
 from recallm.grpo.checkpoints import install as _install_checkpoints  # noqa: E402
 
 _install_checkpoints()
+if os.environ.get("RECALLM_STOP_FILE"):
+    from recallm.grpo.preemption import install as _install_preemption
+
+    _install_preemption()
 if os.environ.get("RECALLM_VLLM_CPU") == "1":
     from recallm.grpo.vllm_cpu import activate as _activate_vllm_cpu
 
