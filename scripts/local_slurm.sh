@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# A real one-machine SLURM cluster (Debian's slurm-wlm and munge): one node, this machine's CPUs and
-# memory, one partition, requeue allowed, everything under one scratch directory. For a person trying
-# the sbatch scripts, and for the cluster test tier (tests/cluster, `make test-cluster`).
+# A real one-machine SLURM cluster (Debian's slurm-wlm and munge): two nodes on this machine (two slurmd,
+# each declaring this machine's CPUs and memory, on their own ports), the default partition `debug` with
+# the first node alone and the partition `two` with both (`sbatch -p two --nodes=2` for a two-node job),
+# requeue allowed, everything under one scratch directory. For a person trying the sbatch scripts, and
+# for the cluster test tier (tests/cluster, `make test-cluster`).
 #
 #   bash scripts/local_slurm.sh start DIR   # install what is missing, write DIR/slurm.conf, start munged,
 #                                           # slurmctld and slurmd, wait until sinfo shows the node idle
@@ -13,9 +15,10 @@
 # are missing, apt-get. Where it cannot run it prints `skip: <reason>` and exits 77 (the tests skip
 # with that reason); an error exits 1. Nothing is started through systemd, nothing outside DIR is
 # written but the packages. Environment (all optional):
-#   LOCAL_SLURM_CTLD_PORT, LOCAL_SLURM_SLURMD_PORT  default 16817 and 16818 (not SLURM's own 6817/6818,
-#                                                   so that a system SLURM is left alone)
-#   LOCAL_SLURM_TIMEOUT  seconds to wait for the node to be idle (default 60)
+#   LOCAL_SLURM_CTLD_PORT, LOCAL_SLURM_SLURMD_PORT  default 16817 and 16818 (the second slurmd: the next
+#                                                   port; not SLURM's own 6817/6818, so that a system
+#                                                   SLURM is left alone)
+#   LOCAL_SLURM_TIMEOUT  seconds to wait for the nodes to be idle (default 60)
 #
 # sacct needs slurmdbd and a database, which this does not set up: the final state of every job is in
 # DIR/jobcomp.log (JobCompType=jobcomp/filetxt: one line per run of a job, requeues included), and
@@ -63,14 +66,13 @@ write_conf() {
   cpus=$(sed -n 's/.* CPUs=\([0-9]*\).*/\1/p' <<<"$node")
   mem=$(sed -n 's/.* RealMemory=\([0-9]*\).*/\1/p' <<<"$node")
   [[ -n "$cpus" && -n "$mem" ]] || die "cannot read CPUs and RealMemory from 'slurmd -C': $node"
-  node=${node/NodeName=* CPUs=/NodeName=$host CPUs=}
+  node=${node/NodeName=* CPUs=/CPUs=}
   node=${node/RealMemory=$mem/RealMemory=$((mem * 9 / 10))}
   cat >"$dir/slurm.conf" <<EOF
-# written by scripts/local_slurm.sh: one node, one partition, everything under $dir
+# written by scripts/local_slurm.sh: two nodes on this machine, two partitions, everything under $dir
 ClusterName=local
 SlurmctldHost=$host
 SlurmctldPort=$ctld_port
-SlurmdPort=$slurmd_port
 SlurmUser=root
 AuthType=auth/munge
 CredType=cred/munge
@@ -84,11 +86,11 @@ SelectTypeParameters=CR_CPU
 SchedulerType=sched/backfill
 SchedulerParameters=sched_interval=2,bf_interval=2
 StateSaveLocation=$dir/state
-SlurmdSpoolDir=$dir/spool
+SlurmdSpoolDir=$dir/spool/%n
 SlurmctldPidFile=$dir/slurmctld.pidfile
-SlurmdPidFile=$dir/slurmd.pidfile
+SlurmdPidFile=$dir/slurmd-%n.pidfile
 SlurmctldLogFile=$dir/log/slurmctld.log
-SlurmdLogFile=$dir/log/slurmd.log
+SlurmdLogFile=$dir/log/slurmd-%n.log
 JobCompType=jobcomp/filetxt
 JobCompLoc=$dir/jobcomp.log
 AccountingStorageType=accounting_storage/none
@@ -101,8 +103,10 @@ MinJobAge=3600
 InactiveLimit=0
 SlurmctldTimeout=30
 SlurmdTimeout=30
-$node State=UNKNOWN
-PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP
+NodeName=$host NodeHostname=$host Port=$slurmd_port $node State=UNKNOWN
+NodeName=$host-2 NodeHostname=$host NodeAddr=$host Port=$((slurmd_port + 1)) $node State=UNKNOWN
+PartitionName=debug Nodes=$host Default=YES MaxTime=INFINITE State=UP
+PartitionName=two Nodes=$host,$host-2 MaxTime=INFINITE State=UP
 EOF
 }
 
@@ -120,6 +124,7 @@ start() {
   slurmd_port=${LOCAL_SLURM_SLURMD_PORT:-16818}
   port_free "$ctld_port" || skip "port $ctld_port (slurmctld) is taken: set LOCAL_SLURM_CTLD_PORT"
   port_free "$slurmd_port" || skip "port $slurmd_port (slurmd) is taken: set LOCAL_SLURM_SLURMD_PORT"
+  port_free "$((slurmd_port + 1))" || skip "port $((slurmd_port + 1)) (the second slurmd) is taken: set LOCAL_SLURM_SLURMD_PORT"
   mkdir -p "$dir/state" "$dir/spool" "$dir/log" "$dir/munge"
   chmod 700 "$dir/munge"
   write_conf "$dir" "$host" "$ctld_port" "$slurmd_port"
@@ -139,18 +144,21 @@ start() {
   setsid slurmctld -D -i -f "$SLURM_CONF" </dev/null >>"$dir/log/slurmctld.out" 2>&1 &
   echo $! >"$dir/slurmctld.pid"
   wait_for "scontrol ping | grep -q UP" 30 || { stop "$dir"; die "slurmctld did not answer (see $dir/log/slurmctld.log)"; }
-  setsid slurmd -D -f "$SLURM_CONF" </dev/null >>"$dir/log/slurmd.out" 2>&1 &
+  mkdir -p "$dir/spool/$host" "$dir/spool/$host-2"
+  setsid slurmd -D -N "$host" -f "$SLURM_CONF" </dev/null >>"$dir/log/slurmd.out" 2>&1 &
   echo $! >"$dir/slurmd.pid"
-  if ! wait_for "[[ \$(sinfo -h -n '$host' -o %T) == idle ]]" "${LOCAL_SLURM_TIMEOUT:-60}"; then
+  setsid slurmd -D -N "$host-2" -f "$SLURM_CONF" </dev/null >>"$dir/log/slurmd-2.out" 2>&1 &
+  echo $! >"$dir/slurmd2.pid"
+  if ! wait_for "[[ \$(sinfo -h -p two -o %T) == idle ]]" "${LOCAL_SLURM_TIMEOUT:-60}"; then
     local state
-    state=$(sinfo -h -n "$host" -o '%T %E' 2>&1)
+    state=$(sinfo -h -N -p two -o '%N %T %E' 2>&1 | tr '\n' ' ')
     stop "$dir"
-    die "the node $host is not idle after ${LOCAL_SLURM_TIMEOUT:-60} s ($state; see $dir/log/slurmd.log)"
+    die "the nodes $host and $host-2 are not idle after ${LOCAL_SLURM_TIMEOUT:-60} s ($state; see $dir/log/slurmd-*.log)"
   fi
-  for pid in munged slurmctld slurmd; do
+  for pid in munged slurmctld slurmd slurmd2; do
     kill -0 "$(cat "$dir/$pid.pid")" 2>/dev/null || { stop "$dir"; die "$pid exited (see $dir/log)"; }
   done
-  echo "local_slurm: node $host idle (SLURM_CONF=$dir/slurm.conf)"
+  echo "local_slurm: nodes $host (partition debug, the default) and $host-2 (with $host: partition two) idle (SLURM_CONF=$dir/slurm.conf)"
 }
 
 # Stop a daemon by the PID recorded in DIR/NAME.pid: SIGTERM, up to 15 s, then SIGKILL
@@ -185,6 +193,7 @@ stop() {
     fi
   fi
   stop_one "$dir" slurmd
+  stop_one "$dir" slurmd2
   stop_one "$dir" slurmctld
   stop_one "$dir" munged
 }

@@ -219,6 +219,95 @@ def test_grpo(slurm, grpo_data, tiny_dir, tmp_path):
     no_ray_left(job)
 
 
+def _ray_processes_by_node(job) -> dict[str, set[str]]:
+    """The job's Ray actor processes (``ray::<class>``) now, by the raylet that started them, the raylet
+    named by its node manager port (every node of the job has its own)."""
+    nodes: dict[str, set[str]] = {}
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit():
+            continue
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0].decode(errors="replace")
+            parent = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+            raylet = Path(f"/proc/{parent}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except (OSError, IndexError):
+            continue
+        if cmd.startswith("ray::") and "raylet" in raylet and f"ray-recallm-{job.id}" in raylet:
+            port = re.search(r"--node_manager_port=(\d+)", raylet)
+            nodes.setdefault(port.group(1) if port else "?", set()).add(cmd.split()[0].split(".")[0])
+    return nodes
+
+
+@pytest.mark.slow
+def test_grpo_on_two_ray_nodes(slurm, grpo_data, tiny_dir, tmp_path):
+    """grpo_multinode.sbatch on two SLURM nodes (the partition ``two``: two slurmd on this machine): the script
+    starts Ray's head on the first node and a worker node on the second through srun (separate raylets, each
+    on its own ports), ``trainer.nnodes=2`` x one logical GPU: the actor's ranks (verl's placement group per
+    node) and the two rollout replicas run on both raylets, the weights reach each replica (the rollout's and
+    the actor's log-probs agree after an update), a checkpoint; then the same job submitted again resumes from
+    it for a third step."""
+    ckpt, rollouts, logs = tmp_path / "ckpt", tmp_path / "rollouts", tmp_path / "logs"
+    options = ("--partition=two", "--nodes=2", "--gpus-per-node=0", f"--cpus-per-task={CPUS}")
+    job = slurm.submit("grpo_multinode.sbatch", *grpo_args(tiny_dir, grpo_data, ckpt, rollouts), options=options,
+                       logs=logs, env=grpo_env())
+    slurm.wait_log(job, r"(?:^|\s)step:1 - ", timeout=900)
+    placed = _ray_processes_by_node(job)  # while step 2 runs
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job.text()[-8000:]
+    log = job.text()
+    assert "is up: 2 node(s), 2 GPU(s)" in log, log[-6000:]
+    assert len(placed) == 2, placed  # two raylets: the head's and the worker node's
+    for node, classes in placed.items():
+        assert {"ray::WorkerDict", "ray::HFCPUServer"} <= classes, (node, placed)
+    metrics = step_metrics(log)
+    assert sorted(metrics) == [1, 2], log[-6000:]
+    assert all(m["training/rollout_probs_diff_max"] < 1e-3 for m in metrics.values())
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    no_ray_left(job)
+    again = slurm.submit("grpo_multinode.sbatch", *grpo_args(tiny_dir, grpo_data, ckpt, rollouts, steps=3),
+                         options=options, logs=logs, env=grpo_env())
+    assert slurm.wait(again, timeout=900) == "COMPLETED", again.text()[-8000:]
+    log = again.text()
+    assert "resume:       global_step_2 (checksums verified)" in log
+    metrics = step_metrics(log)
+    assert sorted(metrics) == [3] and metrics[3]["training/rollout_probs_diff_max"] < 1e-3, log[-6000:]
+    no_ray_left(again)
+
+
+def _logged_steps(log: str) -> list[int]:
+    return sorted(int(n) for n in re.findall(r"(?:^|\s)step:(\d+) - ", log))
+
+
+@pytest.mark.slow
+def test_grpo_preempted_saves_requeues_and_resumes(slurm, grpo_data, tiny_dir, tmp_path):
+    """SLURM's warning (``scancel --signal=USR1 --batch``: what ``--signal=B:USR1@600`` sends before the time
+    limit) during GRPO: the script sends SIGTERM to recallm-grpo, which ends the step under way, saves it
+    (checksummed) and stops (``recallm.grpo.preemption``) although ``trainer.save_freq`` would not save it;
+    the job requeues, the same job id runs again, resumes once, from that step, and ends at the last
+    step with every step trained and logged once."""
+    from recallm.grpo.checkpoints import check_step
+
+    ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
+    args = grpo_args(tiny_dir, grpo_data, ckpt, rollouts, "trainer.save_freq=100", steps=4)  # saves only step 4
+    job = slurm.submit("grpo.sbatch", *args, options=CPU_JOB, logs=tmp_path / "logs", env=grpo_env())
+    slurm.wait_log(job, r"(?:^|\s)step:1 - ", timeout=900)
+    slurm.run("scancel", "--signal=USR1", "--batch", job.id)
+    slurm.wait_log(job, r"restart 1\)", timeout=600)  # requeued, running again under the same id
+    assert slurm.wait(job, timeout=900) == "COMPLETED", job.text()[-8000:]
+    log = job.text()
+    stops = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint (\S+) saved", log)
+    resumes = re.findall(r"resume: +global_step_(\d+) \(checksums verified\)", log)
+    assert len(stops) == 1 and resumes == [stops[0][0]], log[-8000:]
+    step = int(stops[0][0])
+    assert 1 <= step < 4 and stops[0][1] == str(ckpt / f"global_step_{step}")
+    assert f"Resuming from {ckpt / f'global_step_{step}'}" in log
+    assert "warning signal: stopping the run" in log
+    assert _logged_steps(log) == [1, 2, 3, 4], log[-8000:]  # none lost, none done twice
+    assert slurm.completions(job)[-1] == "COMPLETED" and len(slurm.completions(job)) == 2, slurm.completions(job)
+    assert check_step(ckpt / f"global_step_{step}") and check_step(ckpt / "global_step_4")
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
+    no_ray_left(job)
+
+
 @pytest.mark.slow
 def test_eval(slurm, tiny_dir, tmp_path):
     """eval.sbatch with the CPU suite (RECALLM_SUITE=tiny) and the HF backend (``backend.name=hf`` after the

@@ -165,10 +165,13 @@ def test_grpo_two_nodes(tmp_path):
     assert _option(worker["args"], "address") == address
     for call in (head, worker):
         assert _option(call["args"], "num-cpus") == "96" and _option(call["args"], "num-gpus") == "8"
-        assert _option(call["args"], "temp-dir") == f"/tmp/ray-recallm-{JOB}"
+        assert _option(call["args"], "temp-dir") == f"/tmp/ray-recallm-{JOB}" + ("-gpu-b" if call is worker else "")
         ports = [int(a.split("=")[1]) for a in call["args"] if re.match(r"--[a-z-]*port=", a)]
         assert all(BASE <= p < BASE + 200 for p in ports), ports
-        assert int(_option(call["args"], "max-worker-port")) == BASE + 199
+    assert int(_option(head["args"], "max-worker-port")) == BASE + 109
+    assert int(_option(worker["args"], "max-worker-port")) == BASE + 199
+    # the head's ports and a worker node's are disjoint: two SLURM nodes on one machine do not collide
+    assert not _node_ports(head) & _node_ports(worker)
     # the head first (1 node, its GPUs), then the whole cluster
     assert [c["args"] for c in run.named("python")] == [
         ["-m", "recallm.grpo.cluster", "--address", address, "--nodes", n, "--gpus", g, "--timeout", "600"]
@@ -185,10 +188,15 @@ def test_grpo_two_nodes(tmp_path):
         assert not alive(call["pid"]), call
 
 
-def _ports(run):
-    used = {int(a.split("=")[1]) for c in run.named("ray") for a in c["args"] if re.match(r"--[a-z-]*port=", a)}
-    args = run.named("ray")[0]["args"]
+def _node_ports(call) -> set[int]:
+    """Every port one ``ray start`` may take: its own and its worker processes' range."""
+    args = call["args"]
+    used = {int(a.split("=")[1]) for a in args if re.match(r"--[a-z-]*port=", a) and "worker-port" not in a}
     return used | set(range(int(_option(args, "min-worker-port")), int(_option(args, "max-worker-port")) + 1))
+
+
+def _ports(run):
+    return set().union(*(_node_ports(call) for call in run.named("ray")))
 
 
 @pytest.mark.parametrize("script", ["grpo.sbatch", "grpo_multinode.sbatch"])
