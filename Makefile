@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-fast test-integration test-vllm test-cluster lint bench clean smollm2 system-deps
+.PHONY: demo test test-fast test-integration test-vllm test-vllm-fast test-cluster lint bench clean smollm2 system-deps
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || bash scripts/system_deps.sh venv $(PYTHON)
@@ -50,6 +50,12 @@ test-integration: $(STAMP) system-deps
 # scripts/test_vllm.sh and the README for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# The tier's fast part, which .ci/run runs: the processor in vLLM's engine, recallm-serve, and the abort of
+# a cancelled request and of an RLM sub-call. The GRPO-on-vLLM and LoRA tests stay in test-vllm only.
+VLLM_FAST := tests/vllm_tier/test_vllm_engine.py tests/vllm_tier/test_serve.py tests/vllm_tier/test_vllm_abort.py
+test-vllm-fast: $(STAMP)
+	bash scripts/test_vllm.sh $(VLLM_FAST)
 
 # Third tier: the sbatch scripts under a real one-machine SLURM (scripts/local_slurm.sh installs slurm-wlm and
 # munge with apt-get as root, else the tier skips with the reason), preemption and requeue, GRPO on two Ray nodes.
