@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 
 SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-fast test-integration test-vllm test-cluster lint bench clean smollm2 system-deps
+.PHONY: demo test test-fast test-integration test-vllm test-vllm-fast test-cluster lint bench clean smollm2 system-deps
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || bash scripts/system_deps.sh venv $(PYTHON)
@@ -29,7 +29,8 @@ $(SMOLLM2)/config.json: | $(STAMP)
 
 # Test tiers: tests/unit (fast, in-process: about 100 s on 2 cores), tests/integration (CLI
 # subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
-# `make test` runs unit + integration (pyproject's testpaths); it is the README's and CI's command.
+# `make test` runs unit + integration (pyproject's testpaths); it is the README's command, and CI's
+# (.ci/run), followed there by test-cluster and test-vllm-fast.
 # What the tests need from the system besides Python (bubblewrap, a C++ compiler and the Python headers
 # for DeepSpeed's CPU ops): apt-get installs what is missing when run as root, else the tests go on
 # without it (DeepSpeed's skipped with the reason, bubblewrap's cases left out; scripts/system_deps.sh).
@@ -50,6 +51,13 @@ test-integration: $(STAMP) system-deps
 # scripts/test_vllm.sh and the README for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
+
+# The tier's fast part, which .ci/run runs: the processor in vLLM's engine, recallm-serve, and the abort of
+# a cancelled request and of an RLM sub-call. The GRPO-on-vLLM and LoRA tests stay in test-vllm only.
+# On a new 2-core machine: the environment in ~215 s (6.9 GB), the 6 tests in ~3-4 min (README).
+VLLM_FAST := tests/vllm_tier/test_vllm_engine.py tests/vllm_tier/test_serve.py tests/vllm_tier/test_vllm_abort.py
+test-vllm-fast: $(STAMP)
+	bash scripts/test_vllm.sh $(VLLM_FAST)
 
 # Third tier: the sbatch scripts under a real one-machine SLURM (scripts/local_slurm.sh installs slurm-wlm and
 # munge with apt-get as root, else the tier skips with the reason), preemption and requeue, GRPO on two Ray nodes.

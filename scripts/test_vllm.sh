@@ -16,7 +16,8 @@
 # A constraints file keeps torch and transformers at those versions while the rest resolves.
 # Seen on a 2-core machine: about 4 minutes to install, about 7 GB on disk.
 #
-# Usage: scripts/test_vllm.sh [pytest args]      (RECALLM_VLLM_VENV=... to place the environment)
+# Usage: scripts/test_vllm.sh [test paths] [pytest args]   (no path: all of tests/vllm_tier;
+#        RECALLM_VLLM_VENV=... to place the environment)
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -72,9 +73,29 @@ EOF
 fi
 
 cd "$ROOT"
+# The tier's tests skip where vLLM is not importable; in this environment that means it is broken, so
+# say so instead of reporting skips (or, for CI, passing).
+"$VENV/bin/python" -c "import vllm" >/dev/null 2>&1 || {
+    echo "vLLM does not import in $VENV (delete it to rebuild):" >&2
+    "$VENV/bin/python" -c "import vllm" >&2 || true
+    exit 1
+}
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
 export VLLM_CPU_OMP_THREADS_BIND="${VLLM_CPU_OMP_THREADS_BIND:-nobind}"
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 export PATH="$VENV/bin:$PATH"   # the tier's `vllm` and `ray` executables
-exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider tests/vllm_tier "$@"
+# the whole tier unless an argument names a test path under tests/ (a file, directory or file::test,
+# relative to the checkout), e.g. `make test-vllm-fast`'s three files; other arguments are pytest options
+paths=0
+for arg in "$@"; do
+    case "$arg" in -*) continue ;; esac
+    target="${arg%%::*}"
+    if [ -e "$target" ]; then
+        case "$(realpath "$target")/" in "$(realpath "$ROOT")/tests/"*) paths=$((paths + 1)) ;; esac
+    fi
+done
+if [ "$paths" -eq 0 ]; then
+    set -- tests/vllm_tier "$@"
+fi
+exec "$VENV/bin/python" -m pytest -q -p no:cacheprovider "$@"

@@ -62,7 +62,7 @@ def backend(tmp_path_factory):
     core.get_output = counted
     yield backend, state
     backend.close()
-    del backend
+    backend.llm.llm_engine.engine_core.shutdown()  # its engine-core process ends here, not at interpreter exit
 
 
 def _reset(state, on_step=lambda n: None):

@@ -49,7 +49,7 @@ def served(tmp_path_factory):
     )
     words = [i for i in range(ids.start) if i not in tokenizer.all_special_ids]
     yield llm, model, ids, words
-    del llm
+    llm.llm_engine.engine_core.shutdown()  # its engine-core process ends here, not at interpreter exit
 
 
 def _prompts(ids, words, n, seed, end_in_span):
