@@ -283,12 +283,19 @@ def test_grpo_preempted_saves_requeues_and_resumes(slurm, grpo_data, tiny_dir, t
     limit) during GRPO: the script sends SIGTERM to recallm-grpo, which ends the step under way, saves it
     (checksummed) and stops (``recallm.grpo.preemption``) although ``trainer.save_freq`` would not save it;
     the job requeues, the same job id runs again, resumes once, from that step, and ends at the last
-    step with every step trained and logged once."""
+    step with every step trained and logged once, and with the final weights of the same job never
+    interrupted (the rollout seeds every response by its step and prompt: ``seed_per_request``)."""
     from recallm.grpo.checkpoints import check_step
 
-    ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
-    args = grpo_args(tiny_dir, grpo_data, ckpt, rollouts, "trainer.save_freq=100", steps=4)  # saves only step 4
-    job = slurm.submit("grpo.sbatch", *args, options=CPU_JOB, logs=tmp_path / "logs", env=grpo_env())
+    def args(ckpt: Path) -> list[str]:  # saves only step 4; each response seeded by its step and prompt
+        seeded = "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.seed_per_request=true"
+        return grpo_args(tiny_dir, grpo_data, ckpt, ckpt.with_name("rollouts"), "trainer.save_freq=100", seeded, steps=4)
+
+    whole = slurm.submit("grpo.sbatch", *args(tmp_path / "whole" / "ckpt"), options=CPU_JOB, logs=tmp_path / "logs",
+                         env=grpo_env())
+    assert slurm.wait(whole, timeout=900) == "COMPLETED", whole.text()[-8000:]
+    ckpt = tmp_path / "preempted" / "ckpt"
+    job = slurm.submit("grpo.sbatch", *args(ckpt), options=CPU_JOB, logs=tmp_path / "logs", env=grpo_env())
     slurm.wait_log(job, r"(?:^|\s)step:1 - ", timeout=900)
     slurm.run("scancel", "--signal=USR1", "--batch", job.id)
     slurm.wait_log(job, r"restart 1\)", timeout=600)  # requeued, running again under the same id
@@ -306,6 +313,48 @@ def test_grpo_preempted_saves_requeues_and_resumes(slurm, grpo_data, tiny_dir, t
     assert check_step(ckpt / f"global_step_{step}") and check_step(ckpt / "global_step_4")
     assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4"
     no_ray_left(job)
+    # the same final weights as the job never interrupted (the trained shards, compared tensor by tensor)
+    shard = Path("global_step_4") / "actor" / "model_world_size_1_rank_0.pt"
+    ours, theirs = (torch.load(d / shard, weights_only=False) for d in (ckpt, tmp_path / "whole" / "ckpt"))
+    assert ours.keys() == theirs.keys()
+    for name, tensor in ours.items():
+        local = getattr(tensor, "to_local", lambda t=tensor: t)()
+        other = getattr(theirs[name], "to_local", lambda t=theirs[name]: t)()
+        torch.testing.assert_close(local, other, rtol=1e-5, atol=1e-6, msg=name)
+
+
+@pytest.mark.slow
+def test_grpo_hard_scancel_then_resubmit_resumes_from_a_verified_checkpoint(slurm, grpo_data, tiny_dir, tmp_path):
+    """A hard ``scancel`` of a GRPO job mid-run (SIGTERM to every process of the job, SIGKILL ``KillWait`` later,
+    no requeue), then the same command submitted again: it resumes from the newest step that verifies against
+    the checksums written after its save (``recallm.grpo.checkpoints``), never a partial one, and ends at the
+    last step."""
+    from recallm.errors import RecallmError
+    from recallm.grpo.checkpoints import check_step
+    from recallm.grpo.retention import saved_steps
+
+    ckpt, rollouts, logs = tmp_path / "ckpt", tmp_path / "rollouts", tmp_path / "logs"
+    args = grpo_args(tiny_dir, grpo_data, ckpt, rollouts, "trainer.save_freq=1", steps=4)
+    first = slurm.submit("grpo.sbatch", *args, options=CPU_JOB, logs=logs, env=grpo_env())
+    slurm.wait_log(first, r"(?:^|\s)step:2 - ", timeout=900)  # global_step_2 saved, step 3 under way
+    slurm.run("scancel", first.id)
+    assert slurm.wait(first, timeout=120) == "CANCELLED"
+    complete = []
+    for step, path in sorted(saved_steps(ckpt).items()):
+        try:
+            check_step(path)
+            complete.append(step)
+        except RecallmError:  # cut short: the rerun must not take it
+            pass
+    assert complete and 2 in complete
+    second = slurm.submit("grpo.sbatch", *args, options=CPU_JOB, logs=logs, env=grpo_env())
+    assert slurm.wait(second, timeout=900) == "COMPLETED", second.text()[-8000:]
+    log = second.text()
+    resumed = re.findall(r"resume: +global_step_(\d+) \(checksums verified\)", log)
+    assert resumed == [str(max(complete))], (resumed, complete, log[-4000:])
+    assert _logged_steps(log) == list(range(max(complete) + 1, 5))
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "4" and check_step(ckpt / "global_step_4")
+    no_ray_left(second)
 
 
 @pytest.mark.slow

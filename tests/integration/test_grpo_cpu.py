@@ -141,6 +141,26 @@ def test_weight_update(tiny_dir):
         gen.load_weights([("model.nope.weight", torch.zeros(1))])
 
 
+def test_seed_per_request_makes_a_response_independent_of_its_batch(generator, tiny_dir):
+    """``seed_per_request``: a request's seed comes from the step, its prompt and its rank among that
+    prompt's requests, not from arrival order or batch-mates; generated alone, the same request gives
+    the same tokens (what makes a stopped and resumed GRPO run sample as an uninterrupted one)."""
+    from recallm.grpo.cpu.hf_generate import request_seeds
+
+    tokenizer = load_tokenizer(tiny_dir)
+    prompts = [tokenizer(p, add_special_tokens=False)["input_ids"] for p in PROMPTS]
+    params = {"max_tokens": 16, "temperature": 1.0, "top_p": 1.0, "top_k": -1}
+    requests = [generator.make_request(p, params) for p in prompts for _ in range(2)]  # n=2
+    seeded = request_seeds(requests, 7, 3, {})
+    seeds = [r.seed for r in seeded]
+    assert len(set(seeds)) == len(seeds)  # the two requests of one prompt differ too
+    assert sorted(r.seed for r in request_seeds(list(reversed(requests)), 7, 3, {})) == sorted(seeds)
+    assert request_seeds(requests, 7, 4, {})[0].seed != seeds[0]  # the next step samples anew
+    first = [generator.generate([r])[0].token_ids for r in seeded]
+    assert first == [generator.generate([r])[0].token_ids for r in seeded]
+    assert first[0] != first[1]  # two samples of one prompt, not one twice
+
+
 def test_settings_and_requests(generator):
     with pytest.raises(RecallmError, match="unknown key.*force_evry"):
         HFCPUSettings.from_engine_kwargs({"force_evry": 3})

@@ -19,6 +19,8 @@ it (what the trainer recomputes), not the 0 of a forced choice.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -30,7 +32,7 @@ import torch
 from recallm.errors import RecallmError
 from recallm.generation import GenRequest, GenResult, generate
 
-__all__ = ["HFCPUSettings", "HFGenerator"]
+__all__ = ["HFCPUSettings", "HFGenerator", "request_seeds"]
 
 #: where the settings live in the GRPO config (named in every error)
 SECTION = "actor_rollout_ref.rollout.engine_kwargs.hf_cpu"
@@ -57,6 +59,12 @@ class HFCPUSettings:
         batch_wait_ms: how long the server waits for more requests to arrive before it
             starts a batch (requests that arrive together are generated together).
         seed: sampling seed of the server (``None``: the rollout config's ``seed`` + replica rank).
+        seed_per_request: every request draws from a seed of its own, made from the server's seed,
+            the training step, its prompt and how many requests with that prompt came before it in
+            the step (:func:`request_seeds`), and is generated alone: a response no longer depends
+            on which requests arrived with it, so two runs of the same job (one of them stopped and
+            resumed) sample the same responses. Generating one request at a time is slower: a test
+            and reproducibility aid.
     """
 
     force_every: int | None = None
@@ -67,6 +75,7 @@ class HFCPUSettings:
     max_batch_size: int = 64
     batch_wait_ms: float = 20.0
     seed: int | None = None
+    seed_per_request: bool = False
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
@@ -235,6 +244,23 @@ class HFGenerator:
             raise RuntimeError(
                 f"hf_cpu weight update: {len(missing)} weight(s) of the rollout model were not sent, e.g. {missing[:3]}"
             )
+
+
+def request_seeds(
+    requests: Sequence[GenRequest], base: int, step: int | None, seen: dict[tuple[int, ...], int]
+) -> list[GenRequest]:
+    """``requests`` with a seed each (``HFCPUSettings.seed_per_request``): a hash of ``base``, the
+    training ``step``, the prompt and the prompt's count in ``seen`` (updated: the caller keeps one per
+    step). The requests of one prompt in a step are interchangeable (a GRPO group), so which of them
+    arrives first does not matter."""
+    seeded = []
+    for request in requests:
+        k = seen.get(request.prompt_ids, 0)
+        seen[request.prompt_ids] = k + 1
+        key = repr((base, step, request.prompt_ids, k)).encode()
+        seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & (2**63 - 1)
+        seeded.append(dataclasses.replace(request, seed=seed))
+    return seeded
 
 
 def default_threads() -> int:

@@ -38,7 +38,7 @@ from verl.workers.config import HFModelConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
-from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator, default_threads
+from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator, default_threads, request_seeds
 
 __all__ = ["ROLLOUT_NAME", "HFCPUServer", "HFCPUReplica", "HFCPUServerAdapter", "server_actor_name"]
 
@@ -70,6 +70,8 @@ class HFCPUServer:
         torch.set_num_threads(self.settings.threads or default_threads())
         seed = self.settings.seed if self.settings.seed is not None else int(self.config.seed) + replica_rank
         torch.manual_seed(seed)
+        self._seed = seed
+        self._seen: dict[tuple[int, ...], int] = {}  # prompts this step (seed_per_request)
 
         hf_config = copy.deepcopy(self.model_config.hf_config)  # override_config applied (as for the actor)
         max_model_len = self.config.max_model_len or getattr(hf_config, "max_position_embeddings", None)
@@ -142,7 +144,7 @@ class HFCPUServer:
                     break
             batch, self._pending = self._pending[:limit], self._pending[limit:]
             try:
-                results = await loop.run_in_executor(self._executor, self.generator.generate, [r for r, _ in batch])
+                results = await loop.run_in_executor(self._executor, self._generate, [r for r, _ in batch])
             except Exception as exc:  # the requests fail, the server stays up
                 log.exception("hf_cpu generation failed for a batch of %d requests", len(batch))
                 for _, future in batch:
@@ -152,6 +154,12 @@ class HFCPUServer:
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
+
+    def _generate(self, requests):
+        if not self.settings.seed_per_request:
+            return self.generator.generate(requests)
+        seeded = request_seeds(requests, self._seed, self.global_steps, self._seen)
+        return [self.generator.generate([request])[0] for request in seeded]  # alone: no batch-mates
 
     # --- weights (called by HFCPUServerAdapter) ---------------------------------------------------
 
@@ -163,9 +171,14 @@ class HFCPUServer:
         loop = asyncio.get_running_loop()
         await loop.run_in_executor(self._executor, self.generator.finish_weight_update)
         if global_steps is not None:
-            self.global_steps = global_steps
+            self._set_step(global_steps)
 
     async def set_global_steps(self, global_steps: int) -> None:
+        self._set_step(global_steps)
+
+    def _set_step(self, global_steps: int) -> None:
+        if global_steps != self.global_steps:
+            self._seen = {}
         self.global_steps = global_steps
 
     # --- the rest of verl's server interface: nothing to do on a CPU ------------------------------
