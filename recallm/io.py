@@ -51,6 +51,7 @@ from typing import Any
 from recallm.errors import RecallmError
 
 __all__ = [
+    "move_aside",
     "fsync_path",
     "replace",
     "atomic_path",
@@ -439,6 +440,20 @@ def check_output_unlocked(path: str | Path) -> None:
     """``check_unlocked`` for ``lock_output``'s lock of one file."""
     path = Path(path)
     _probe(_output_lock(path), path)
+
+
+def move_aside(path: str | Path, prefix: str = "corrupt-") -> Path:
+    """Rename ``path`` to ``<prefix><name>`` beside it (``-1``, ``-2``, ... when taken), fsyncing the
+    directory: a damaged artifact is kept, out of the way of the run that would read it."""
+    path = Path(path)
+    target = path.with_name(f"{prefix}{path.name}")
+    n = 1
+    while target.exists():
+        target = path.with_name(f"{prefix}{path.name}-{n}")
+        n += 1
+    os.replace(path, target)
+    fsync_path(path.parent)
+    return target
 
 
 def check_unlocked(directory: str | Path) -> None:

@@ -30,14 +30,13 @@ gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with 
 
 from __future__ import annotations
 
-import os
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from recallm.errors import RecallmError
 from recallm.grpo.retention import prune, saved_steps, settings
-from recallm.io import MANIFEST_FILE, fsync_path, verify_manifest, write_manifest, write_text_atomic
+from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifest, write_text_atomic
 
 __all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
 
@@ -110,17 +109,6 @@ class Resume:
         return f"global_step_{self.step} ({how})"
 
 
-def _aside(path: Path) -> Path:
-    target = path.with_name(f"corrupt-{path.name}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"corrupt-{path.name}-{n}")
-        n += 1
-    os.replace(path, target)
-    fsync_path(path.parent)
-    return target
-
-
 def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path: str | None = None) -> Resume:
     """Verify what a launch will resume from and make verl's tracker name the newest intact step
     (module doc). Raises ``RecallmError`` (one line) when no intact step is left; then nothing moves."""
@@ -160,7 +148,7 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     moved = []
     for path, why in damaged:
         if path.exists():
-            target = _aside(path)
+            target = move_aside(path)
             moved.append(f"{path.name} is {why}: moved it to {target.name}")
         else:
             moved.append(f"{path.name} (named by {TRACKER}) is {why}")

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import zipfile
 from collections.abc import Callable
@@ -35,7 +34,7 @@ from typing import Any
 from transformers import TrainerCallback
 
 from recallm.errors import RecallmError
-from recallm.io import MANIFEST_FILE, atomic_dir, fsync_path, replace, verify_manifest, write_manifest
+from recallm.io import MANIFEST_FILE, atomic_dir, move_aside, replace, verify_manifest, write_manifest
 
 __all__ = [
     "ManifestCallback",
@@ -132,17 +131,6 @@ def check_checkpoint(path: str | Path) -> Path:
     return path
 
 
-def _aside(path: Path) -> Path:
-    target = path.with_name(f"corrupt-{path.name}")
-    n = 1
-    while target.exists():
-        target = path.with_name(f"corrupt-{path.name}-{n}")
-        n += 1
-    os.replace(path, target)
-    fsync_path(path.parent)
-    return target
-
-
 def find_checkpoint(stage_dir: str | Path) -> Path | None:
     """The newest intact ``checkpoint-<step>`` of a stage directory, or None if there is none; newer
     damaged ones are moved aside with a warning (module doc)."""
@@ -160,7 +148,7 @@ def find_checkpoint(stage_dir: str | Path) -> Path | None:
         problem = _checkpoint_problem(path)
         if problem is None:
             for bad, why in damaged:
-                moved = _aside(bad)
+                moved = move_aside(bad)
                 log.warning(
                     "checkpoint %s is %s: moved it to %s; resuming from %s, the newest complete checkpoint",
                     bad.name, why, moved.name, path.name,
