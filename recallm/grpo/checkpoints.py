@@ -30,18 +30,16 @@ gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with 
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo.retention import prune, saved_steps, settings
+from recallm.grpo.retention import prune, saved_steps, settings, step_of
 from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifest, write_text_atomic
 
 __all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
 
 TRACKER = "latest_checkpointed_iteration.txt"
-_STEP_DIR = re.compile(r"global_step_(\d+)")
 
 
 def _tracked(root: Path) -> int | None:
@@ -55,9 +53,9 @@ def _tracked(root: Path) -> int | None:
         return -1
 
 
-def _checksummed(root: Path) -> bool:
-    """Whether any step of ``root`` has a manifest (then every step must have one)."""
-    return any((path / MANIFEST_FILE).is_file() for path in saved_steps(root).values())
+def _checksummed(steps: dict[int, Path]) -> bool:
+    """Whether any of a directory's ``steps`` (``saved_steps``) has a manifest (then every step must have one)."""
+    return any((path / MANIFEST_FILE).is_file() for path in steps.values())
 
 
 def step_problem(step_dir: str | Path, *, need_manifest: bool = True) -> str | None:
@@ -87,7 +85,7 @@ def check_step(step_dir: str | Path) -> bool:
     """Raise ``RecallmError`` (one line) unless ``step_dir`` is intact; True if it was verified
     against its manifest, False if it has none (saved before checksums existed)."""
     step_dir = Path(step_dir)
-    need = _checksummed(step_dir.parent)
+    need = _checksummed(saved_steps(step_dir.parent))
     problem = step_problem(step_dir, need_manifest=need)
     if problem:
         raise RecallmError(f"checkpoint {step_dir} is {problem}")
@@ -118,16 +116,15 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     if resume_mode == "resume_path":
         if not resume_from_path:
             raise RecallmError("trainer.resume_mode=resume_path needs trainer.resume_from_path=<dir>/global_step_N")
-        step_dir = Path(resume_from_path)
-        match = _STEP_DIR.fullmatch(step_dir.name)
-        if not match:
-            raise RecallmError(f"trainer.resume_from_path={step_dir} is not a global_step_N directory")
-        return Resume(int(match.group(1)), check_step(step_dir))
+        step = step_of(resume_from_path)
+        if step is None:
+            raise RecallmError(f"trainer.resume_from_path={resume_from_path} is not a global_step_N directory")
+        return Resume(step, check_step(resume_from_path))
     steps = saved_steps(root)
     tracked = _tracked(root)
     if tracked is None:
         return Resume(None)  # verl starts from scratch: nothing was ever saved here (its tracker comes last)
-    need = _checksummed(root)
+    need = _checksummed(steps)
     newest = tracked if tracked >= 0 else max(steps, default=-1)
     candidates = sorted((s for s in steps if s <= newest), reverse=True)
     if tracked >= 0 and tracked not in steps:

@@ -28,12 +28,18 @@ from pathlib import Path
 
 from recallm.io import forget_files
 
-__all__ = ["KEEP_ENV", "EVAL_STEP_ENV", "prune", "saved_steps", "settings"]
+__all__ = ["KEEP_ENV", "EVAL_STEP_ENV", "prune", "saved_steps", "settings", "step_of"]
 
 KEEP_ENV = "RECALLM_KEEP_CHECKPOINTS"
 EVAL_STEP_ENV = "RECALLM_EVAL_STEP"
 _STEP_DIR = re.compile(r"global_step_(\d+)")
 _OPTIMIZER_FILE = re.compile(r"optim_world_size_\d+_rank_\d+\.pt")
+
+
+def step_of(path: str | Path) -> int | None:
+    """N of a ``global_step_N`` path, else None."""
+    match = _STEP_DIR.fullmatch(Path(path).name)
+    return int(match.group(1)) if match else None
 
 
 def saved_steps(root: Path) -> dict[int, Path]:
@@ -42,9 +48,9 @@ def saved_steps(root: Path) -> dict[int, Path]:
         return {}
     found = {}
     for child in root.iterdir():
-        match = _STEP_DIR.fullmatch(child.name)
-        if match and child.is_dir():
-            found[int(match.group(1))] = child
+        step = step_of(child)
+        if step is not None and child.is_dir():
+            found[step] = child
     return found
 
 

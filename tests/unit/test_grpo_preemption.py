@@ -35,8 +35,7 @@ def _module(save_freq: int = 2):
 def _one_step(module, trainer) -> None:
     """What verl's loop does in a step, as far as the wrap sees it: start, ask about the deadline, save."""
     trainer._start_profiling(False)
-    if module.should_save_ckpt_esi(max_steps_duration=1.0):
-        pass  # verl saves global_step_<trainer.global_steps> here
+    module.should_save_ckpt_esi(max_steps_duration=1.0)  # (true: verl saves global_step_<global_steps>)
     trainer.global_steps += 1
 
 
