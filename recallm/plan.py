@@ -11,7 +11,7 @@ separate ``lm_head`` ``V*h`` unless tied), per layer ``q`` ``h*(H*d)``, ``k``/``
 (plus biases for Qwen2), ``o`` ``(H*d)*h``, the gated MLP ``3*h*I``, two RMSNorms ``2*h``; a final norm
 ``h``. Checked against the published totals: Qwen2.5-7B 7,615,616,512; Llama-3.1-8B 8,030,261,248
 (+4 recall-token rows: ``recallm.tokens`` grows Llama's 128,256 rows to 128,260 and keeps Qwen's
-padded 152,064). The shapes of the two paper bases (:data:`PAPER_MODELS`) are their published
+padded 152,064). The shapes of the two paper bases and of Qwen2.5-1.5B-Instruct (:data:`PAPER_MODELS`) are their published
 ``config.json``; a model directory's own ``config.json`` is read when it exists.
 
 GRPO: the actor under verl 0.9.1's FSDP2 engine (per GPU, world size ``N``)
@@ -187,6 +187,43 @@ class ModelShape:
         """bf16 K and V of every layer (vLLM's ``FullAttentionSpec.page_size_bytes`` per token)."""
         return 2 * self.layers * self.kv_heads * self.head_dim * 2
 
+    @property
+    def linear_layers(self) -> dict[str, tuple[int, int]]:
+        """(in, out) features of each linear layer of one decoder layer, by its module name."""
+        h, q, kv, i = self.hidden, self.heads * self.head_dim, self.kv_heads * self.head_dim, self.intermediate
+        return {
+            "q_proj": (h, q),
+            "k_proj": (h, kv),
+            "v_proj": (h, kv),
+            "o_proj": (q, h),
+            "gate_proj": (h, i),
+            "up_proj": (h, i),
+            "down_proj": (i, h),
+        }
+
+    def lora_targets(self, target_modules: Any = "all-linear") -> list[str]:
+        """The linear layers (of each decoder layer) a LoRA config adapts; ``all-linear`` is every one of them
+        (PEFT leaves the output head out)."""
+        linear = self.linear_layers
+        if isinstance(target_modules, str):
+            targets = list(linear) if target_modules == "all-linear" else [target_modules]
+        else:
+            targets = list(dict.fromkeys(str(t) for t in target_modules or []))
+        unknown = [t for t in targets if t not in linear]
+        if unknown or not targets:
+            raise RecallmError(
+                f"the plan knows the LoRA targets all-linear and {', '.join(linear)}; got {target_modules!r}"
+            )
+        return targets
+
+    def lora_params(self, rank: int, target_modules: Any = "all-linear") -> int:
+        """A LoRA adapter's parameters: ``rank * (in + out)`` (PEFT's A and B) for each targeted linear layer of
+        every decoder layer."""
+        if rank <= 0:
+            return 0
+        linear = self.linear_layers
+        return self.layers * sum(rank * sum(linear[t]) for t in self.lora_targets(target_modules))
+
     def layer_activation_bytes(self, tokens: int, dtype_bytes: int = 2) -> int:
         """One layer's forward working set at ``tokens`` (module doc; bf16: 2 bytes)."""
         h = self.hidden
@@ -205,6 +242,20 @@ PAPER_MODELS: dict[str, ModelShape] = {
         head_dim=128,
         intermediate=18944,
         tied=False,
+        qkv_bias=True,
+    ),
+    # not a paper base: the one-GPU recipe's model (configs/grpo/qwen2.5_1.5b_lora_24gb.yaml), its published
+    # config.json (151,936 rows hold the recall tokens in Qwen's padding; tied embeddings)
+    "qwen2.5_1.5b": ModelShape(
+        name="Qwen2.5-1.5B-Instruct",
+        vocab=151936,
+        hidden=1536,
+        layers=28,
+        heads=12,
+        kv_heads=2,
+        head_dim=128,
+        intermediate=8960,
+        tied=True,
         qkv_bias=True,
     ),
     "llama3.1_8b": ModelShape(
@@ -425,10 +476,16 @@ def actor_update_bytes(
     compute_bytes: int = 2,
     sharded: bool = True,
     logits_copies: int = 3,
+    lora_params: int = 0,
+    lora_width: int = 0,
+    param_bytes: int = 4,
 ) -> dict[str, int]:
     """Per-GPU bytes of the actor's update under verl's FSDP2 engine (module doc), by part. ``compute_bytes``
     4 and ``sharded=False``: the same step of a plain fp32 model in one process (the CPU's; the test that
-    measures it, ``tests/unit/test_plan.py``)."""
+    measures it, ``tests/unit/test_plan.py``). ``lora_params`` > 0: verl's LoRA (module doc, "LoRA"): the base
+    is frozen (no gradient, no optimizer state), the adapter (cast to the base's dtype, ``param_bytes``) has
+    both; ``lora_width``: the rank times the adapted linear layers of one decoder layer (what their A's outputs
+    keep per token). ``param_bytes``: the dtype verl loads the actor in (``fsdp_config.model_dtype``: fp32 by default)."""
     p, n = shape.params, gpus
     layer_act = shape.layer_activation_bytes(tokens, compute_bytes)
     if checkpointing:
@@ -436,13 +493,31 @@ def actor_update_bytes(
     else:
         activations = shape.layers * layer_act
     activations += attention_bytes(shape, longest_sequence or tokens, attn) * (1 if checkpointing else shape.layers)
+    gathered = (2 * 2 * shape.layer_params + 2 * shape.embedding_params) if sharded else 0
+    logits = logits_copies * compute_bytes * tokens * shape.vocab
+    if lora_params > 0:
+        a = lora_params
+        dtype = "fp32" if param_bytes == 4 else "bf16"
+        # each adapted linear layer keeps its A's rank-wide output too (the recomputed layer, or every layer)
+        activations += (1 if checkpointing else shape.layers) * tokens * lora_width * compute_bytes
+        return {
+            f"base parameters (frozen, {dtype} shard)": param_bytes * p // n,
+            f"adapter ({dtype} shard)": param_bytes * a // n,
+            f"adapter gradients ({dtype} " + ("unsharded)" if defer_grad_sync else "shard)"): (
+                param_bytes * a if defer_grad_sync else param_bytes * a // n
+            ),
+            f"adapter AdamW state ({dtype} shard)": 2 * param_bytes * a // n,
+            "gathered layers (bf16)": gathered,
+            "activations": activations,
+            "logits": logits,
+        }
     return {
         "parameters (fp32 shard)": 4 * p // n,
         "gradients (fp32 " + ("unsharded)" if defer_grad_sync else "shard)"): 4 * p if defer_grad_sync else 4 * p // n,
         "AdamW state (fp32 shard)": 8 * p // n,
-        "gathered layers (bf16)": (2 * 2 * shape.layer_params + 2 * shape.embedding_params) if sharded else 0,
+        "gathered layers (bf16)": gathered,
         "activations": activations,
-        "logits": logits_copies * compute_bytes * tokens * shape.vocab,
+        "logits": logits,
     }
 
 
@@ -455,11 +530,13 @@ def vllm_budget(
     batched_tokens: int = 8192,
     max_seqs: int = 256,
     eager: bool = False,
+    lora_params: int = 0,
 ) -> dict[str, int]:
     """vLLM's budget ``utilization * gpu_memory`` split as vLLM 0.24.0 does (module doc); the KV cache is
-    what is left (negative: the engine cannot start)."""
+    what is left (negative: the engine cannot start). ``lora_params``: one adapter slot at the engine's
+    ``max_lora_rank`` (verl starts it with ``max_loras=1``), in bf16 next to the weights."""
     budget = int(utilization * gpu_memory)
-    weights = 2 * shape.params // tp
+    weights = 2 * (shape.params + lora_params) // tp
     activations = batched_tokens * (4 * shape.hidden + 2 * shape.intermediate) * 2 // tp + max_seqs * shape.vocab * 4
     graphs = 0 if eager else CUDA_GRAPHS
     return {
@@ -471,16 +548,28 @@ def vllm_budget(
     }
 
 
-def checkpoint_bytes(shape: ModelShape, contents: list[str], *, model_dtype_bytes: int = 4) -> int:
-    """One verl FSDP save of ``save_contents`` (module doc)."""
-    p = shape.params
+def vllm_lora_rank(rank: int) -> int:
+    """The ``max_lora_rank`` verl starts vLLM with: the rank rounded up to one vLLM allows
+    (``verl/workers/rollout/vllm_rollout/utils.py``: ``get_vllm_max_lora_rank``, vLLM's ``MaxLoRARanks``)."""
+    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+    if rank > allowed[-1]:
+        raise RecallmError(f"lora_rank {rank} is above vLLM's largest max_lora_rank, {allowed[-1]}")
+    return next(r for r in allowed if r >= rank)
+
+
+def checkpoint_bytes(
+    shape: ModelShape, contents: list[str], *, model_dtype_bytes: int = 4, lora_params: int = 0
+) -> int:
+    """One verl FSDP save of ``save_contents`` (module doc). With LoRA (``lora_params`` > 0) the model shards
+    hold the frozen base and the adapter, the optimizer state only the adapter's two moments."""
+    p, a = shape.params, lora_params
     size = 0
     if "model" in contents:
-        size += model_dtype_bytes * p
+        size += model_dtype_bytes * (p + a)
     if "optimizer" in contents:
-        size += 8 * p
+        size += 2 * model_dtype_bytes * a if a else 8 * p
     if "hf_model" in contents:
-        size += 2 * p
+        size += 2 * (p + a)
     return size
 
 
@@ -576,10 +665,18 @@ def grpo_plan(
     defer = bool(_sel(cfg, f"{arr}.actor.fsdp_config.use_no_sync_for_gradient_accumulation", False))
     param_off = bool(_sel(cfg, f"{arr}.actor.fsdp_config.param_offload", False))
     optim_off = bool(_sel(cfg, f"{arr}.actor.fsdp_config.optimizer_offload", False))
+    model_dtype = str(_sel(cfg, f"{arr}.actor.fsdp_config.model_dtype", "fp32") or "fp32")
+    param_bytes = 2 if model_dtype in ("bf16", "bfloat16") else 4
+    rank = int(_sel(cfg, f"{arr}.model.lora_rank", 0) or 0)
+    targets = _sel(cfg, f"{arr}.model.target_modules", "all-linear") or "all-linear"
+    if not isinstance(targets, str):
+        targets = [str(t) for t in targets]
+    lora = shape.lora_params(rank, targets)
     gpu = cluster.gpu_memory
     plan = Plan(
         f"plan: GRPO {shape.name} ({shape.params / 1e9:.2f}B parameters) on {cluster.nodes} node(s) x "
         f"{cluster.gpus_per_node} GPU(s) of {_gib(gpu)}"
+        + (f", LoRA rank {rank} ({lora / 1e6:,.0f}M adapter parameters)" if lora else "")
     )
 
     # --- the actor's update
@@ -591,6 +688,9 @@ def grpo_plan(
         defer_grad_sync=defer,
         attn=attn if not packed else "flash_attention_2",
         longest_sequence=longest,
+        lora_params=lora,
+        lora_width=rank * len(shape.lora_targets(targets)) if lora else 0,
+        param_bytes=param_bytes if lora else 4,
     )
     tensors = sum(parts.values())
     update = int(tensors * (1 + FRAGMENTATION)) + 2 * CUDA_CONTEXT
@@ -619,8 +719,14 @@ def grpo_plan(
             batched_tokens=int(_sel(cfg, f"{rollout}.max_num_batched_tokens", 8192) or 8192),
             max_seqs=int(_sel(cfg, f"{rollout}.max_num_seqs", 256) or 256),
             eager=bool(_sel(cfg, f"{rollout}.enforce_eager", False)),
+            lora_params=shape.lora_params(vllm_lora_rank(rank), targets) if lora else 0,
         )
-        resident = 0 if (param_off and optim_off) else 12 * shape.params // n
+        if param_off and optim_off:
+            resident = 0
+        elif lora:  # the frozen base and the adapter with its two moments (its gradients are freed)
+            resident = param_bytes * (shape.params + 3 * lora) // n
+        else:
+            resident = 12 * shape.params // n
         plan.add(
             "GPU memory (per GPU)",
             "vLLM awake (rollout)",
@@ -687,11 +793,15 @@ def grpo_plan(
     share = cluster.gpus_per_node / n
     vllm = _sel(cfg, f"{rollout}.name") == "vllm"
     tp = int(_sel(cfg, f"{rollout}.tensor_model_parallel_size", 1) or 1)
+    # with LoRA the reference is the actor with its adapter off (verl's ref_in_actor): no second copy
+    state = param_bytes * (shape.params + 4 * lora) if lora else 16 * shape.params
     host_parts = {
-        "actor state offloaded": int(16 * shape.params * share) if (param_off or optim_off) else 0,
-        "reference (bf16)": int(2 * shape.params * share) if _sel(cfg, f"{arr}.actor.use_kl_loss", False) else 0,
+        "actor state offloaded": int(state * share) if (param_off or optim_off) else 0,
+        "reference (bf16)": int(2 * shape.params * share)
+        if _sel(cfg, f"{arr}.actor.use_kl_loss", False) and not lora
+        else 0,
         "sleeping vLLM weights": 2 * shape.params * cluster.gpus_per_node // tp if vllm else 0,
-        "save staging": int(12 * shape.params * share),
+        "save staging": int((param_bytes * (shape.params + 3 * lora) if lora else 12 * shape.params) * share),
         "processes": PROCESS_RAM * cluster.gpus_per_node,
     }
     plan.add(
@@ -706,8 +816,7 @@ def grpo_plan(
 
     # --- checkpoints
     contents = list(_sel(cfg, f"{arr}.actor.checkpoint.save_contents", ["model", "optimizer", "extra"]))
-    model_dtype = str(_sel(cfg, f"{arr}.actor.fsdp_config.model_dtype", "fp32") or "fp32")
-    one = checkpoint_bytes(shape, contents, model_dtype_bytes=2 if model_dtype in ("bf16", "bfloat16") else 4)
+    one = checkpoint_bytes(shape, contents, model_dtype_bytes=param_bytes, lora_params=lora)
     total = int(_sel(cfg, "trainer.total_training_steps") or 0)
     freq = int(_sel(cfg, "trainer.save_freq", -1))
     keep = _sel(cfg, "recallm.keep_checkpoints")
@@ -716,7 +825,7 @@ def grpo_plan(
     kept = _kept_saves(total, freq, keep or verl_keep)
     extra_eval = 0
     if keep and eval_step:
-        extra_eval = checkpoint_bytes(shape, ["model"], model_dtype_bytes=4)
+        extra_eval = checkpoint_bytes(shape, ["model"], model_dtype_bytes=param_bytes, lora_params=lora)
     # one more full save exists while the next is written (verl removes the oldest before writing only
     # with max_actor_ckpt_to_keep >= 2; our retention removes after the save)
     in_flight = one if keep else 0

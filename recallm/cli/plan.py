@@ -45,7 +45,10 @@ def _parser(prog: str, app: bool) -> argparse.ArgumentParser:
     p.add_argument("--disk-free-gb", type=float, help="free disk at the checkpoint directory in GB (default: measured)")
     p.add_argument("--write-gbps", type=float, help="write bandwidth there in GB/s (default: a 256 MiB write)")
     p.add_argument("--no-measure", action="store_true", help="do not write the 256 MiB probe file")
-    p.add_argument("--model", help="a paper base (qwen2.5_7b, llama3.1_8b) when the model path is not set")
+    p.add_argument(
+        "--model",
+        help="a known shape (qwen2.5_7b, llama3.1_8b: the paper bases; qwen2.5_1.5b) when the model path is not set",
+    )
     p.add_argument("--step-seconds", type=float, help="seconds per training step (for steps per hour)")
     p.add_argument("--metrics", help="a previous run's metrics.jsonl: its mean timing_s/step")
     p.add_argument("--time-limit-hours", type=float, help="the job's time limit: how many jobs the run takes")

@@ -26,6 +26,20 @@ def test_plan_of_the_paper_recipes_on_the_paper_node(recipe, capsys):
     assert plan["fits"]
 
 
+@pytest.mark.parametrize(
+    ("recipe", "model", "gpu_gib"),
+    [("qwen2.5_7b_lora_1gpu", "qwen2.5_7b", "80"), ("qwen2.5_1.5b_lora_24gb", "qwen2.5_1.5b", "24")],
+)
+def test_plan_of_the_one_gpu_lora_recipes_on_their_gpu(recipe, model, gpu_gib, tmp_path, capsys):
+    """What the README's "One GPU" section says: each LoRA recipe fits the one GPU it is written for."""
+    pytest.importorskip("verl")
+    node = ["--gpus", "1", "--gpu-mem-gib", gpu_gib, "--host-ram-gib", "128", "--disk-free-gb", "500"]
+    argv = ["grpo", f"grpo={recipe}", f"trainer.default_local_dir={tmp_path}", "--model", model, *node]
+    assert main([*argv, "--write-gbps", "1", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert "LoRA rank" in plan["title"] and plan["fits"], plan
+
+
 def test_require_fit_exits_2_with_one_line(capsys):
     pytest.importorskip("verl")
     argv = ["grpo", "grpo=qwen2.5_7b", *PAPER_NODE[:-1], "100", "--write-gbps", "1", "--require-fit"]
@@ -40,15 +54,33 @@ def test_require_fit_exits_2_with_one_line(capsys):
 
 
 def test_sft_plan_and_bad_input(capsys):
-    assert main(["sft", "sft=qwen2.5_7b", "model=qwen2.5_7b", "deepspeed=zero2", "stage=full", *PAPER_NODE,
-                 "--write-gbps", "1", "--step-seconds", "60"]) == 0
+    assert (
+        main(
+            [
+                "sft",
+                "sft=qwen2.5_7b",
+                "model=qwen2.5_7b",
+                "deepspeed=zero2",
+                "stage=full",
+                *PAPER_NODE,
+                "--write-gbps",
+                "1",
+                "--step-seconds",
+                "60",
+            ]
+        )
+        == 0
+    )
     out = capsys.readouterr().out
     assert "plan: SFT stage full Qwen2.5-7B-Instruct" in out and "training step (ZeRO-2)" in out
     assert "60.00 per hour" in out
     for argv, message in [
         (["sft", "--gpus", "0"], "error: --gpus must be positive, got 0"),
         (["sft", "--bogus"], "error: unknown flag --bogus (recallm-plan --help lists them)"),
-        (["sft", "model=qwen2.5_7b", "--metrics", "/nonexistent/m.jsonl"], "error: --metrics /nonexistent/m.jsonl: no such metrics log"),
+        (
+            ["sft", "model=qwen2.5_7b", "--metrics", "/nonexistent/m.jsonl"],
+            "error: --metrics /nonexistent/m.jsonl: no such metrics log",
+        ),
     ]:
         with pytest.raises(SystemExit) as exc:
             main([*argv, "--no-measure"])

@@ -19,6 +19,7 @@ from recallm.plan import (
     mean_step_seconds,
     model_shape,
     vllm_budget,
+    vllm_lora_rank,
 )
 
 # a shape small enough to compute by hand: V=100, h=8, L=2, H=2, K=1, d=4, I=16, untied, no bias
@@ -127,7 +128,11 @@ def _grpo_cfg(**changes):
 
 def _cluster(**kw):
     values = dict(
-        gpus_per_node=4, nodes=1, gpu_memory=int(79.2 * GiB), host_ram=1000 * GiB, disk_free=1000 * GB,
+        gpus_per_node=4,
+        nodes=1,
+        gpu_memory=int(79.2 * GiB),
+        host_ram=1000 * GiB,
+        disk_free=1000 * GB,
         write_bandwidth=1 * GB,
     )
     return Cluster(**{**values, **kw})
@@ -169,6 +174,76 @@ def test_grpo_plan_flash_attn_missing_and_unpacked_cost():
     assert cost.need == pytest.approx(2.0)
     assert "DOES NOT FIT" in plan.render() and not plan.fits
     assert grpo_plan(_grpo_cfg(), _cluster(), qwen, flash_attn_installed=True).fits
+
+
+def test_lora_adapter_size_by_hand_and_as_peft_counts_it(tiny_dir):
+    # SMALL: q 8x8, k 8x4, v 8x4, o 8x8, gate/up 8x16, down 16x8 -> r * (16 + 12 + 12 + 16 + 24 + 24 + 24) per layer
+    assert SMALL.lora_params(2) == 2 * 2 * 128
+    assert SMALL.lora_params(2, ["q_proj", "v_proj"]) == 2 * 2 * (16 + 12)
+    assert SMALL.lora_params(0) == 0
+    with pytest.raises(RecallmError, match="LoRA targets"):
+        SMALL.lora_params(2, ["lm_head"])
+    # the published size of verl's rank-64 adapter on Qwen2.5-7B (its LoRA examples): 161M
+    assert PAPER_MODELS["qwen2.5_7b"].lora_params(64) == 161_480_704
+    # and what PEFT builds on a real (tiny) model: the trainable parameters it reports
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_dir, dtype=torch.float32)
+    peft = get_peft_model(model, LoraConfig(r=8, lora_alpha=16, target_modules="all-linear", task_type="CAUSAL_LM"))
+    trainable = sum(p.numel() for p in peft.parameters() if p.requires_grad)
+    assert model_shape(str(tiny_dir)).lora_params(8) == trainable
+
+
+def test_vllm_lora_rank_rounds_up_as_verl_does():
+    assert [vllm_lora_rank(r) for r in (1, 2, 8, 9, 64, 300)] == [1, 8, 8, 16, 64, 320]
+    with pytest.raises(RecallmError, match="largest max_lora_rank"):
+        vllm_lora_rank(1024)
+
+
+def test_actor_update_and_checkpoint_under_lora_by_hand():
+    p, a = SMALL.params, SMALL.lora_params(2)
+    parts = actor_update_bytes(SMALL, 2, 10, checkpointing=True, lora_params=a, lora_width=2 * 7)
+    # the frozen base: parameters only; the adapter: parameters, gradients and two moments, all sharded
+    assert parts["base parameters (frozen, fp32 shard)"] == 4 * p // 2
+    assert parts["adapter (fp32 shard)"] == parts["adapter gradients (fp32 shard)"] == 4 * a // 2
+    assert parts["adapter AdamW state (fp32 shard)"] == 8 * a // 2
+    plain = actor_update_bytes(SMALL, 2, 10, checkpointing=True)
+    assert parts["activations"] == plain["activations"] + 10 * 14 * 2  # A's rank-wide outputs, one layer
+    bf16 = actor_update_bytes(SMALL, 2, 10, lora_params=a, lora_width=14, param_bytes=2)
+    assert bf16["base parameters (frozen, bf16 shard)"] == 2 * p // 2
+    # a save: base and adapter in the model shards, the adapter's moments in the optimizer's
+    assert checkpoint_bytes(SMALL, ["model", "optimizer", "extra"], lora_params=a) == 4 * (p + a) + 8 * a
+    assert checkpoint_bytes(SMALL, ["model"], model_dtype_bytes=2, lora_params=a) == 2 * (p + a)
+
+
+def test_grpo_plan_under_lora_on_one_gpu():
+    from recallm.plan import grpo_plan
+
+    qwen = PAPER_MODELS["qwen2.5_7b"]
+    lora = {
+        "actor_rollout_ref__model__lora_rank": 64,
+        "actor_rollout_ref__model__target_modules": "all-linear",
+        "actor_rollout_ref__actor__ppo_max_token_len_per_gpu": 21120,
+        "data__train_batch_size": 32,
+    }
+    one_gpu = _cluster(gpus_per_node=1, gpu_memory=80 * GiB, host_ram=256 * GiB)
+    plan = grpo_plan(_grpo_cfg(**lora), one_gpu, qwen, flash_attn_installed=True)
+    lines = {line.what: line for line in plan.lines}
+    assert plan.fits, plan.render()
+    assert "LoRA rank 64 (161M adapter parameters)" in plan.render()
+    # the reference is the actor with its adapter off: no bf16 copy in host RAM; the offloaded actor is the
+    # fp32 base and the adapter's parameters, gradients and moments
+    assert "reference" not in lines["host RAM"].why
+    assert "actor state offloaded 30.8 GiB" in lines["host RAM"].why
+    # the same without offloading: the fp32 base stays on the GPU next to vLLM's 48 GiB and does not fit
+    kept = grpo_plan(_grpo_cfg(**lora, actor_rollout_ref__actor__fsdp_config__param_offload=False), one_gpu, qwen)
+    awake = next(line for line in kept.lines if line.what == "vLLM awake (rollout)")
+    assert awake.fits is False and awake.need > 4 * qwen.params + 48 * GiB
+    # a full finetune of the same model on this GPU does not fit its update (16 bytes per parameter)
+    full = grpo_plan(_grpo_cfg(**{**lora, "actor_rollout_ref__model__lora_rank": 0}), one_gpu, qwen)
+    assert next(line for line in full.lines if line.what == "actor update (FSDP2)").fits is False
 
 
 def test_retention_keeps_the_newest_the_latest_and_the_eval_weights(tmp_path):
