@@ -125,6 +125,8 @@ def _seconds_per_step(stage_dir: Path) -> float:
 
 
 def _accuracy(final: Path, heldout: Path, n: int, max_new_tokens: int) -> dict[str, float]:
+    """The reward's answer metric and the span figures over the first ``n`` held-out prompts, and the answer
+    accuracy of each task category among them (``acc/<category>``)."""
     import itertools
 
     from recallm.io import iter_jsonl
@@ -133,8 +135,32 @@ def _accuracy(final: Path, heldout: Path, n: int, max_new_tokens: int) -> dict[s
     from recallm.tokens import load_tokenizer
 
     records = [record for _, record in itertools.islice(iter_jsonl(heldout), n)]
-    model = load_recallm_model(final)
-    return recall_metrics(model, load_tokenizer(final), records, max_new_tokens=max_new_tokens, batch_size=4)
+    model, tokenizer = load_recallm_model(final), load_tokenizer(final)
+    by_category: dict[str, list[dict]] = {}
+    for record in records:
+        by_category.setdefault(str(record.get("category", "?")), []).append(record)
+    scored = {
+        name: recall_metrics(model, tokenizer, group, max_new_tokens=max_new_tokens, batch_size=4)
+        for name, group in sorted(by_category.items())
+    }
+    checked = sum(m["recall_spans_checked"] for m in scored.values())
+    total = {
+        key: sum(m[key] * len(by_category[name]) for name, m in scored.items()) / len(records)
+        for key in ("answer_accuracy", "recall_spans")
+    }
+    if checked:  # the verbatim fraction of all spans (absent when there were none, as recall_metrics does)
+        total["recall_verbatim"] = (
+            sum(m.get("recall_verbatim", 0.0) * m["recall_spans_checked"] for m in scored.values()) / checked
+        )
+    return {**total, **{f"acc/{name}": m["answer_accuracy"] for name, m in scored.items()}}
+
+
+def _scores(row: dict[str, float]) -> str:
+    per_task = " ".join(f"{key[4:]} {value:.3f}" for key, value in sorted(row.items()) if key.startswith("acc/"))
+    return (
+        f"held-out accuracy {row['answer_accuracy']:.3f} ({per_task})  spans/answer {row['recall_spans']:.2f} "
+        f"verbatim {row.get('recall_verbatim', float('nan')):.2f}"
+    )
 
 
 def main() -> None:
@@ -147,6 +173,12 @@ def main() -> None:
     parser.add_argument("--variants", default=",".join(VARIANTS), help=f"comma-separated, of {', '.join(VARIANTS)}")
     parser.add_argument("--out", type=Path, default=None, help="keep the runs here (default: a temporary directory)")
     parser.add_argument("--init", type=Path, default=None, help="an embedding stage's final model to start from")
+    parser.add_argument(
+        "--rescore",
+        type=Path,
+        default=None,
+        help="score the variants' final models of an earlier --out directory again (no training; no RESULT line)",
+    )
     args = parser.parse_args()
     variants = [v for v in args.variants.split(",") if v]
     if "full" not in variants or "lora" not in variants or any(v not in VARIANTS for v in variants):
@@ -156,6 +188,16 @@ def main() -> None:
     from transformers import logging as hf_logging
 
     hf_logging.set_verbosity_error()
+    if args.rescore is not None:
+        for name in variants:
+            final = args.rescore / name / "full" / "final"
+            if not (final / "config.json").is_file():
+                raise SystemExit(f"no final model of variant {name} at {final}")
+            print(
+                f"{name:9s} {_scores(_accuracy(final, args.rescore / 'heldout' / 'sft' / 'train.jsonl', args.heldout, args.max_new_tokens))}",
+                flush=True,
+            )
+        return
     started = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
         work = args.out or Path(tmp)
@@ -195,9 +237,7 @@ def main() -> None:
             rows[name] = {"s_per_step": _seconds_per_step(out / "full"), "peak_rss": peak}
             rows[name].update(_accuracy(out / "full" / "final", heldout, args.heldout, args.max_new_tokens))
             print(
-                f"{name:9s} {rows[name]['s_per_step']:6.2f} s/step  peak RSS {peak / 2**30:5.2f} GiB  "
-                f"held-out accuracy {rows[name]['answer_accuracy']:.3f}  spans/answer {rows[name]['recall_spans']:.2f} "
-                f"verbatim {rows[name]['recall_verbatim']:.2f}",
+                f"{name:9s} {rows[name]['s_per_step']:6.2f} s/step  peak RSS {peak / 2**30:5.2f} GiB  {_scores(rows[name])}",
                 flush=True,
             )
     print(

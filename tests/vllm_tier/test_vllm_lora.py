@@ -47,10 +47,6 @@ def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
     validate(cfg)  # ours, then verl's
 
 
-@pytest.mark.skip(
-    reason="not yet run to completion: its first run on vLLM's CPU build sat idle for 15+ minutes on the loaded "
-    "development machine and was stopped: the vLLM LoRA path (issue 30) is unverified; remove this mark to investigate"
-)
 def test_eval_backend_serves_an_adapter_as_the_merged_model(tmp_path):
     from recallm.eval.backends import HFBackend, VLLMBackend
     from recallm.eval.types import GenerationSettings, TextRequest
@@ -81,10 +77,6 @@ def test_eval_backend_serves_an_adapter_as_the_merged_model(tmp_path):
     assert got != plain  # the adapter changed the outputs: vLLM applied it
 
 
-@pytest.mark.skip(
-    reason="not yet run to completion: its first run on vLLM's CPU build sat idle for 15+ minutes on the loaded "
-    "development machine and was stopped: the vLLM LoRA path (issue 30) is unverified; remove this mark to investigate"
-)
 def test_lora_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     from data_gen.generate import plan_from_config, run_plan
     from recallm.tiny import create_tiny
