@@ -7,6 +7,7 @@ Run with ``scripts/test_vllm.sh`` (skipped where vLLM is not importable).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import socket
@@ -30,32 +31,15 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
+@contextlib.contextmanager
+def serving(path, name: str, log, *extra: str):
+    """``recallm-serve path`` (a model or a LoRA adapter directory) on a free port, as ``name``; yields its
+    ``/v1`` address once ``/models`` answers, and stops its process group at the end."""
     import httpx
 
-    from recallm.tiny import create_tiny
-
-    path = create_tiny(tmp_path_factory.mktemp("tiny-serve"), seed=0, max_recall_tokens=MAX_RECALL)
     port = _free_port()
-    log = tmp_path_factory.mktemp("serve-log") / "server.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "recallm.cli.serve",
-        str(path),
-        "--port",
-        str(port),
-        "--served-model-name",
-        "recallm-tiny",
-        "--dtype",
-        "float32",
-        "--max-model-len",
-        "1024",
-        "--enforce-eager",
-        "--max-num-seqs",
-        "4",
-    ]
+    cmd = [sys.executable, "-m", "recallm.cli.serve", str(path), "--port", str(port), "--served-model-name", name]
+    cmd += ["--dtype", "float32", "--max-model-len", "1024", "--enforce-eager", "--max-num-seqs", "4", *extra]
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, start_new_session=True, env=os.environ)
     base = f"http://127.0.0.1:{port}/v1"
@@ -72,7 +56,7 @@ def server(tmp_path_factory):
             if time.monotonic() > deadline:
                 raise AssertionError(f"the server did not come up in 600 s:\n{log.read_text()[-4000:]}")
             time.sleep(2)
-        yield base, path
+        yield base
     finally:
         os.killpg(proc.pid, signal.SIGTERM)
         try:
@@ -80,6 +64,15 @@ def server(tmp_path_factory):
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    from recallm.tiny import create_tiny
+
+    path = create_tiny(tmp_path_factory.mktemp("tiny-serve"), seed=0, max_recall_tokens=MAX_RECALL)
+    with serving(path, "recallm-tiny", tmp_path_factory.mktemp("serve-log") / "server.log") as base:
+        yield base, path
 
 
 def test_chat_spans_are_verbatim(server):

@@ -14,6 +14,7 @@ pytest.importorskip("verl")
 from tests.grpo_runs import MIX, check_spans, grpo_command, step_metrics  # noqa: E402
 from tests.integration.test_lora_adapters import _adapter  # noqa: E402
 from tests.vllm_tier.test_grpo_vllm import _report, _run  # noqa: E402
+from tests.vllm_tier.test_serve import serving  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -75,6 +76,53 @@ def test_eval_backend_serves_an_adapter_as_the_merged_model(tmp_path):
     plain = [g.text for g in HFBackend(base, tokenizer, batch_size=1).generate(requests, settings)]
     assert got == merged
     assert got != plain  # the adapter changed the outputs: vLLM applied it
+
+
+def test_serve_answers_with_the_adapter_applied(tmp_path):
+    """``recallm-serve ADAPTER_DIR``: vLLM serves the base with the adapter (``--lora-modules``) under the served
+    name; its greedy completion is the merged model's (``recallm.generation`` on the merged weights), token for
+    token, and not the base's."""
+    import httpx
+
+    from recallm.generation import GenRequest, generate
+    from recallm.modeling import load_recallm_model
+    from recallm.tiny import create_tiny
+    from recallm.tokens import eos_token_ids, load_tokenizer
+
+    base = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
+    adapter = _adapter(base, tmp_path / "adapter", std=0.3)
+    tokenizer = load_tokenizer(adapter)
+    messages = [{"role": "user", "content": "key 7 is blue. key 9 is red. what is key 9?"}]
+    prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
+
+    def greedy(model_dir):
+        model = load_recallm_model(model_dir)
+        eos = eos_token_ids(tokenizer=tokenizer, config=model.config, generation_config=model.generation_config)
+        out = generate(model, [GenRequest(prompt_ids, 24)], tokenizer=tokenizer, eos_token_ids=eos)[0].token_ids
+        return [t for t in out if t not in eos]
+
+    with serving(adapter, "recallm-lora", tmp_path / "server.log") as url:
+        models = [m["id"] for m in httpx.get(f"{url}/models", timeout=30).json()["data"]]
+        assert "recallm-lora" in models, models
+        resp = httpx.post(
+            f"{url}/completions",
+            json={
+                "model": "recallm-lora",
+                "prompt": list(prompt_ids),
+                "max_tokens": 24,
+                "temperature": 0.0,
+                "logprobs": 1,
+                "return_tokens_as_token_ids": True,
+            },
+            timeout=300,
+        )
+    assert resp.status_code == 200, resp.text
+    served = [int(t.split(":", 1)[1]) for t in resp.json()["choices"][0]["logprobs"]["tokens"]]
+    eos = set(eos_token_ids(tokenizer=tokenizer, config=load_recallm_model(base).config))
+    served = [t for t in served if t not in eos]
+    assert served == greedy(adapter)
+    assert served != greedy(base)
 
 
 def test_lora_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
