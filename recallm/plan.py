@@ -901,6 +901,18 @@ def sft_plan(
         activations = shape.layers * tokens * shape.hidden * 2 + shape.layer_activation_bytes(tokens)
     else:
         activations = shape.layers * shape.layer_activation_bytes(tokens)
+    # stage full as a LoRA finetune (sft.lora.rank > 0): the adapter (and, with token_rows, the four recall
+    # rows of the embeddings, and of lm_head when untied) is what trains; each adapted layer keeps its A's output
+    lora_cfg = sft.get("lora") or {}
+    rank = int(lora_cfg.get("rank", 0) or 0) if stage == "full" else 0
+    adapter = 0
+    if rank > 0:
+        targets = lora_cfg.get("target_modules", "all-linear") or "all-linear"
+        targets = targets if isinstance(targets, str) else [str(t) for t in targets]
+        adapter = shape.lora_params(rank, targets)
+        trainable = adapter + (4 * shape.hidden * (1 if shape.tied else 2) if lora_cfg.get("token_rows") else 0)
+        width = rank * len(shape.lora_targets(targets))
+        activations += (1 if checkpointing else shape.layers) * tokens * width * 2
     ds = (cfg.get("deepspeed") or {}).get("file")
     offload = False
     if ds:
@@ -922,6 +934,7 @@ def sft_plan(
     plan = Plan(
         f"plan: SFT stage {stage} {shape.name} ({p / 1e9:.2f}B parameters) on {cluster.nodes} node(s) x "
         f"{cluster.gpus_per_node} GPU(s) of {_gib(cluster.gpu_memory)}, DeepSpeed {ds or 'none'}"
+        + (f", LoRA rank {rank} ({adapter / 1e6:,.0f}M adapter parameters)" if adapter else "")
     )
     plan.add(
         "GPU memory (per GPU)",
@@ -942,7 +955,8 @@ def sft_plan(
         "GiB",
         "fp32 master weights, Adam moments and gradient partition (16 bytes per trainable parameter) + processes",
     )
-    one = 2 * p + 12 * trainable
+    # a LoRA checkpoint holds the adapter (fp32 at most), not the model; the final model is merged
+    one = (4 * trainable if adapter else 2 * p) + 12 * trainable
     keep = int(sft.get("save_total_limit") or 0)
     disk = one * ((keep + 1) if keep else 1)
     plan.add(
@@ -951,8 +965,8 @@ def sft_plan(
         disk + 2 * p,
         cluster.disk_free,
         "GB",
-        f"{one / GB:,.0f} GB per save (bf16 model + fp32 optimizer state) x {keep or 'every'} kept + 1 being "
-        f"written + the final model {2 * p / GB:,.0f} GB",
+        f"{one / GB:,.0f} GB per save ({'adapter' if adapter else 'bf16 model'} + fp32 optimizer state) x "
+        f"{keep or 'every'} kept + 1 being written + the final model {2 * p / GB:,.0f} GB",
         fix="sft.save_total_limit lower or a larger disk",
     )
     plan.add(

@@ -246,6 +246,33 @@ def test_grpo_plan_under_lora_on_one_gpu():
     assert next(line for line in full.lines if line.what == "actor update (FSDP2)").fits is False
 
 
+def test_sft_plan_under_lora():
+    from recallm.plan import sft_plan
+
+    qwen = PAPER_MODELS["qwen2.5_7b"]
+    sft = {"per_device_batch_size": 1, "max_length": 16000, "gradient_checkpointing": True, "save_total_limit": 2}
+    one_gpu = _cluster(gpus_per_node=1, gpu_memory=80 * GiB, host_ram=128 * GiB)
+    full = sft_plan({"stage": "full", "sft": sft}, one_gpu, qwen)
+    lora = sft_plan(
+        {"stage": "full", "sft": {**sft, "lora": {"rank": 64, "target_modules": "all-linear"}}}, one_gpu, qwen
+    )
+    step_full, step_lora = (
+        next(line for line in plan.lines if line.what.startswith("training step")) for plan in (full, lora)
+    )
+    assert step_full.fits is False and step_lora.fits  # 16 bytes a parameter vs the adapter's
+    a = qwen.lora_params(64)
+    assert "LoRA rank 64 (161M adapter parameters)" in lora.title
+    assert step_full.need - step_lora.need == pytest.approx(1.1 * 14 * (qwen.params - a), rel=0.01)
+    disk = next(line for line in lora.lines if line.what == "checkpoints")
+    assert disk.need == 3 * (4 * a + 12 * a) + 2 * qwen.params  # 2 kept + 1 written (adapter + optimizer), final
+    # token rows trained next to the adapter: four rows of the embeddings and of the untied lm_head
+    rows = sft_plan({"stage": "full", "sft": {**sft, "lora": {"rank": 64, "token_rows": True}}}, one_gpu, qwen)
+    assert next(line for line in rows.lines if line.what == "checkpoints").need - disk.need == 3 * 16 * 8 * qwen.hidden
+    # the embedding stage is not LoRA whatever sft.lora says
+    embed = sft_plan({"stage": "embed", "sft": {**sft, "lora": {"rank": 64}}}, one_gpu, qwen)
+    assert "LoRA" not in embed.title
+
+
 def test_retention_keeps_the_newest_the_latest_and_the_eval_weights(tmp_path):
     from recallm.grpo.retention import prune, saved_steps
 
