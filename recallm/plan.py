@@ -58,6 +58,20 @@ shards (``12P/N``) stay on the GPU next to vLLM's budget. The engine sleeps at l
 trains (``vllm_async_server.py``: ``engine.sleep(level=1)`` for the hybrid engine): its weights go to
 host RAM (pinned), its KV cache is freed.
 
+LoRA (``actor_rollout_ref.model.lora_rank`` > 0)
+-----------------------------------------------
+verl wraps the actor in PEFT (``transformer_impl.py``, ``_build_lora_module``): ``A`` and ``B`` of rank ``r``
+on each targeted linear layer, ``r*(in+out)`` parameters each (:meth:`ModelShape.lora_params`; PEFT's
+``all-linear`` leaves the output head out). The base is frozen: it keeps its parameters (in the dtype verl
+loads a training actor in, ``fsdp_config.model_dtype``, fp32 by default; the adapter is cast to it) but has
+no gradient and no optimizer state; the adapter ``a`` has both. Each adapted layer also keeps the rank-wide
+output of its ``A`` for the backward. The reference is the actor with its adapter off (``ray_trainer.py``:
+``ref_in_actor``), so no reference copy exists. vLLM holds one adapter slot (``max_loras=1``) at
+``max_lora_rank``, the rank rounded up to one vLLM allows (:func:`vllm_lora_rank`), in bf16. A save holds the
+base and the adapter in the model shards and the adapter's two moments. SFT's stage ``full`` with
+``sft.lora.rank`` > 0 (PEFT in ``recallm.sft``): the adapter, and the four recall rows when
+``sft.lora.token_rows``, is what trains and what a checkpoint holds; the final model is merged.
+
 Host RAM (per node)
 -------------------
 What the node's ranks offload: the actor's fp32 parameters, gradients and AdamW state (``16P`` in all,
