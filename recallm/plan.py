@@ -952,7 +952,7 @@ def sft_plan(
     )
     plan.add(
         "GPU memory (per GPU)",
-        "training step (ZeRO-2)",
+        "training step (ZeRO-2)" if ds else "training step",
         int(sum(parts.values()) * (1 + FRAGMENTATION)) + CUDA_CONTEXT,
         cluster.gpu_memory,
         "GiB",
