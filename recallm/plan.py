@@ -216,13 +216,14 @@ class ModelShape:
         }
 
     def lora_targets(self, target_modules: Any = "all-linear") -> list[str]:
-        """The linear layers (of each decoder layer) a LoRA config adapts; ``all-linear`` is every one of them
-        (PEFT leaves the output head out)."""
+        """The linear layers (of each decoder layer) a LoRA config adapts; ``all-linear`` (or unset: None, "")
+        is every one of them (PEFT leaves the output head out); a list may be any sequence (a ListConfig)."""
         linear = self.linear_layers
+        target_modules = target_modules or "all-linear"
         if isinstance(target_modules, str):
             targets = list(linear) if target_modules == "all-linear" else [target_modules]
         else:
-            targets = list(dict.fromkeys(str(t) for t in target_modules or []))
+            targets = list(dict.fromkeys(str(t) for t in target_modules))
         unknown = [t for t in targets if t not in linear]
         if unknown or not targets:
             raise RecallmError(
@@ -237,6 +238,11 @@ class ModelShape:
             return 0
         linear = self.linear_layers
         return self.layers * sum(rank * sum(linear[t]) for t in self.lora_targets(target_modules))
+
+    def lora_width(self, rank: int, target_modules: Any = "all-linear") -> int:
+        """Per token and decoder layer, the width of what the adapted layers' ``A`` output (kept for the
+        backward): the rank times the number of adapted linear layers."""
+        return rank * len(self.lora_targets(target_modules)) if rank > 0 else 0
 
     def layer_activation_bytes(self, tokens: int, dtype_bytes: int = 2) -> int:
         """One layer's forward working set at ``tokens`` (module doc; bf16: 2 bytes)."""
@@ -682,10 +688,10 @@ def grpo_plan(
     model_dtype = str(_sel(cfg, f"{arr}.actor.fsdp_config.model_dtype", "fp32") or "fp32")
     param_bytes = 2 if model_dtype in ("bf16", "bfloat16") else 4
     rank = int(_sel(cfg, f"{arr}.model.lora_rank", 0) or 0)
-    targets = _sel(cfg, f"{arr}.model.target_modules", "all-linear") or "all-linear"
-    if not isinstance(targets, str):
-        targets = [str(t) for t in targets]
+    targets = _sel(cfg, f"{arr}.model.target_modules", "all-linear")
     lora = shape.lora_params(rank, targets)
+    # under LoRA, what the actor keeps between phases: the frozen base, the adapter and its two moments
+    lora_kept = param_bytes * (shape.params + 3 * lora)
     gpu = cluster.gpu_memory
     plan = Plan(
         f"plan: GRPO {shape.name} ({shape.params / 1e9:.2f}B parameters) on {cluster.nodes} node(s) x "
@@ -703,7 +709,7 @@ def grpo_plan(
         attn=attn if not packed else "flash_attention_2",
         longest_sequence=longest,
         lora_params=lora,
-        lora_width=rank * len(shape.lora_targets(targets)) if lora else 0,
+        lora_width=shape.lora_width(rank, targets),
         param_bytes=param_bytes if lora else 4,
     )
     tensors = sum(parts.values())
@@ -738,7 +744,7 @@ def grpo_plan(
         if param_off and optim_off:
             resident = 0
         elif lora:  # the frozen base and the adapter with its two moments (its gradients are freed)
-            resident = param_bytes * (shape.params + 3 * lora) // n
+            resident = lora_kept // n
         else:
             resident = 12 * shape.params // n
         plan.add(
@@ -808,14 +814,14 @@ def grpo_plan(
     vllm = _sel(cfg, f"{rollout}.name") == "vllm"
     tp = int(_sel(cfg, f"{rollout}.tensor_model_parallel_size", 1) or 1)
     # with LoRA the reference is the actor with its adapter off (verl's ref_in_actor): no second copy
-    state = param_bytes * (shape.params + 4 * lora) if lora else 16 * shape.params
+    state = lora_kept + param_bytes * lora if lora else 16 * shape.params  # + the adapter's gradients
     host_parts = {
         "actor state offloaded": int(state * share) if (param_off or optim_off) else 0,
         "reference (bf16)": int(2 * shape.params * share)
         if _sel(cfg, f"{arr}.actor.use_kl_loss", False) and not lora
         else 0,
         "sleeping vLLM weights": 2 * shape.params * cluster.gpus_per_node // tp if vllm else 0,
-        "save staging": int((param_bytes * (shape.params + 3 * lora) if lora else 12 * shape.params) * share),
+        "save staging": int((lora_kept if lora else 12 * shape.params) * share),
         "processes": PROCESS_RAM * cluster.gpus_per_node,
     }
     plan.add(
@@ -921,12 +927,10 @@ def sft_plan(
     rank = int(lora_cfg.get("rank", 0) or 0) if stage == "full" else 0
     adapter = 0
     if rank > 0:
-        targets = lora_cfg.get("target_modules", "all-linear") or "all-linear"
-        targets = targets if isinstance(targets, str) else [str(t) for t in targets]
+        targets = lora_cfg.get("target_modules", "all-linear")
         adapter = shape.lora_params(rank, targets)
         trainable = adapter + (4 * shape.hidden * (1 if shape.tied else 2) if lora_cfg.get("token_rows") else 0)
-        width = rank * len(shape.lora_targets(targets))
-        activations += (1 if checkpointing else shape.layers) * tokens * width * 2
+        activations += (1 if checkpointing else shape.layers) * tokens * shape.lora_width(rank, targets) * 2
     ds = (cfg.get("deepspeed") or {}).get("file")
     offload = False
     if ds:
