@@ -82,7 +82,12 @@ def _data(model: Path, out: Path, count: int, seed: int) -> Path:
     from data_gen.generate import plan_from_config, run_plan
 
     run_plan(plan_from_config(_mixture(count, seed)), out, model, workers=1, progress=False)
-    return out / "sft" / "train.jsonl"
+    return _traces(out)
+
+
+def _traces(data_dir: Path) -> Path:
+    """The SFT traces a data directory of ``_data`` holds."""
+    return data_dir / "sft" / "train.jsonl"
 
 
 #: runs recallm-sft as ``python -m`` would, then writes the process's VmHWM (its own address space's peak
@@ -194,7 +199,7 @@ def main() -> None:
             if not (final / "config.json").is_file():
                 raise SystemExit(f"no final model of variant {name} at {final}")
             print(
-                f"{name:9s} {_scores(_accuracy(final, args.rescore / 'heldout' / 'sft' / 'train.jsonl', args.heldout, args.max_new_tokens))}",
+                f"{name:9s} {_scores(_accuracy(final, _traces(args.rescore / 'heldout'), args.heldout, args.max_new_tokens))}",
                 flush=True,
             )
         return

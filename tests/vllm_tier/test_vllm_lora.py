@@ -96,9 +96,10 @@ def test_serve_answers_with_the_adapter_applied(tmp_path):
     prompt = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     prompt_ids = tuple(tokenizer(prompt, add_special_tokens=False)["input_ids"])
 
-    def greedy(model_dir):
-        model = load_recallm_model(model_dir)
-        eos = eos_token_ids(tokenizer=tokenizer, config=model.config, generation_config=model.generation_config)
+    merged, plain = load_recallm_model(adapter), load_recallm_model(base)  # the adapter merged; the base alone
+    eos = eos_token_ids(tokenizer=tokenizer, config=merged.config, generation_config=merged.generation_config)
+
+    def greedy(model):
         out = generate(model, [GenRequest(prompt_ids, 24)], tokenizer=tokenizer, eos_token_ids=eos)[0].token_ids
         return [t for t in out if t not in eos]
 
@@ -119,10 +120,9 @@ def test_serve_answers_with_the_adapter_applied(tmp_path):
         )
     assert resp.status_code == 200, resp.text
     served = [int(t.split(":", 1)[1]) for t in resp.json()["choices"][0]["logprobs"]["tokens"]]
-    eos = set(eos_token_ids(tokenizer=tokenizer, config=load_recallm_model(base).config))
     served = [t for t in served if t not in eos]
-    assert served == greedy(adapter)
-    assert served != greedy(base)
+    assert served == greedy(merged)
+    assert served != greedy(plain)
 
 
 def test_lora_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
