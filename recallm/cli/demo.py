@@ -61,7 +61,7 @@ def run(cfg: DictConfig) -> int:
     from transformers import AutoModelForCausalLM
 
     import recallm.modeling  # noqa: F401  (registers the model classes)
-    from data_gen.toy import toy_kv_example
+    from data_gen.toy_kv import toy_kv_example
     from recallm.recall import RecallMatcher
     from recallm.tiny import create_tiny_from_config
     from recallm.tokens import RecallTokenIds, load_tokenizer

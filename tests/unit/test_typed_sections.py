@@ -105,7 +105,7 @@ def test_the_reward_stays_torch_free():
 
 # ------------------------------------------------------------------------------ data and pipeline
 def test_mixture_sections():
-    from data_gen.generate import plan_from_config
+    from data_gen.generate import schedule_from_config
 
     entry = {"task": "kv_retrieval", "count": 2, "lengths": 300}
     cases = [
@@ -121,9 +121,9 @@ def test_mixture_sections():
     ]
     for cfg, pattern in cases:
         if pattern is None:
-            assert plan_from_config(cfg).jobs[0].count == 2
+            assert schedule_from_config(cfg).jobs[0].count == 2
             continue
-        _one_line(lambda cfg=cfg: plan_from_config(cfg), pattern)
+        _one_line(lambda cfg=cfg: schedule_from_config(cfg), pattern)
 
 
 def _experiment(**changes) -> dict:
