@@ -94,7 +94,7 @@ def test_errors_are_one_line(broken_dirs, tmp_path, case, args, pattern):
 
 @pytest.mark.slow
 def test_demo_runs(tmp_path):
-    proc = _run("-m", "recallm.cli.demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=12", cwd=tmp_path)
+    proc = _run("-m", "recallm.cli.decoding_demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=12", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "UNTRAINED" in proc.stdout
     line = next(line for line in proc.stdout.splitlines() if line.startswith("constrained spans verbatim:"))
@@ -104,7 +104,7 @@ def test_demo_runs(tmp_path):
 
 
 def test_demo_bad_override_is_one_line(tmp_path):
-    proc = _run("-m", "recallm.cli.demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=5000", cwd=tmp_path)
+    proc = _run("-m", "recallm.cli.decoding_demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=5000", cwd=tmp_path)
     _assert_one_line_error(proc, r"n_pairs must be in \[1, 600\], got 5000")
 
 

@@ -47,4 +47,4 @@ def test_tiny_model_config_matches_spec():
     cfg = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
     spec = TinySpec(**{f.name: cfg[f.name] for f in fields(TinySpec) if f.name in cfg})
     assert spec.hidden_size // spec.num_attention_heads >= 32
-    assert Path(CONFIGS / "demo.yaml").is_file()
+    assert Path(CONFIGS / "decoding_demo.yaml").is_file()

@@ -187,7 +187,7 @@ def _restated(section: dict | None, cls, leave: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in (section or {}).items() if k not in leave and k in defaults and _same(defaults[k], v)}
 
 
-_RLM_SECTIONS = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "export")
+_RLM_SECTIONS = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "sft_data")
 
 
 def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]:
@@ -198,11 +198,11 @@ def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]
     from recallm.eval.backends import BackendSettings
     from recallm.pipeline import PipelineRun
     from recallm.rlm.budget import BudgetLimits
-    from recallm.rlm.export import ExportSettings
     from recallm.rlm.models import ModelSection
     from recallm.rlm.runner import RLMSettings
     from recallm.rlm.sandbox import SandboxLimits
     from recallm.rlm.settings import RLMRun
+    from recallm.rlm.sft_data import SFTDataSettings
     from recallm.rlm.subcalls import SubCallSettings
     from recallm.rlm.tasks import TaskRun
     from recallm.rlm.train import RLMTrainSettings
@@ -221,7 +221,7 @@ def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]
         ("pipeline.yaml", "(own keys)", load("pipeline.yaml"), PipelineRun, (*own, "experiment")),
         ("rlm.yaml", "(own keys)", rlm, RLMRun, (*own, *_RLM_SECTIONS)),
         ("rlm.yaml", "tasks", rlm["tasks"], TaskRun, ()),
-        ("rlm.yaml", "export", rlm["export"], ExportSettings, ()),
+        ("rlm.yaml", "sft_data", rlm["sft_data"], SFTDataSettings, ()),
         ("rlm.yaml", "root", rlm["root"], ModelSection, ()),
         ("rlm.yaml", "sub", rlm["sub"], ModelSection, ()),
         ("rlm.yaml", "rlm", rlm["rlm"], RLMSettings, ()),
@@ -248,7 +248,7 @@ def test_yaml_sections_with_a_schema_restate_no_default():
     rlm = yaml.safe_load((CONFIGS / "rlm.yaml").read_text())
     schemas = {"/schema/rlm_model@root", "/schema/rlm_model@sub", "/schema/rlm_settings@rlm",
                "/schema/rlm_subcalls@subcalls", "/schema/rlm_sandbox@sandbox", "/schema/rlm_budget@budget",
-               "/schema/rlm_tasks@tasks", "/schema/rlm_export@export"}  # fmt: skip
+               "/schema/rlm_tasks@tasks", "/schema/rlm_sft_data@sft_data"}  # fmt: skip
     assert schemas <= set(rlm["defaults"])
     for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data_gen", "data_run"),
                         ("pipeline", "pipeline_run"), ("rlm", "rlm_run")]:  # fmt: skip
@@ -308,8 +308,8 @@ def test_rlm_train_recipes_restate_nothing_of_the_base():
         ("rlm", ["+paralel=2"], r"^unknown setting paralel: .*did you mean parallel\?"),
         ("rlm", ["tasks.per_cel=2"], r"Key 'per_cel' not in 'TaskRun'"),
         ("rlm", ["tasks.per_cell=x"], r"^tasks\.per_cell must be an integer, got 'x'$"),
-        ("rlm", ["export.min_turn=1"], r"Key 'min_turn' not in 'ExportSettings'"),
-        ("rlm", ["export.max_turn_chars=many"], r"^export\.max_turn_chars must be an integer, got 'many'$"),
+        ("rlm", ["sft_data.min_turn=1"], r"Key 'min_turn' not in 'SFTDataSettings'"),
+        ("rlm", ["sft_data.max_turn_chars=many"], r"^sft_data\.max_turn_chars must be an integer, got 'many'$"),
     ],
 )
 def test_an_apps_own_keys_refuse_with_one_line(app, overrides, pattern):
@@ -332,7 +332,7 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
     assert (ev.mode, list(ev.runs), ev.model_path, ev.report, ev.report_dir) == ("report", ["a", "b"], "tiny", True, "outputs/eval/report")
     rlm = check_overrides("rlm", ["parallel=3", "tasks.per_cell=2"])
     assert (rlm.parallel, rlm.mode, rlm.tasks.per_cell, rlm.tasks.needles, rlm.tasks.name) == (3, "run", 2, 2, "tiny")
-    assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
+    assert (rlm.sft_data.min_turns, rlm.sft_data.max_turn_chars, rlm.sft_data.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
 
 
 @pytest.mark.parametrize("app", ["sft", "data_gen", "pipeline", "eval", "rlm", "rlm_train"])
