@@ -185,7 +185,7 @@ class SFTSection:
 @dataclass(frozen=True)
 class Mixture:
     """The schema of a mixture config (``configs/data/*.yaml``, the ``data`` section of
-    ``configs/data_gen.yaml``; read with ``recallm.config.typed``). The defaults live here."""
+    ``configs/data.yaml``; read with ``recallm.config.typed``). The defaults live here."""
 
     name: str | None = None
     seed: int = 0
@@ -210,7 +210,7 @@ class Mixture:
 
 @dataclass(frozen=True)
 class DataRun:
-    """The schema of ``configs/data_gen.yaml``'s own keys, ``recallm-data``'s (``recallm.config.typed``;
+    """The schema of ``configs/data.yaml``'s own keys, ``recallm-data``'s (``recallm.config.typed``;
     registered with Hydra by ``recallm.cli.schemas``); the ``data`` group is ``schedule_from_config``'s."""
 
     out_dir: str

@@ -406,26 +406,28 @@ def _option_file(file: Path) -> tuple[bool, dict[str, Any]]:
         return is_global, {}
 
 
-def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any]) -> list[str]:
-    """The keys a chosen option file declares required (``???``) and no file of ours sets, at their place in
-    the composed config. Hydra does not require them: merging ``???`` over a value an earlier config set
-    (verl's default for ``trainer.default_local_dir``, a schema's default) keeps that value, so a recipe's
-    ``???`` would be silently ignored."""
-    values: dict[str, list[Any]] = {}
-    files = [(config_dir / f"{config_name}.yaml", "")]
-    for choice, option in choices.items():
-        group, _, package = str(choice).partition("@")
-        if group.startswith("hydra") or ".." in group or not isinstance(option, str):
-            continue
-        files.append((config_dir / group / f"{option}.yaml", package or group.replace("/", ".")))
-    for file, where in files:
-        if not file.is_file():
-            continue
-        is_global, flat = _option_file(file)
+def _required_keys(config_dir: Path, config_name: str, group_overrides: Sequence[str]) -> list[str]:
+    """The keys whose last setting by a file of ours, in Hydra's merge order, is ``???``, at their place in the
+    composed config. Hydra does not require them: merging ``???`` over a value an earlier config set (verl's
+    default for ``trainer.default_local_dir``, a schema's default, ``configs/pipeline.yaml``'s ``run_dir``
+    under a paper experiment's) keeps that value, so a recipe's ``???`` would be silently ignored. A file
+    merged later that sets the key (a recipe filling a group's ``???``) makes it not required. Called with
+    Hydra initialised on ``config_dir``."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    merged = loader.compute_defaults_list(config_name, list(group_overrides), RunMode.RUN).defaults
+    last: dict[str, Any] = {}
+    for item in merged:  # in merge order: the later file's value is the one that counts
+        path = item.config_path or ""
+        if path.startswith("hydra/") or ".." in path or not (file := config_dir / f"{path}.yaml").is_file():
+            continue  # Hydra's own, verl's, a registered schema: not a file of ours
+        _, flat = _option_file(file)
         for key, value in flat.items():
             if not key.startswith("defaults"):
-                values.setdefault(key if is_global or not where else f"{where}.{key}", []).append(value)
-    return [key for key, found in values.items() if "???" in found and all(v == "???" for v in found)]
+                last[f"{item.package}.{key}" if item.package else key] = value
+    return [key for key, value in last.items() if value == "???"]
 
 
 def _lookup(cfg: Any, key: str) -> Any:
@@ -641,7 +643,9 @@ def check_overrides(
             _composed(overrides)  # Hydra's own message
             raise RecallmError(f"bad override: a sweep ({', '.join(o.input_line for o in parsed if o.is_sweep_override())})")
         is_group = _group_overrides(config_name, parsed, overrides)
-        reference = _composed([o.input_line for o, g in zip(parsed, is_group, strict=True) if g])
+        group_lines = [o.input_line for o, g in zip(parsed, is_group, strict=True) if g]
+        reference = _composed(group_lines)
+        required = _required_keys(config_dir, config_name, group_lines)
         values = [o for o, g in zip(parsed, is_group, strict=True) if not g]
         cfg = copy.deepcopy(reference)
         try:
@@ -676,7 +680,7 @@ def check_overrides(
         if problem:
             raise RecallmError(problem)
     given = {o.key_or_group for o, g in zip(parsed, is_group, strict=True) if not g}
-    for key in _required_keys(config_dir, config_name, dict(cfg.hydra.runtime.choices)):
+    for key in required:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg  # (the leaf itself unresolved)
         if key not in given and OmegaConf.is_dict(node) and leaf in node and not OmegaConf.is_missing(node, leaf):

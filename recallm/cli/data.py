@@ -92,7 +92,7 @@ def run(cfg: DictConfig) -> dict:
     return result
 
 
-main = hydra_command("data_gen", run, check=check, quiet_level=logging.ERROR)
+main = hydra_command("data", run, check=check, quiet_level=logging.ERROR)
 
 
 if __name__ == "__main__":

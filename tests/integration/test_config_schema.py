@@ -113,7 +113,7 @@ def test_sft_schema_refuses_a_misspelt_recipe_key():
     "primary, schema, group",
     [
         ("pipeline", "recallm.cli.pipeline:PipelineRun", "experiment"),
-        ("data_gen", "recallm.cli.data:DataRun", "data"),
+        ("data", "recallm.cli.data:DataRun", "data"),
         ("eval", "recallm.cli.eval:EvalRun", "eval"),
         ("rlm", "recallm.cli.rlm:RLMRun", None),
     ],
@@ -204,7 +204,7 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
     assert len(seen) == 3
 
 
-@pytest.mark.parametrize("config_name", ["data_gen", "sft", "eval", "pipeline", "score", "annotate", "decoding_demo", "rlm"])
+@pytest.mark.parametrize("config_name", ["data", "sft", "eval", "pipeline", "score", "annotate", "decoding_demo", "rlm"])
 def test_a_hydra_command_composes_once(config_name, tmp_path, monkeypatch):
     """Every command Hydra runs composes its config one time: the composition that checked the command line
     is the one Hydra's run hands to the command, with its output directory, ``.hydra/`` files and job log."""

@@ -133,7 +133,7 @@ def _experiment(**changes) -> dict:
 
 
 def test_experiment_sections(tmp_path):
-    from recallm.pipeline import Experiment, plan_experiment, read_experiment
+    from recallm.pipeline import Experiment, experiment_stages, read_experiment
 
     assert isinstance(read_experiment(_experiment()), Experiment)
     ev = _experiment()["eval"]
@@ -152,7 +152,7 @@ def test_experiment_sections(tmp_path):
         (_experiment(variants={"recall": {"sft": "x=1"}}), r"^experiment\.variants\.recall\.sft must be a list"),
     ]  # fmt: skip
     for exp, pattern in cases:
-        _one_line(lambda exp=exp: plan_experiment(exp, tmp_path), pattern)
+        _one_line(lambda exp=exp: experiment_stages(exp, tmp_path), pattern)
 
 
 def test_result_metric_section(tmp_path):
@@ -217,7 +217,7 @@ def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]
     return [
         ("sft.yaml", "(own keys)", load("sft.yaml"), SFTRun, (*own, "sft", "model", "data", "deepspeed")),
         ("eval.yaml", "(own keys)", ev, EvalRun, (*own, "eval", "backend", "reward")),
-        ("data_gen.yaml", "(own keys)", load("data_gen.yaml"), DataRun, (*own, "data")),
+        ("data.yaml", "(own keys)", load("data.yaml"), DataRun, (*own, "data")),
         ("pipeline.yaml", "(own keys)", load("pipeline.yaml"), PipelineRun, (*own, "experiment")),
         ("rlm.yaml", "(own keys)", rlm, RLMRun, (*own, *_RLM_SECTIONS)),
         ("rlm.yaml", "tasks", rlm["tasks"], TaskRun, ()),
@@ -250,7 +250,7 @@ def test_yaml_sections_with_a_schema_restate_no_default():
                "/schema/rlm_subcalls@subcalls", "/schema/rlm_sandbox@sandbox", "/schema/rlm_budget@budget",
                "/schema/rlm_tasks@tasks", "/schema/rlm_sft_data@sft_data"}  # fmt: skip
     assert schemas <= set(rlm["defaults"])
-    for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data_gen", "data_run"),
+    for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data", "data_run"),
                         ("pipeline", "pipeline_run"), ("rlm", "rlm_run")]:  # fmt: skip
         defaults = yaml.safe_load((CONFIGS / f"{app}.yaml").read_text())["defaults"]
         assert defaults[0] == f"/schema/{schema}@_here_", app  # first: the groups and _self_ merge onto it
@@ -294,11 +294,11 @@ def test_rlm_train_recipes_restate_nothing_of_the_base():
         ("sft", ["+foo=1"], r"^unknown setting foo: there is no setting foo, nothing would read it"),
         ("sft", ["max_step=3"], r"Key 'max_step' not in 'SFTRun'"),
         ("sft", ["max_steps=abc"], r"^max_steps must be an integer, got 'abc'$"),
-        ("data_gen", ["workers=abc"], r"^workers must be an integer, got 'abc'$"),
-        ("data_gen", ["data=tiny", "workers=abc"], r"^workers must be an integer, got 'abc'$"),
-        ("data_gen", ["worker=4"], r"Key 'worker' not in 'DataRun'"),
-        ("data_gen", ["+worker=4"], r"^unknown setting worker: .*did you mean workers\?"),
-        ("data_gen", ["progress=maybe"], r"^progress must be true or false, got 'maybe'$"),
+        ("data", ["workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data", ["data=tiny", "workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data", ["worker=4"], r"Key 'worker' not in 'DataRun'"),
+        ("data", ["+worker=4"], r"^unknown setting worker: .*did you mean workers\?"),
+        ("data", ["progress=maybe"], r"^progress must be true or false, got 'maybe'$"),
         ("pipeline", ["threads=x"], r"^threads must be an integer, got 'x'$"),
         ("pipeline", ["thread=2"], r"Key 'thread' not in 'PipelineRun'"),
         ("eval", ["limit=abc"], r"^limit must be an integer, got 'abc'$"),
@@ -324,7 +324,7 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
 
     sft = check_overrides("sft", ["max_steps=3", "resume=never"])
     assert (sft.max_steps, sft.resume, sft.logger, sft.models_dir, sft.stage) == (3, "never", "console", "outputs/models", "embed")
-    data = check_overrides("data_gen", ["data=tiny", "workers=4"])
+    data = check_overrides("data", ["data=tiny", "workers=4"])
     assert (data.workers, data.tokenizer, data.progress, data.out_dir) == (4, "tiny", True, "outputs/data/tiny")
     pipeline = check_overrides("pipeline", ["redo=[eval,report]"])
     assert list(pipeline.redo) == ["eval", "report"] and pipeline.only is None and pipeline.threads is None
@@ -335,7 +335,7 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
     assert (rlm.sft_data.min_turns, rlm.sft_data.max_turn_chars, rlm.sft_data.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
 
 
-@pytest.mark.parametrize("app", ["sft", "data_gen", "pipeline", "eval", "rlm", "rlm_train"])
+@pytest.mark.parametrize("app", ["sft", "data", "pipeline", "eval", "rlm", "rlm_train"])
 def test_a_composed_config_pickles(app):
     """A config composed on registered schemas refers to their classes: it must survive the plain
     pickle (multiprocessing), not only cloudpickle (Ray)."""
