@@ -108,6 +108,21 @@ def test_demo_bad_override_is_one_line(tmp_path):
     _assert_one_line_error(proc, r"n_pairs must be in \[1, 600\], got 5000")
 
 
+def test_the_old_demo_command_prints_one_notice_then_runs_the_decoding_demo(tmp_path):
+    """``recallm-demo`` (renamed ``recallm-decoding-demo`` in 0.2.0, MIGRATION.md) still works for one release."""
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "recallm-demo"
+    if not script.is_file():
+        pytest.skip("recallm-demo is not installed in this environment (pip install -e . installs it)")
+    done = subprocess.run([str(script), "prompt.n_pairs=5000"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 2, done.stderr
+    assert lines[0].startswith("warning: recallm-demo is deprecated: use recallm-decoding-demo")
+    assert lines[1] == "error: n_pairs must be in [1, 600], got 5000"  # the decoding demo's own check
+    assert not any(tmp_path.iterdir())
+
+
 def test_score_cli(tmp_path):
     rows = [
         {"response": "</think>\nAnswer: 12", "ground_truth": {"category": "short_math", "answers": ["12"]}},
