@@ -406,28 +406,55 @@ def _option_file(file: Path) -> tuple[bool, dict[str, Any]]:
         return is_global, {}
 
 
-def _required_keys(config_dir: Path, config_name: str, group_overrides: Sequence[str]) -> list[str]:
-    """The keys whose last setting by a file of ours, in Hydra's merge order, is ``???``, at their place in the
-    composed config. Hydra does not require them: merging ``???`` over a value an earlier config set (verl's
-    default for ``trainer.default_local_dir``, a schema's default, ``configs/pipeline.yaml``'s ``run_dir``
-    under a paper experiment's) keeps that value, so a recipe's ``???`` would be silently ignored. A file
-    merged later that sets the key (a recipe filling a group's ``???``) makes it not required. Called with
-    Hydra initialised on ``config_dir``."""
+def _required_keys(
+    config_dir: Path, config_name: str, choices: Mapping[str, Any], group_overrides: Sequence[str]
+) -> list[str]:
+    """The keys a chosen file of ours leaves required (``???``) as the last of our files to set them, at their
+    place in the composed config. Hydra does not require them: merging ``???`` over a value an earlier config
+    set (verl's default for ``trainer.default_local_dir``, a schema's default, ``configs/pipeline.yaml``'s
+    ``run_dir`` under a paper experiment) keeps that value, so a recipe's ``???`` would be silently ignored;
+    a file merged later that sets the key (a recipe filling a group's ``???``) makes it not required. Where
+    every file of ours that sets a key says ``???`` no order is needed; a key some set and others leave
+    ``???`` is decided by Hydra's merge order (its defaults list, computed only then). Called with Hydra
+    initialised on ``config_dir``."""
+    values: dict[str, list[Any]] = {}
+    files = [(config_dir / f"{config_name}.yaml", "")]
+    for choice, option in choices.items():
+        group, _, package = str(choice).partition("@")
+        if group.startswith("hydra") or ".." in group or not isinstance(option, str):
+            continue
+        files.append((config_dir / group / f"{option}.yaml", package or group.replace("/", ".")))
+    for file, where in files:
+        if not file.is_file():
+            continue
+        is_global, flat = _option_file(file)
+        for key, value in flat.items():
+            if not key.startswith("defaults"):
+                values.setdefault(key if is_global or not where else f"{where}.{key}", []).append(value)
+    mixed = {key for key, found in values.items() if "???" in found and any(v != "???" for v in found)}
+    last = _last_settings(config_dir, config_name, group_overrides) if mixed else {}
+    return [
+        key
+        for key, found in values.items()
+        if (key in mixed and last.get(key) == "???") or (key not in mixed and all(v == "???" for v in found))
+    ]
+
+
+def _last_settings(config_dir: Path, config_name: str, group_overrides: Sequence[str]) -> dict[str, Any]:
+    """Each key's value in the last file of ours that sets it, in Hydra's merge order (its defaults list)."""
     from hydra.core.global_hydra import GlobalHydra
     from hydra.types import RunMode
 
     loader = GlobalHydra.instance().config_loader()
-    merged = loader.compute_defaults_list(config_name, list(group_overrides), RunMode.RUN).defaults
     last: dict[str, Any] = {}
-    for item in merged:  # in merge order: the later file's value is the one that counts
+    for item in loader.compute_defaults_list(config_name, list(group_overrides), RunMode.RUN).defaults:
         path = item.config_path or ""
         if path.startswith("hydra/") or ".." in path or not (file := config_dir / f"{path}.yaml").is_file():
             continue  # Hydra's own, verl's, a registered schema: not a file of ours
-        _, flat = _option_file(file)
-        for key, value in flat.items():
+        for key, value in _option_file(file)[1].items():
             if not key.startswith("defaults"):
                 last[f"{item.package}.{key}" if item.package else key] = value
-    return [key for key, value in last.items() if value == "???"]
+    return last
 
 
 def _lookup(cfg: Any, key: str) -> Any:
@@ -645,7 +672,7 @@ def check_overrides(
         is_group = _group_overrides(config_name, parsed, overrides)
         group_lines = [o.input_line for o, g in zip(parsed, is_group, strict=True) if g]
         reference = _composed(group_lines)
-        required = _required_keys(config_dir, config_name, group_lines)
+        required = _required_keys(config_dir, config_name, dict(reference.hydra.runtime.choices), group_lines)
         values = [o for o, g in zip(parsed, is_group, strict=True) if not g]
         cfg = copy.deepcopy(reference)
         try:
