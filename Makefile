@@ -66,7 +66,7 @@ test-cluster: $(STAMP)
 
 # ruff, then the layer rule of ARCHITECTURE.md (import-linter; the contract is in pyproject.toml)
 lint: $(STAMP)
-	$(VENV)/bin/ruff check recallm data_gen rewards tests bench
+	$(VENV)/bin/ruff check recallm data_gen rewards tests bench scripts
 	$(VENV)/bin/lint-imports
 
 bench: $(STAMP)

@@ -2,7 +2,7 @@
 
 Evaluation's HF backend (``recallm.eval.backends.HFBackend``), the ``hf_cpu`` GRPO rollout
 (``recallm.grpo.cpu.hf_generate.HFGenerator``), SFT's recall metrics (``recallm.sft.train``) and
-``recallm-demo`` all call :func:`generate`: token ids in (one :class:`GenRequest` per prompt),
+``recallm-decoding-demo`` all call :func:`generate`: token ids in (one :class:`GenRequest` per prompt),
 token ids out (one :class:`GenResult` per request, in request order), optionally with the
 log-probability of every generated token.
 

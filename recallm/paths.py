@@ -28,7 +28,7 @@ def _find_config_dir() -> Path:
     if os.environ.get("RECALLM_CONFIG_DIR"):
         return Path(os.environ["RECALLM_CONFIG_DIR"])
     for candidate in (_PACKAGE / "configs", _PACKAGE.parent / "configs"):
-        if (candidate / "demo.yaml").is_file():
+        if (candidate / "decoding_demo.yaml").is_file():
             return candidate
     return _PACKAGE / "configs"  # missing: config_dir() says so
 
@@ -39,7 +39,7 @@ CONFIG_DIR = _find_config_dir()
 
 def config_dir() -> Path:
     """The config tree; raises with a clear message when it is missing."""
-    if not (CONFIG_DIR / "demo.yaml").is_file():
+    if not (CONFIG_DIR / "decoding_demo.yaml").is_file():
         from recallm.errors import RecallmError
 
         raise RecallmError(

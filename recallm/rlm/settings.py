@@ -9,14 +9,14 @@ from typing import Any
 
 __all__ = ["MODES", "RLMRun"]
 
-MODES = ("run", "generate", "show", "export")
+MODES = ("run", "generate", "show", "to-sft")
 
 
 @dataclass(frozen=True)
 class RLMRun:
     """The schema of ``configs/rlm.yaml``'s own keys, ``recallm-rlm``'s (``recallm.config.typed``;
     registered with Hydra by ``recallm.cli.schemas``). Its sections have
-    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``export`` ``recallm.rlm.export.ExportSettings``,
+    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``sft_data`` ``recallm.rlm.sft_data.SFTDataSettings``,
     ``rlm``/``subcalls``/``sandbox``/``budget`` the settings classes of ``recallm.rlm``, ``root``/``sub``
     ``recallm.rlm.models.make_model``."""
 
@@ -38,4 +38,5 @@ class RLMRun:
     """mode=show: the trajectory file"""
     html: str | None = None
     """mode=show: the page to write (None: next to the trajectory)"""
-    export: dict[str, Any] = field(default_factory=dict)
+    sft_data: dict[str, Any] = field(default_factory=dict)
+    """mode=to-sft: which trajectories, the file to write (``SFTDataSettings``)"""

@@ -180,14 +180,6 @@ def _prepare_cpu_distributed(deepspeed: bool) -> dict[str, Any]:
     return {"accelerator_config": {"use_configured_state": True}}
 
 
-def stage_settings(cfg: Any) -> SFTRun:
-    """The run's settings (``recallm.sft.settings``: types, ranges, unknown keys), with the global batch
-    checked against the processes."""
-    run = typed(SFTRun, cfg, "")
-    raise_problems(list(_batch_problems(run)))
-    return run
-
-
 def _batch_problems(run: SFTRun):
     recipe = run.sft
     per_device, global_batch, world = recipe.per_device_batch_size, recipe.global_batch_size, _world_size()

@@ -26,7 +26,7 @@ GPU_RECIPES = ["qwen2.5_7b", "llama3.1_8b"]
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("grpo-data")
     mix = {
@@ -36,7 +36,7 @@ def tiny_data(tmp_path_factory, tiny_dir):
         },
         "val": {"lengths": [320], "per_cell": 2},
     }
-    run_plan(plan_from_config(mix), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), out, tiny_dir, workers=1, progress=False)
     return out / "train.parquet", out / "val" / "retrieval_320.parquet"
 
 

@@ -342,10 +342,10 @@ print("ok")
 
 @pytest.mark.slow
 def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     data_dir = tmp_path / "data"
-    run_plan(plan_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
     data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(tiny_dir, data, ckpt, rollouts)
 

@@ -49,7 +49,7 @@ def _compose(config: str, overrides: list[str]):
 
 def test_own_groups_file_every_stage_under_the_model_name():
     model = "/cache/models/smollm2-135m-instruct-recallm"
-    data = _compose("data_gen", ["data=own_cpu", f"tokenizer={model}"])
+    data = _compose("data", ["data=own_cpu", f"tokenizer={model}"])
     assert data.out_dir == "outputs/data/smollm2-135m-instruct-recallm"
     sft = _compose("sft", ["sft=own_cpu", f"model.path={model}"])
     assert sft.out_dir == "outputs/sft/smollm2-135m-instruct-recallm"

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.slow
 @pytest.mark.parametrize("recipe", ["qwen2.5_7b_lora_1gpu", "qwen2.5_1.5b_lora_24gb"])
 def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
     """verl's validate_config of a LoRA config with the vLLM rollout checks vLLM's version: here it is installed."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.grpo.app import compose, prepare, validate
     from recallm.tiny import create_tiny
 
@@ -33,7 +33,7 @@ def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
             "entries": [{"task": "kv_retrieval", "count": 4, "params": {"key_type": "toy", "value_type": "toy"}}],
         }
     }
-    run_plan(plan_from_config(mix), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), tmp_path / "data", model, workers=1, progress=False)
     data = tmp_path / "data" / "train.parquet"
     cfg = compose(
         [
@@ -126,11 +126,11 @@ def test_serve_answers_with_the_adapter_applied(tmp_path):
 
 
 def test_lora_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
     result = _run(grpo_command(model, data, ckpt, rollouts, *lora, rollout="vllm", steps=2), tmp_path)

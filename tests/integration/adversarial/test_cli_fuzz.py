@@ -111,7 +111,7 @@ EXPORT = "recallm.cli.export"
 ANNOTATE = "recallm.cli.annotate"
 GRPO = "recallm.cli.grpo"
 SERVE = "recallm.cli.serve"
-DEMO = "recallm.cli.demo"
+DEMO = "recallm.cli.decoding_demo"
 
 FILES = ["missing.jsonl", "empty.jsonl", "binary.jsonl", "notutf8.jsonl", "truncated.jsonl", "list.jsonl",
          "types.jsonl", "deep.jsonl", "adir", "wrongcols.parquet", "données ü 中/missing.jsonl"]  # fmt: skip
@@ -150,8 +150,8 @@ CASES += [
     ("data-out-unicode-file", DATA, ["data=tiny", "out_dir=données ü 中/rows.jsonl"]),
     ("rlm-show-traj-bin", RLM, ["show", "traj_bin.jsonl", "out_file=out/x.html"]),
     ("rlm-show-traj-types", RLM, ["show", "traj_types.jsonl"]),
-    ("rlm-export-traj-types", RLM, ["export", "export.trajectories=trajs", "export.tokenizer_path=m_ok", "export.out_file=out/x.jsonl"]),
-    ("rlm-export-traj-bin", RLM, ["export", "export.trajectories=traj_bin.jsonl", "export.tokenizer_path=m_ok", "export.out_file=out/x.jsonl"]),
+    ("rlm-to-sft-traj-types", RLM, ["to-sft", "sft_data.trajectories=trajs", "sft_data.tokenizer_path=m_ok", "sft_data.out_file=out/x.jsonl"]),
+    ("rlm-to-sft-traj-bin", RLM, ["to-sft", "sft_data.trajectories=traj_bin.jsonl", "sft_data.tokenizer_path=m_ok", "sft_data.out_file=out/x.jsonl"]),
     ("eval-report-list", EVAL, ["mode=report", "runs=[ev_list]", "report_dir=out"]),
     ("eval-report-bin", EVAL, ["mode=report", "runs=[ev_bin]", "report_dir=out"]),
     ("eval-report-types", EVAL, ["mode=report", "runs=[ev_types]", "report_dir=out"]),
