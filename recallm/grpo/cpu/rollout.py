@@ -71,7 +71,7 @@ class HFCPUServer:
         seed = self.settings.seed if self.settings.seed is not None else int(self.config.seed) + replica_rank
         torch.manual_seed(seed)
         self._seed = seed
-        self._seen: dict[tuple[int, ...], int] = {}  # prompts this step (seed_per_request)
+        self._seen: dict[tuple, int] = {}  # requests this step by prompt and sample (seed_per_request)
 
         hf_config = copy.deepcopy(self.model_config.hf_config)  # override_config applied (as for the actor)
         max_model_len = self.config.max_model_len or getattr(hf_config, "max_position_embeddings", None)
@@ -120,6 +120,8 @@ class HFCPUServer:
         request = self.generator.make_request(
             prompt_ids, params, default_max_tokens=self._default_max_tokens(len(prompt_ids))
         )
+        if self.settings.seed_per_request:  # its own random stream: the same tokens in any batch, at any time
+            request = request_seeds([request], self._seed, self.global_steps, self._seen, samples=[priority])[0]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         if self._batcher is None or self._batcher.done():
@@ -144,7 +146,7 @@ class HFCPUServer:
                     break
             batch, self._pending = self._pending[:limit], self._pending[limit:]
             try:
-                results = await loop.run_in_executor(self._executor, self._generate, [r for r, _ in batch])
+                results = await loop.run_in_executor(self._executor, self.generator.generate, [r for r, _ in batch])
             except Exception as exc:  # the requests fail, the server stays up
                 log.exception("hf_cpu generation failed for a batch of %d requests", len(batch))
                 for _, future in batch:
@@ -154,12 +156,6 @@ class HFCPUServer:
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
-
-    def _generate(self, requests):
-        if not self.settings.seed_per_request:
-            return self.generator.generate(requests)
-        seeded = request_seeds(requests, self._seed, self.global_steps, self._seen)
-        return [self.generator.generate([request])[0] for request in seeded]  # alone: no batch-mates
 
     # --- weights (called by HFCPUServerAdapter) ---------------------------------------------------
 
