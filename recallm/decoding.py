@@ -35,11 +35,16 @@ reproducible: a row uses exactly one uniform per generated token, as in plain de
 of a verified position come from one forward pass over several tokens rather than one token at a
 time: equal up to floating-point noise.
 
-Rows of a batch verify drafts of different lengths in one forward pass: the block is as wide as the
-longest draft plus one, shorter rows' slots are masked out, and the slots of rejected draft tokens
-are masked out of every later step (position ids count a row's real tokens only, as ``generate``'s
-do); the key-value cache is cut back to the widest accepted run after each step. Models whose cache
-has other than full-attention layers (sliding windows, linear attention) decode plainly.
+Rows of a batch verify drafts of different lengths in one forward pass: every running row gets the
+block's width, shorter rows' slots are masked out, and the slots of rejected draft tokens are masked
+out of every later step (position ids count a row's real tokens only, as ``generate``'s do); the
+key-value cache is cut back to the widest accepted run after each step. A wider block costs every
+running row a slot per position, so the width is chosen per step (:func:`block_width`): the widest at
+which the drafts' expected taken tokens — each row's running estimate of how often its draft tokens
+are taken, compounding along the draft — reach :data:`WIDEN_COST` per added slot. Alone, a row drafts
+its whole continuation; in a batch, a lone row's draft waits unless it is worth the batch's extra work.
+The width changes which tokens are verified together, never which tokens are chosen. Models whose
+cache has other than full-attention layers (sliding windows, linear attention) decode plainly.
 """
 
 from __future__ import annotations
@@ -50,7 +55,7 @@ from dataclasses import dataclass, field
 import torch
 from transformers import LogitsProcessor, LogitsProcessorList
 
-__all__ = ["RowStreams", "inverse_cdf", "RowSampler", "Chain", "decode", "supports_speculation"]
+__all__ = ["RowStreams", "inverse_cdf", "RowSampler", "Chain", "decode", "block_width", "supports_speculation"]
 
 
 class RowStreams:
@@ -203,6 +208,33 @@ class Chain:
             self.force.observe(row, token)
 
 
+#: a block is widened by a position only if the rows expect to take at least this many draft tokens for
+#: every slot that adds (one slot per running row): a row's draft rides along in a batch whose other rows
+#: have none only when it is worth the batch's extra work
+WIDEN_COST = 0.25
+
+
+def block_width(drafts: list[list[int]], rates: list[float], cost: float = WIDEN_COST) -> int:
+    """The width of the next verification block (1 + the draft tokens each row may verify): the widest
+    ``w`` at which the drafts' expected taken tokens (a row's ``rate`` per token, compounding along its
+    draft) reach ``cost`` per added slot (``len(drafts) * (w - 1)`` slots)."""
+    longest = max((len(d) for d in drafts), default=0)
+    for width in range(longest + 1, 1, -1):
+        expected = 0.0
+        for draft, rate in zip(drafts, rates, strict=True):
+            expected += sum(rate**i for i in range(1, min(len(draft), width - 1) + 1))
+        if expected >= cost * len(drafts) * (width - 1):
+            return width
+    return 1
+
+
+def _leading_match(tokens: list[int], draft: list[int]) -> int:
+    n = 0
+    while n < len(draft) and n < len(tokens) and tokens[n] == draft[n]:
+        n += 1
+    return n
+
+
 def _new_cache(model):
     from transformers import DynamicCache
 
@@ -250,6 +282,7 @@ def decode(
     counted = [False] * B  # reported to progress as finished
     stopped_at: list[int | None] = [None] * B
     drafts: list[list[int]] = [[] for _ in rows]
+    rates = [1.0] * B  # each row's estimated chance that a draft token is taken
     cache = _new_cache(model)
     mask = attention_mask.to(device=device, dtype=torch.long)
     real = mask.sum(dim=1)  # real tokens of each row in the cache and the block
@@ -320,13 +353,20 @@ def decode(
                     first_rejected = block_start + 1 + accepted[b]
                     mask[b, first_rejected:] = 0  # rejected draft slots (and the block's padding)
             real = mask.sum(dim=1)
+            for b in running:  # how often each row's drafts are taken (the block's width below uses it)
+                if drafts[b]:
+                    taken = _leading_match(generated[b][-new[b] :], drafts[b])
+                    observed = 1.0 if taken == len(drafts[b]) else taken / (taken + 1)
+                    rates[b] = 0.5 * rates[b] + 0.5 * observed
             # the next block: each running row's newest token, then its draft
             for b in rows:
                 drafts[b] = []
                 if not done[b] and chain.recall is not None and chain.recall.matchers[b].in_span:
                     room = budgets[b] - len(generated[b]) - 1
                     drafts[b] = chain.recall.matchers[b].continuation(min(draft_tokens, room))
-            m = 1 + max(len(drafts[b]) for b in running)
+            m = block_width([drafts[b] for b in running], [rates[b] for b in running])
+            for b in running:
+                del drafts[b][m - 1 :]
             block = torch.full((B, m), pad, dtype=torch.long)
             block_mask = torch.zeros((B, m), dtype=torch.long)
             for b in running:
