@@ -120,6 +120,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default=None, help="a RecaLLM model directory (default: the tiny model)")
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--new-tokens", type=int, default=192)
     parser.add_argument("--prompt-words", type=int, default=300)
@@ -128,6 +129,10 @@ def main() -> None:
     parser.add_argument("--end-bias", type=float, default=8.0)
     parser.add_argument("--batch", type=int, default=4)
     args = parser.parse_args()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     if args.quick:
         args.repeats, args.new_tokens = 2, 64
 

@@ -59,11 +59,13 @@ class HFCPUSettings:
         max_batch_size: most requests generated together in one ``generate`` call.
         batch_wait_ms: how long the server waits for more requests to arrive before it
             starts a batch (requests that arrive together are generated together).
-        seed: the run's sampling seed on the server (``None``: the rollout config's ``seed`` + replica rank).
+        seed: the run's sampling seed on the server (``None``: the rollout config's ``seed``); requests
+            without a seed of their own draw from torch's generator seeded with it + the replica's rank.
         seed_per_request: every request draws from a random stream of its own, seeded with a hash of the
-            server's seed, the training step, its prompt, its index in the step's batch (verl's
-            ``priority``) and how many requests with that prompt and index came before it in the step
-            (:func:`request_seeds`): a response is the same whichever requests are batched with it, in
+            run's seed, the training step, its prompt, its index in the step's batch (verl's
+            ``priority``; a caller that gives none, such as the RLM's loop: the replica's rank) and how
+            many requests with that prompt and index came before it in the step (:func:`request_seeds`):
+            a response is the same whichever requests are batched with it, in
             whatever order, so two runs of the same job (one of them stopped and resumed) sample the same
             responses. Batched as any request (``recallm.generation``: one stream per row). ``false``:
             every request draws from the server's one stream (what it draws depends on the batches).
@@ -265,7 +267,7 @@ def request_seeds(
     base: int,
     step: int | None,
     seen: dict[tuple, int],
-    samples: Sequence[int] | None = None,
+    samples: Sequence[int | str] | None = None,
 ) -> list[GenRequest]:
     """``requests`` with a seed each (``HFCPUSettings.seed_per_request``): a hash of ``base``, the
     training ``step``, the prompt, the request's ``samples`` entry (verl's ``priority``: the response's
@@ -275,7 +277,7 @@ def request_seeds(
     arrives first does not matter."""
     seeded = []
     for i, request in enumerate(requests):
-        sample = int(samples[i]) if samples is not None else 0
+        sample = samples[i] if samples is not None else 0
         key = (request.prompt_ids, sample)
         k = seen.get(key, 0)
         seen[key] = k + 1
