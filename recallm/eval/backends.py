@@ -51,6 +51,7 @@ from typing import Any
 
 from recallm.errors import RecallmError
 from recallm.eval.types import Generation, GenerationSettings, SpanStats, TextRequest
+from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
 
 __all__ = [
     "BACKENDS",
@@ -96,6 +97,9 @@ class EngineSettings:
     force_recall_every: int | None = field(default=None, metadata={"min": 1})
     """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
     force_recall_length: int = field(default=8, metadata={"min": 1})
+    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0})
+    """most tokens drafted and verified in one forward pass inside a recall span (speculative in-span
+    decoding: the same tokens as plain decoding; 0: off; ``docs/guide/generation.md``)"""
     # vllm
     tensor_parallel_size: int = field(default=1, metadata={"min": 1})
     gpu_memory_utilization: float = field(default=0.9, metadata={"min": 0, "max": 1})
@@ -259,6 +263,7 @@ class HFBackend(Backend):
         length_extension_kwargs: Mapping[str, Any] | None = None,
         force_recall_every: int | None = None,
         force_recall_length: int = 8,
+        span_draft_tokens: int = DEFAULT_SPAN_DRAFT_TOKENS,
         model=None,
     ) -> None:
         import torch
@@ -306,6 +311,7 @@ class HFBackend(Backend):
         if force_recall_every is not None and self.recall is None:
             raise RecallmError("backend.force_recall_every needs a model with recall tokens")
         self.force = (int(force_recall_every), int(force_recall_length)) if force_recall_every is not None else None
+        self.span_draft_tokens = int(span_draft_tokens)
         self._warned_room = False
 
     def describe(self) -> dict[str, Any]:
@@ -394,6 +400,7 @@ class HFBackend(Backend):
             cancelled=stops,
             wrap=self.extension,
             progress=progress,
+            span_draft_tokens=self.span_draft_tokens,
         )
         results = []
         for ids, output in zip(prompts, outputs, strict=True):
@@ -723,6 +730,7 @@ def make_backend(cfg: Mapping[str, Any] | BackendSettings, model_path: str | Pat
             length_extension_kwargs=settings.length_extension_kwargs,
             force_recall_every=settings.force_recall_every,
             force_recall_length=settings.force_recall_length,
+            span_draft_tokens=settings.span_draft_tokens,
         )
     if name == "vllm":
         return VLLMBackend(

@@ -543,6 +543,16 @@ def _check_rollout(cfg: DictConfig) -> Iterator[str]:
             f"rollout {arr.rollout.name!r} has no recall logits processor (use one of {', '.join(RECALL_ROLLOUTS)}, "
             "or recallm.recall_constrained=false for the unconstrained ablation)"
         )
+    if settings_of(cfg).recall_constrained and arr.rollout.name == "vllm":
+        engine = (arr.rollout.get("engine_kwargs") or {}).get("vllm") or {}
+        mtp = arr.rollout.get("mtp")
+        if engine.get("speculative_config") is not None or (mtp and mtp.get("enable") and mtp.get("enable_rollout")):
+            key = "engine_kwargs.vllm.speculative_config" if engine.get("speculative_config") is not None else "mtp"
+            yield (
+                f"actor_rollout_ref.rollout.{key}: vLLM 0.24 refuses custom logits processors with speculative "
+                "decoding, so the recall constraint cannot run with it (drop it, or recallm.recall_constrained=false "
+                "for the unconstrained ablation; docs/guide/generation.md)"
+            )
     n = int(arr.rollout.n)
     if n < 2:
         yield f"GRPO needs at least 2 rollouts per prompt (actor_rollout_ref.rollout.n={n})"

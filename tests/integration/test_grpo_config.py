@@ -288,6 +288,10 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
             "hf_overrides is not valid JSON",
         ),
         (["actor_rollout_ref.rollout.name=sglang"], "has no recall logits processor"),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={method: ngram, num_speculative_tokens: 4}"],
+            r"engine_kwargs\.vllm\.speculative_config: vLLM 0\.24 refuses custom logits processors with speculative",
+        ),
         (["actor_rollout_ref.rollout.n=1"], "at least 2 rollouts per prompt"),
         (
             ["data.train_batch_size=96"],
