@@ -41,7 +41,7 @@ from typing import Any
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
+from recallm.paths import METRICS_FILE
 
 __all__ = [
     "Job",

@@ -598,7 +598,7 @@ def mean_step_seconds(metrics: str | Path) -> float:
     a step logged twice wins, as ``recallm.eval.curves`` reads it)."""
     path = Path(metrics)
     if path.is_dir():
-        from recallm.grpo import METRICS_FILE
+        from recallm.paths import METRICS_FILE
 
         path = path / METRICS_FILE
     if not path.is_file():

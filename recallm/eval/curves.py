@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
 from recallm.grpo.console import number as _metric_number
 from recallm.grpo.console import step_record
+from recallm.paths import METRICS_FILE
 
 __all__ = [
     "PANELS",

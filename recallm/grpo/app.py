@@ -48,6 +48,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
 from recallm.grpo.settings import closed, settings_of
+from recallm.paths import step_dir, step_name
 
 __all__ = [
     "compose",
@@ -469,7 +470,7 @@ def metrics_log_path(cfg: DictConfig) -> Path | None:
         return None
     if os.environ.get("VERL_FILE_LOGGER_PATH"):
         return Path(os.environ["VERL_FILE_LOGGER_PATH"])
-    from recallm.grpo import METRICS_FILE
+    from recallm.paths import METRICS_FILE
 
     return Path(str(cfg.trainer.default_local_dir)).resolve() / METRICS_FILE
 
@@ -844,7 +845,7 @@ def describe(cfg: DictConfig) -> str:
         + (f"; {_wandb_line(cfg)}" if "wandb" in _loggers(cfg) else ""),
         f"steps:        {t.get('total_training_steps') or 'one pass over the data'}"
         + (
-            f" (the checkpoint to evaluate: global_step_{rm.eval_step}; export it with"
+            f" (the checkpoint to evaluate: {step_name(rm.eval_step)}; export it with"
             f" recallm-export --checkpoint {t.default_local_dir} --step {rm.eval_step} --out DIR)"
             if rm.eval_step
             else ""
@@ -898,7 +899,7 @@ def run(
             name = signal.Signals(received["signal"]).name
             print(
                 f"stopped by {name} after step {stopped.step}: checkpoint "
-                f"{Path(str(cfg.trainer.default_local_dir)) / f'global_step_{stopped.step}'} saved; run the same "
+                f"{step_dir(str(cfg.trainer.default_local_dir), stopped.step)} saved; run the same "
                 "command again to continue from it (trainer.resume_mode=auto)",
                 flush=True,
             )

@@ -155,7 +155,9 @@ if os.environ.get(TIMEOUT_ENV):
 from recallm.grpo.checkpoints import install as _install_checkpoints  # noqa: E402
 
 _install_checkpoints()
-if os.environ.get("RECALLM_STOP_FILE"):
+from recallm.grpo.preemption import STOP_ENV as _STOP_ENV  # noqa: E402
+
+if os.environ.get(_STOP_ENV):
     from recallm.grpo.preemption import install as _install_preemption
 
     _install_preemption()
