@@ -67,7 +67,7 @@ loads a training actor in, ``fsdp_config.model_dtype``, fp32 by default; the ada
 no gradient and no optimizer state; the adapter ``a`` has both. Each adapted layer also keeps the rank-wide
 output of its ``A`` for the backward. The reference is the actor with its adapter off (``ray_trainer.py``:
 ``ref_in_actor``), so no reference copy exists. vLLM holds one adapter slot (``max_loras=1``) at
-``max_lora_rank``, the rank rounded up to one vLLM allows (:func:`vllm_lora_rank`), in bf16. A save holds the
+``max_lora_rank``, the rank rounded up to one vLLM allows (``recallm.modeling.vllm_lora_rank``), in bf16. A save holds the
 base and the adapter in the model shards and the adapter's two moments. SFT's stage ``full`` with
 ``sft.lora.rank`` > 0 (PEFT in ``recallm.sft``): the adapter, and the four recall rows when
 ``sft.lora.token_rows``, is what trains and what a checkpoint holds; the final model is merged.
@@ -568,13 +568,13 @@ def vllm_budget(
     }
 
 
-def vllm_lora_rank(rank: int) -> int:
-    """The ``max_lora_rank`` verl starts vLLM with: the rank rounded up to one vLLM allows
-    (``verl/workers/rollout/vllm_rollout/utils.py``: ``get_vllm_max_lora_rank``, vLLM's ``MaxLoRARanks``)."""
-    allowed = (1, 8, 16, 32, 64, 128, 256, 320, 512)
-    if rank > allowed[-1]:
-        raise RecallmError(f"lora_rank {rank} is above vLLM's largest max_lora_rank, {allowed[-1]}")
-    return next(r for r in allowed if r >= rank)
+def __getattr__(name: str) -> Any:
+    """``recallm.plan.vllm_lora_rank`` is ``recallm.modeling``'s (imported on first use: it loads torch)."""
+    if name == "vllm_lora_rank":
+        from recallm.modeling import vllm_lora_rank
+
+        return vllm_lora_rank
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def checkpoint_bytes(
@@ -729,6 +729,8 @@ def grpo_plan(
     # --- the rollout
     rollout = f"{arr}.rollout"
     if _sel(cfg, f"{rollout}.name") == "vllm":
+        from recallm.modeling import vllm_lora_rank
+
         util = float(_sel(cfg, f"{rollout}.gpu_memory_utilization", 0.5))
         tp = int(_sel(cfg, f"{rollout}.tensor_model_parallel_size", 1) or 1)
         v = vllm_budget(
