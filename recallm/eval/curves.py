@@ -4,7 +4,7 @@ verl logs one record of metrics per training step. Two of its loggers are read h
 
 * ``file`` (``trainer.logger=[console,file]``): JSON lines ``{"step": N, "data": {...}}``;
   ``recallm-grpo`` writes them to ``<trainer.default_local_dir>/metrics.jsonl`` and appends across
-  resumed runs (``recallm.grpo.runtime``);
+  resumed runs (``recallm.grpo.worker_hooks``);
 * ``console``: lines ``step:N - key:value - ...`` in a run's output (a pipeline job's log, say).
 
 A resumed run logs again from its checkpoint's step (a validation record, then the steps after

@@ -63,8 +63,8 @@ from recallm.grpo.prepare import (
     MODEL_LIB,
     PREPARE_STEPS,
     RAY_NODE_KEYS,
-    RUNTIME_MODULE,
     VLLM_PROCESSOR,
+    WORKER_HOOKS,
     Prepared,
     Step,
     _loggers,
@@ -81,8 +81,8 @@ from recallm.grpo.prepare import (
     recall_constraint,
     resolve_names,
     reward_manager,
-    runtime,
     vllm_rollout,
+    worker_hooks,
 )
 from recallm.grpo.settings import closed, settings_of
 from recallm.paths import step_dir, step_name
@@ -105,7 +105,7 @@ __all__ = [
     "vllm_rollout",
     "platform",
     "ray_cluster",
-    "runtime",
+    "worker_hooks",
     "operations",
     "Check",
     "CHECKS",
@@ -117,7 +117,7 @@ __all__ = [
     "launch",
     "resume_point",
     "metrics_log_path",
-    "RUNTIME_MODULE",
+    "WORKER_HOOKS",
     "MODEL_LIB",
     "RAY_NODE_KEYS",
     "MASKED_STRATEGIES",

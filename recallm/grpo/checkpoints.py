@@ -3,7 +3,7 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
 (``recallm.grpo.retention``).
 
 * **Save.** verl's ``RayPPOTrainer._save_checkpoint`` is wrapped in the trainer's process
-  (``recallm.grpo.runtime``). Before verl writes a step, that step's old manifest is removed (a save
+  (``recallm.grpo.worker_hooks``). Before verl writes a step, that step's old manifest is removed (a save
   into an existing directory, after a resume from an earlier step, must not leave a manifest that
   would vouch for a mix of files). After verl has written the actor's shards, ``data.pt`` and the
   tracker (``recallm.paths.TRACKER``), the size and CRC-32 of every file of the step
@@ -176,7 +176,7 @@ def _wrap_trainer(module) -> None:
 
 
 def install() -> None:
-    """Wrap verl's trainer's save (``recallm.grpo.runtime``, in every verl process)."""
+    """Wrap verl's trainer's save (``recallm.grpo.worker_hooks``, in every verl process)."""
     from recallm.grpo.cpu.patches import after_import
 
     after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

@@ -14,7 +14,7 @@ request travels through a file:
    while the run goes on, and its C++ crash handler (a stack trace, then abort: seen under SLURM),
    kept out of this process by ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, which Ray reads when the driver
    connects (Ray's workers keep theirs).
-2. In the trainer (``recallm.grpo.runtime`` installs :func:`install`): verl asks, after every actor
+2. In the trainer (``recallm.grpo.worker_hooks`` installs :func:`install`): verl asks, after every actor
    update, whether its deadline is near (``should_save_ckpt_esi``); the wrapped question also says yes
    once the stop file exists, so verl saves that step whatever ``trainer.save_freq`` says (it must be
    > 0: verl saves nothing otherwise), and ``recallm.grpo.checkpoints`` checksums it. The step ends as
@@ -157,7 +157,7 @@ def _wrap_trainer(module) -> None:
 
 
 def install() -> None:
-    """Wrap verl's trainer (``recallm.grpo.runtime``, in every verl process; acts where ``STOP_ENV`` is set)."""
+    """Wrap verl's trainer (``recallm.grpo.worker_hooks``, in every verl process; acts where ``STOP_ENV`` is set)."""
     from recallm.grpo.cpu.patches import after_import
 
     after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

@@ -34,14 +34,15 @@ __all__ = [
     "prepare",
     "recall_constraint",
     "metrics_log_path",
-    "RUNTIME_MODULE",
+    "WORKER_HOOKS",
     "HF_OVERRIDES_ENV",
     "FORWARDED_ENV",
     "VLLM_PROCESSOR",
 ]
 
 log = logging.getLogger(__name__)
-RUNTIME_MODULE = "recallm.grpo.runtime"
+#: the module every verl process of a run imports (``VERL_USE_EXTERNAL_MODULES``): RecaLLM's hooks into verl
+WORKER_HOOKS = "recallm.grpo.worker_hooks"
 MODEL_LIB = "recallm.modeling"  # actor_rollout_ref.model.external_lib: importing it registers the masked classes
 VLLM_PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
 
@@ -325,10 +326,10 @@ def ray_cluster(cfg: DictConfig, run: Prepared) -> None:
         log.info("joining the Ray cluster at %s: its nodes declare %s, not ray_kwargs.ray_init", address, ", ".join(dropped))
 
 
-def runtime(cfg: DictConfig, run: Prepared) -> None:
-    """``recallm.grpo.runtime`` in every verl process (the masked classes, the platform's patches, the
+def worker_hooks(cfg: DictConfig, run: Prepared) -> None:
+    """``recallm.grpo.worker_hooks`` in every verl process (the masked classes, the platform's patches, the
     recall metrics); verl's JSONL metrics log next to the checkpoints (``recallm.eval.curves`` reads it)."""
-    run.add_module(RUNTIME_MODULE)
+    run.add_module(WORKER_HOOKS)
     metrics_log = metrics_log_path(cfg)
     if metrics_log is not None:  # verl's JSONL logger writes next to the checkpoints (recallm.eval.curves reads it)
         run.env["VERL_FILE_LOGGER_PATH"] = str(metrics_log)
@@ -336,13 +337,13 @@ def runtime(cfg: DictConfig, run: Prepared) -> None:
 
 def operations(cfg: DictConfig, run: Prepared) -> None:
     """What keeps a long run alive: the process group's timeout (``actor_rollout_ref.nccl_timeout``, which
-    verl 0.9.1's engine workers do not pass on: ``recallm.grpo.runtime``), the save-and-stop on SIGTERM or
+    verl 0.9.1's engine workers do not pass on: ``recallm.grpo.worker_hooks``), the save-and-stop on SIGTERM or
     SIGUSR1 (``recallm.grpo.preemption``), the checkpoint retention (``recallm.keep_checkpoints``,
     ``recallm.eval_step``: ``recallm.grpo.retention``), and W&B offline unless credentials are configured
     (``recallm.tracking``)."""
     from recallm.grpo.preemption import STOP_ENV, stop_file
     from recallm.grpo.retention import EVAL_STEP_ENV, KEEP_ENV
-    from recallm.grpo.runtime import TIMEOUT_ENV
+    from recallm.grpo.worker_hooks import TIMEOUT_ENV
 
     timeout = OmegaConf.select(cfg, "actor_rollout_ref.nccl_timeout", default=None)
     if timeout:
@@ -378,7 +379,7 @@ PREPARE_STEPS: tuple[Step, ...] = (
     vllm_rollout,
     platform,
     ray_cluster,
-    runtime,
+    worker_hooks,
     operations,
 )
 

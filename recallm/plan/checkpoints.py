@@ -18,7 +18,7 @@ the deadline is at most ``60 + longest step + trainer.esi_redundant_time``: the 
 moment SLURM's USR1 arrives, ``--signal=B:USR1@N`` before the time limit, after which the job
 requeues). Each rank then waits for the others in a collective: the slowest rank's write must finish
 within the process group's timeout (torch's NCCL default is 10 minutes; verl 0.9.1's engine workers
-pass none, ``actor_rollout_ref.nccl_timeout`` reaches them through ``recallm.grpo.runtime``).
+pass none, ``actor_rollout_ref.nccl_timeout`` reaches them through ``recallm.grpo.worker_hooks``).
 """
 
 from __future__ import annotations

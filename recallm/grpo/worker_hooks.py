@@ -1,4 +1,5 @@
-"""Imported by every verl process of a RecaLLM run (``VERL_USE_EXTERNAL_MODULES``).
+"""RecaLLM's hooks into verl's processes: imported by every verl process of a RecaLLM run
+(``VERL_USE_EXTERNAL_MODULES``, set by the launch: ``recallm.grpo.prepare.WORKER_HOOKS``).
 
 * registers the masked model classes (``import recallm.modeling``), so actor and reference load
   ``recallm_<base>`` checkpoints as the classes that apply the recall mask;
