@@ -67,6 +67,7 @@ __all__ = [
     "load_recallm_model",
     "merge_adapter",
     "vllm_lora_rank",
+    "VLLM_LORA_RANKS",
 ]
 
 log = logging.getLogger(__name__)
@@ -638,15 +639,29 @@ def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = N
     return Path(out)
 
 
-_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+#: the ``max_lora_rank`` values vLLM 0.24 accepts (``vllm/config/lora.py``: ``MaxLoRARanks``); verl starts its
+#: rollout at the ``lora_rank`` rounded up to one of them (``verl/workers/rollout/vllm_rollout/utils.py``:
+#: ``get_vllm_max_lora_rank``)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def vllm_lora_rank(adapter: str | Path) -> int:
-    """vLLM's ``max_lora_rank`` for serving a LoRA adapter directory (the smallest vLLM accepts that holds the
-    adapter's rank). vLLM cannot serve trained token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's
-    ``PEFTHelper`` takes no ``modules_to_save``): such an adapter is a ``RecallmError`` naming the merge."""
+def _rounded_lora_rank(rank: int) -> int | None:
+    return next((allowed for allowed in VLLM_LORA_RANKS if allowed >= rank), None)
+
+
+def vllm_lora_rank(adapter: str | Path | int) -> int:
+    """vLLM's ``max_lora_rank`` for a LoRA rank: the smallest of :data:`VLLM_LORA_RANKS` that holds it.
+    ``adapter``: a rank (GRPO's ``actor_rollout_ref.model.lora_rank``, as verl rounds it; ``recallm.plan``),
+    or a LoRA adapter directory to serve (its ``adapter_config.json``'s ``r``). vLLM cannot serve trained
+    token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's ``PEFTHelper`` takes no ``modules_to_save``):
+    such an adapter is a ``RecallmError`` naming the merge."""
     import json
 
+    if isinstance(adapter, int):
+        rounded = _rounded_lora_rank(adapter)
+        if rounded is None:
+            raise RecallmError(f"lora_rank {adapter} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
+        return rounded
     adapter = Path(adapter)
     config = json.loads((adapter / ADAPTER_CONFIG).read_text())
     if config.get("trainable_token_indices") or config.get("modules_to_save"):
@@ -654,8 +669,8 @@ def vllm_lora_rank(adapter: str | Path) -> int:
             f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
             f"first (recallm-export --checkpoint {adapter} --out <dir>) and use that directory"
         )
-    rank = int(config.get("r") or 8)
-    for allowed in _VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")
+    rank = int(config.get("r") or 8)  # (PEFT's default rank)
+    rounded = _rounded_lora_rank(rank)
+    if rounded is None:
+        raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
+    return rounded

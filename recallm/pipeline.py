@@ -48,7 +48,7 @@ from typing import Any
 
 from recallm.config import typed
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
+from recallm.paths import METRICS_FILE
 
 __all__ = [
     "StageJob",

@@ -4,7 +4,7 @@ verl logs one record of metrics per training step. Two of its loggers are read h
 
 * ``file`` (``trainer.logger=[console,file]``): JSON lines ``{"step": N, "data": {...}}``;
   ``recallm-grpo`` writes them to ``<trainer.default_local_dir>/metrics.jsonl`` and appends across
-  resumed runs (``recallm.grpo.runtime``);
+  resumed runs (``recallm.grpo.worker_hooks``);
 * ``console``: lines ``step:N - key:value - ...`` in a run's output (a pipeline job's log, say).
 
 A resumed run logs again from its checkpoint's step (a validation record, then the steps after
@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
 from recallm.grpo.console import number as _metric_number
 from recallm.grpo.console import step_record
+from recallm.paths import METRICS_FILE
 
 __all__ = [
     "PANELS",

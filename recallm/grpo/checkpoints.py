@@ -3,10 +3,10 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
 (``recallm.grpo.retention``).
 
 * **Save.** verl's ``RayPPOTrainer._save_checkpoint`` is wrapped in the trainer's process
-  (``recallm.grpo.runtime``). Before verl writes a step, that step's old manifest is removed (a save
+  (``recallm.grpo.worker_hooks``). Before verl writes a step, that step's old manifest is removed (a save
   into an existing directory, after a resume from an earlier step, must not leave a manifest that
   would vouch for a mix of files). After verl has written the actor's shards, ``data.pt`` and the
-  tracker (``latest_checkpointed_iteration.txt``), the size and CRC-32 of every file of the step
+  tracker (``recallm.paths.TRACKER``), the size and CRC-32 of every file of the step
   go into its ``recallm_files.json`` (``recallm.io.write_manifest``: each file fsynced, the
   manifest written atomically), then the retention prunes. The manifest is written last, so a step
   without one was cut short. With ``actor_rollout_ref.actor.checkpoint.async_save`` the shards are
@@ -34,24 +34,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo.retention import prune, saved_steps, settings, step_of
+from recallm.grpo.retention import prune, settings
 from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifest, write_text_atomic
+from recallm.paths import TRACKER, saved_steps, step_name, step_of, tracked_step
+from recallm.paths import step_dir as _step_dir
 
 __all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
-
-TRACKER = "latest_checkpointed_iteration.txt"
-
-
-def _tracked(root: Path) -> int | None:
-    """The step the tracker names; None when there is no tracker; -1 when it does not read."""
-    tracker = root / TRACKER
-    if not tracker.exists():
-        return None
-    try:
-        return int(tracker.read_text().strip())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return -1
-
 
 def _checksummed(steps: dict[int, Path]) -> bool:
     """Whether any of a directory's ``steps`` (``saved_steps``) has a manifest (then every step must have one)."""
@@ -104,7 +92,7 @@ class Resume:
         if self.step is None:
             return "from scratch (no checkpoint)"
         how = "checksums verified" if self.verified else "saved without checksums: unverified"
-        return f"global_step_{self.step} ({how})"
+        return f"{step_name(self.step)} ({how})"
 
 
 def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path: str | None = None) -> Resume:
@@ -121,14 +109,14 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
             raise RecallmError(f"trainer.resume_from_path={resume_from_path} is not a global_step_N directory")
         return Resume(step, check_step(resume_from_path))
     steps = saved_steps(root)
-    tracked = _tracked(root)
+    tracked = tracked_step(root)
     if tracked is None:
         return Resume(None)  # verl starts from scratch: nothing was ever saved here (its tracker comes last)
     need = _checksummed(steps)
     newest = tracked if tracked >= 0 else max(steps, default=-1)
     candidates = sorted((s for s in steps if s <= newest), reverse=True)
     if tracked >= 0 and tracked not in steps:
-        damaged = [(root / f"global_step_{tracked}", "missing")]
+        damaged = [(_step_dir(root, tracked), "missing")]
     else:
         damaged = []
     for step in candidates:
@@ -169,16 +157,16 @@ def _wrap_trainer(module) -> None:
         return
 
     def _save_checkpoint(self, *args, **kwargs):
-        step_dir = Path(str(self.config.trainer.default_local_dir)) / f"global_step_{self.global_steps}"
-        (step_dir / MANIFEST_FILE).unlink(missing_ok=True)  # a re-save must not keep the old step's checksums
+        saved = _step_dir(str(self.config.trainer.default_local_dir), self.global_steps)
+        (saved / MANIFEST_FILE).unlink(missing_ok=True)  # a re-save must not keep the old step's checksums
         result = original(self, *args, **kwargs)
         if _async_save(self.config):
-            print(f"[recallm] async_save: {step_dir.name} is written in the background, without checksums", flush=True)
+            print(f"[recallm] async_save: {saved.name} is written in the background, without checksums", flush=True)
         else:
-            write_manifest(step_dir)
+            write_manifest(saved)
         keep, eval_step = settings()
         if keep:
-            removed = prune(step_dir.parent, keep, eval_step)
+            removed = prune(saved.parent, keep, eval_step)
             if removed:
                 print(f"[recallm] checkpoint retention (keep {keep}): removed {len(removed)} path(s)", flush=True)
         return result
@@ -188,7 +176,7 @@ def _wrap_trainer(module) -> None:
 
 
 def install() -> None:
-    """Wrap verl's trainer's save (``recallm.grpo.runtime``, in every verl process)."""
+    """Wrap verl's trainer's save (``recallm.grpo.worker_hooks``, in every verl process)."""
     from recallm.grpo.cpu.patches import after_import
 
     after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

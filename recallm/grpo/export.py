@@ -25,6 +25,7 @@ import shutil
 from pathlib import Path
 
 from recallm.errors import RecallmError
+from recallm.paths import TRACKER, saved_steps, step_dir, step_of, tracked_step
 
 __all__ = ["find_actor_dir", "export_checkpoint", "trained_dtype", "DTYPES", "ADAPTER_SUBDIR"]
 
@@ -32,16 +33,18 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def _saved_steps(path: Path) -> list[int]:
-    steps = [p.parent.parent.name.split("_")[-1] for p in path.glob("global_step_*/actor/huggingface")]
-    return sorted(int(s) for s in steps if s.isdigit())
+    """The steps under ``path`` whose actor checkpoint has its Hugging Face config."""
+    return sorted(step for step, saved in saved_steps(path).items() if (saved / "actor" / "huggingface").is_dir())
 
 
 def find_actor_dir(path: str | Path, step: int | None = None) -> Path:
     """The ``actor`` directory of a run directory (its latest step, or ``step``), a
-    ``global_step_N`` directory, or an ``actor`` directory itself."""
+    ``global_step_N`` directory, or an ``actor`` directory itself. A tracker that does not read as a
+    step (``recallm.paths.tracked_step``: a kill while verl rewrote it) counts as naming none: the newest
+    saved step is taken, as a resume takes it (``recallm.grpo.checkpoints``)."""
     path = Path(path)
     if step is not None:
-        actor = path / f"global_step_{step}" / "actor"
+        actor = step_dir(path, step) / "actor"
         if (actor / "huggingface").is_dir():
             return actor
         saved = _saved_steps(path)
@@ -53,16 +56,15 @@ def find_actor_dir(path: str | Path, step: int | None = None) -> Path:
         return path
     if (path / "actor" / "huggingface").is_dir():
         return path / "actor"
-    latest = path / "latest_checkpointed_iteration.txt"
-    if latest.is_file():
-        step = latest.read_text().strip()
-        actor = path / f"global_step_{step}" / "actor"
+    tracked = tracked_step(path)
+    if tracked is not None and tracked >= 0:
+        actor = step_dir(path, tracked) / "actor"
         if (actor / "huggingface").is_dir():
             return actor
-        raise RecallmError(f"{latest} names step {step}, but {actor} is not a complete actor checkpoint")
+        raise RecallmError(f"{path / TRACKER} names step {tracked}, but {actor} is not a complete actor checkpoint")
     steps = _saved_steps(path)
     if steps:
-        return path / f"global_step_{steps[-1]}" / "actor"
+        return step_dir(path, steps[-1]) / "actor"
     raise RecallmError(f"no verl actor checkpoint under {path} (expected global_step_N/actor/huggingface)")
 
 
@@ -161,7 +163,7 @@ def export_checkpoint(
     if dtype is not None and dtype not in DTYPES:
         raise RecallmError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     actor = find_actor_dir(path, step)
-    if actor.parent.name.startswith("global_step_"):
+    if step_of(actor.parent) is not None:
         from recallm.grpo.checkpoints import check_step
 
         check_step(actor.parent)  # the files as verl saved them (their checksums: recallm.grpo.checkpoints)

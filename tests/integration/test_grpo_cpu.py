@@ -339,7 +339,7 @@ assert ti.logprobs_from_logits._recallm_cpu  # the vectorised log-probs (patch 3
 assert get_rollout_replica_class("hf_cpu").__name__ == "HFCPUReplica"
 assert get_rollout_class("hf_cpu").__name__ == "HFCPUServerAdapter"
 from recallm.grpo.cpu import activate; activate(); activate()
-from recallm.grpo.runtime import install_collective_timeout; install_collective_timeout(); install_collective_timeout()
+from recallm.grpo.worker_hooks import install_collective_timeout; install_collective_timeout(); install_collective_timeout()
 pg = d.initialize_global_process_group_ray  # the timeout wraps the CPU patch, each once, everywhere
 assert pg._recallm_timeout and pg.__wrapped__._recallm_cpu and not hasattr(pg.__wrapped__.__wrapped__, "_recallm_cpu")
 assert ew.initialize_global_process_group_ray is pg

@@ -19,6 +19,23 @@ from tests.vllm_tier.test_serve import serving  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+def test_the_lora_rank_table_is_vllms_and_rounds_as_verl_does():
+    """``recallm.modeling.VLLM_LORA_RANKS`` is vLLM's ``MaxLoRARanks``, and ``vllm_lora_rank`` gives every rank
+    the ``max_lora_rank`` verl starts vLLM with (``get_vllm_max_lora_rank``, which reads vLLM's table here)."""
+    from typing import get_args
+
+    from verl.workers.rollout.vllm_rollout.utils import get_vllm_max_lora_rank
+    from vllm.config.lora import MaxLoRARanks
+
+    from recallm.modeling import VLLM_LORA_RANKS, vllm_lora_rank
+
+    assert tuple(sorted(get_args(MaxLoRARanks))) == VLLM_LORA_RANKS
+    for rank in range(1, VLLM_LORA_RANKS[-1] + 1):
+        assert vllm_lora_rank(rank) == get_vllm_max_lora_rank(rank), rank
+    with pytest.raises(ValueError):
+        get_vllm_max_lora_rank(VLLM_LORA_RANKS[-1] + 1)  # (ours: a RecallmError, tests/unit/test_modeling.py)
+
+
 @pytest.mark.parametrize("recipe", ["qwen2.5_7b_lora_1gpu", "qwen2.5_1.5b_lora_24gb"])
 def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
     """verl's validate_config of a LoRA config with the vLLM rollout checks vLLM's version: here it is installed."""
