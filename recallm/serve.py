@@ -3,8 +3,8 @@
 A RecaLLM checkpoint names its own architecture (``Recall<Base>ForCausalLM``, ``recallm_<base>``),
 which vLLM does not know: vLLM serves it as its base architecture (``hf_overrides`` from
 :func:`recallm.modeling.vllm_hf_overrides`) and the recall logits processor
-(``recallm.recall.vllm:RecallLogitsProcessorV1``) keeps every recall span a verbatim copy of its
-context, reading the recall token ids from the same config (``recallm.modeling.served_hf_overrides``
+(``recallm.recall.vllm:RecallLogitsProcessor``, for either of vLLM's model runners) keeps every recall
+span a verbatim copy of its context, reading the recall token ids from the same config (``recallm.modeling.served_hf_overrides``
 merges a user's own overrides with those: one place, used by ``recallm-serve`` and ``recallm-grpo``);
 :func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
 OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
@@ -24,7 +24,14 @@ from recallm.errors import RecallmError
 
 __all__ = ["serve_command", "ServeSettings"]
 
-PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
+#: ``recallm.recall.vllm.PROCESSOR_FQCN`` (named here: importing that module loads torch)
+PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessor"
+#: every name of the recall processor (one interface each, or both): a user's own is kept, not doubled
+RECALL_PROCESSORS = (
+    PROCESSOR,
+    "recallm.recall.vllm:RecallLogitsProcessorV1",
+    "recallm.recall.vllm:RecallLogitsProcessorV2",
+)
 
 
 class ServeSettings:
@@ -100,9 +107,9 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     )
     extra, processors = _pop_option(extra, "--logits-processors")
     if settings.recall_constrained:
-        processors = [*processors, PROCESSOR] if PROCESSOR not in processors else processors
+        processors = processors if any(p in RECALL_PROCESSORS for p in processors) else [*processors, PROCESSOR]
     else:
-        processors = [p for p in processors if p != PROCESSOR]
+        processors = [p for p in processors if p not in RECALL_PROCESSORS]
     command = [
         python or sys.executable,
         "-m",

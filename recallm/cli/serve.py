@@ -64,6 +64,9 @@ def main(argv: list[str] | None = None) -> int:
             "recallm-serve needs vLLM, which is not installed here: on a GPU node `pip install -e '.[gpu]'` "
             "(scripts/install_gpu.sh); on a CPU, scripts/test_vllm.sh builds an environment with vLLM's CPU build"
         )
+    from recallm.engines import check_engines
+
+    check_engines("serve")  # one line for a vLLM no tier tests (RECALLM_ALLOW_UNTESTED_ENGINES=1 overrides)
     log.info(
         "serving %s as %r on http://%s:%d/v1 (recall processor %s)",
         settings.model,

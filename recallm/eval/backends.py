@@ -11,7 +11,7 @@ recall spans judged by the matcher (``recallm.recall.find_spans``: verbatim or n
   RecaLLM model; ``recall_constrained=False`` turns it off (the "no logit masking" ablation). A
   ``length_extension`` hook (below) can wrap every ``generate`` call.
 * ``VLLMBackend`` - ``vllm.LLM`` with the V1 recall processor
-  (``recallm.recall.vllm.V1_PROCESSOR_FQCN``) and ``hf_overrides`` from
+  (``recallm.recall.vllm.PROCESSOR_FQCN``) and ``hf_overrides`` from
   ``recallm.modeling.vllm_hf_overrides``; per-request opt-out when unconstrained. GPU nodes only;
   vLLM is imported when the backend is built. It drives ``LLM.llm_engine`` (vLLM's
   ``LLMEngine``: ``add_request`` / ``step`` / ``abort_request``) itself rather than calling
@@ -446,7 +446,7 @@ class VLLMBackend(Backend):
                 "elsewhere use backend=hf or backend=openai"
             ) from None
         from recallm.modeling import adapter_base, read_model_config, vllm_hf_overrides, vllm_lora_rank
-        from recallm.recall.vllm import V1_PROCESSOR_FQCN
+        from recallm.recall.vllm import PROCESSOR_FQCN
         from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
 
         config = read_model_config(model_path)  # (a LoRA adapter directory: its base's)
@@ -469,7 +469,7 @@ class VLLMBackend(Backend):
             ids = RecallTokenIds.from_config(config)
             self.recall = (ids.start, ids.end, getattr(config, "max_recall_tokens", None) or DEFAULT_MAX_RECALL_TOKENS)
             kwargs["hf_overrides"] = vllm_hf_overrides(config)
-            kwargs["logits_processors"] = [V1_PROCESSOR_FQCN]
+            kwargs["logits_processors"] = [PROCESSOR_FQCN]
         elif self.recall_constrained:
             raise RecallmError(
                 f"model {model_path} has no recall tokens: constrained recall is impossible "

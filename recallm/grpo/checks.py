@@ -130,6 +130,19 @@ def _check_rollout(cfg: DictConfig) -> Iterator[str]:
         yield f"GRPO needs at least 2 rollouts per prompt (actor_rollout_ref.rollout.n={n})"
 
 
+def _check_engines(cfg: DictConfig) -> Iterator[str]:
+    """verl's vLLM rollout on a verl/vLLM pair the test tiers run (``recallm.engines``; vLLM not installed
+    where the run is launched: its rollout servers check when they load the recall processor)."""
+    if cfg.actor_rollout_ref.rollout.name != "vllm":
+        return
+    from recallm.engines import UntestedEngines, check_engines
+
+    try:
+        check_engines("grpo")
+    except UntestedEngines as exc:
+        yield str(exc)
+
+
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
@@ -363,6 +376,7 @@ CHECKS: tuple[Check, ...] = (
     _check_platform,
     _check_mask_is_kept,
     _check_rollout,
+    _check_engines,
     _check_batches,
     _check_lengths,
     _check_data_lengths,
@@ -388,7 +402,8 @@ def validate(cfg: DictConfig) -> None:
     Raises ``recallm.errors.Problems`` (every problem found, one line each; the CLI prints them all) for: a platform whose rollout or device
     was changed; fused kernels; Ulysses sequence parallelism (any of the four keys, actor and
     reference); a training backend other than FSDP/FSDP2; packed sequences without flash attention;
-    rollout log-probs other than the processed ones; a rollout without the recall processor; fewer
+    rollout log-probs other than the processed ones; a rollout without the recall processor; a vLLM rollout
+    on an untested verl/vLLM pair (``recallm.engines``); fewer
     than 2 rollouts; batch sizes that do not divide; a rollout context or dynamic-batching token cap
     below the longest sequence; a reward table that does not read, or an overlong penalty that ends
     elsewhere than the generation cap or cannot be reached; an evaluated checkpoint

@@ -44,6 +44,8 @@ log = logging.getLogger(__name__)
 #: the module every verl process of a run imports (``VERL_USE_EXTERNAL_MODULES``): RecaLLM's hooks into verl
 WORKER_HOOKS = "recallm.grpo.worker_hooks"
 MODEL_LIB = "recallm.modeling"  # actor_rollout_ref.model.external_lib: importing it registers the masked classes
+#: the recall processor verl's vLLM rollout loads: the V1 interface's name, as verl 0.9.1 runs only with vLLM 0.24
+#: (the one tested pair for GRPO, ``recallm.engines``; vLLM 0.24 has no other interface)
 VLLM_PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
 
 #: The merged ``hf_overrides`` of a vLLM rollout, JSON; ``recallm.grpo.vllm_rollout`` merges it

@@ -88,6 +88,40 @@ def test_cli_errors_are_one_line(tiny_base_dir, tiny_dir, tmp_path, capsys, monk
     assert "recallm-serve needs vLLM" in capsys.readouterr().err
 
 
+def test_cli_refuses_an_untested_vllm_in_one_line(tiny_dir, capsys, monkeypatch):
+    """recallm-serve checks the installed vLLM before it starts it (``recallm.engines``); the override lets it by."""
+    import importlib.util
+
+    import recallm.engines as engines
+    from recallm.cli.serve import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: object() if name == "vllm" else real(name, *a))
+    monkeypatch.setattr(engines, "installed_versions", lambda: ("0.9.1", "0.34.0"))
+    monkeypatch.delenv(engines.OVERRIDE_ENV, raising=False)
+    with pytest.raises(SystemExit) as exc:
+        main([str(tiny_dir)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exc.value.code == 2 and len(err) == 1, err
+    assert err[0].startswith("error: vLLM 0.34.0 is not a tested engine pair for vLLM serving (tested: 0.24.0, 0.32.0;")
+    executed = []
+    monkeypatch.setattr("os.execv", lambda exe, argv: executed.append(argv))
+    monkeypatch.setenv(engines.OVERRIDE_ENV, "1")
+    assert main([str(tiny_dir)]) == 0 and executed and executed[0][2:4] == ["recallm.serve", "serve"]
+
+
+def test_user_names_of_the_processor_are_not_doubled(tiny_dir):
+    from recallm.serve import RECALL_PROCESSORS
+
+    for name in RECALL_PROCESSORS:
+        command = serve_command(ServeSettings(tiny_dir), ["--logits-processors", name])
+        i = command.index("--logits-processors")
+        assert command[i + 1 :] == [name]
+        plain = serve_command(ServeSettings(tiny_dir, recall_constrained=False), ["--logits-processors", name, "x:Y"])
+        i = plain.index("--logits-processors")
+        assert plain[i + 1 :] == ["x:Y"]
+
+
 def test_the_served_process_knows_the_recallm_configs_before_vllm_reads_them(tmp_path, tiny_dir):
     """The command runs vLLM's CLI in a process where ``AutoConfig`` knows ``recallm_<base>``: a
     stand-in ``vllm`` package records what its CLI's ``main`` sees (vLLM reads the checkpoint's

@@ -58,7 +58,8 @@ def serving(path, name: str, log, *extra: str):
             time.sleep(2)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # (a server that exited has no group left to stop)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
