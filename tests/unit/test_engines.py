@@ -123,7 +123,7 @@ def test_doctor_shows_the_verdict():
 
 
 def test_grpo_refuses_an_untested_pair_before_ray(monkeypatch):
-    from recallm.grpo.app import _check_engines
+    from recallm.grpo.checks import _check_engines
 
     monkeypatch.delenv(OVERRIDE_ENV, raising=False)
     cfg = OmegaConf.create({"actor_rollout_ref": {"rollout": {"name": "vllm"}}})

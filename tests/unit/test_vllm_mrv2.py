@@ -78,6 +78,9 @@ def _install(monkeypatch, *, v1: bool, v2: bool, version: str | None = "0.32.0")
         names += ["vllm.v1.worker", "vllm.v1.worker.gpu", "vllm.v1.worker.gpu.sample", V2_MODULE]
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
+    # the stand-in engine is checked as a serving engine (``recallm.engines``: with verl imported in the process,
+    # as it is once any GRPO test ran, the processor would be checked as verl's rollout, and 0.32 is no GRPO pair)
+    monkeypatch.delitem(sys.modules, "verl", raising=False)
     if version is not None:
         sys.modules["vllm"].__version__ = version
     if v1:
