@@ -137,12 +137,19 @@ def _non_negative(owner: object, *names: str) -> None:
             raise RecallmError(f"{name} must be a non-negative integer, got {value!r}")
 
 
+#: rows of one train entry, validation cell or the SFT traces: the paper's whole mixture is ~10^5 rows; more is a
+#: typo (``data.val.per_cell=10**9`` started generating 9e9 rows). What the disk holds is checked too (``plan_bytes``).
+MAX_ROWS = 10_000_000
+#: the least a row takes on disk per token of its length (prompt text in parquet, compressed): ``plan_bytes``
+BYTES_PER_TOKEN = 2
+
+
 @dataclass(frozen=True)
 class TrainEntry:
     """One of ``train.entries``: ``count`` rows of ``task`` (with ``params``) at ``lengths``."""
 
     task: str
-    count: int = 0
+    count: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
     lengths: Any = None
     """an integer or ``[min, max]`` (default: ``train.lengths``)"""
     params: dict[str, Any] | None = None
@@ -161,7 +168,7 @@ class TrainSection:
 @dataclass(frozen=True)
 class ValSection:
     lengths: list[Any] = field(default_factory=list)
-    per_cell: int = 0
+    per_cell: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
     """rows per (category, length) cell; 0: no validation cells"""
     categories: Any = None
     """None: every category present"""
@@ -172,9 +179,10 @@ class ValSection:
 
 @dataclass(frozen=True)
 class SFTSection:
-    count: int = 0
+    count: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
     """programmatic traces of the synthetic train tasks"""
-    val_fraction: float = 0.1
+    val_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    """the share of the traces held out for validation (below 1)"""
 
     def __post_init__(self) -> None:
         _non_negative(self, "count")
@@ -188,9 +196,9 @@ class Mixture:
     ``configs/data_gen.yaml``; read with ``recallm.config.typed``). The defaults live here."""
 
     name: str | None = None
-    seed: int = 0
-    tolerance: float = DEFAULT_TOLERANCE
-    """prompts are fitted to length +- this fraction"""
+    seed: int = field(default=0, metadata={"min": 0, "max": 2**63 - 1})
+    tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={"min": 0, "max": 0.5})
+    """prompts are fitted to length +- this fraction (in (0, 0.5))"""
     store_prompt_text: bool = False
     system_prompt: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
@@ -312,6 +320,12 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
         sft_val_fraction=mixture.sft.val_fraction,
         skipped=skipped,
     )
+
+
+def plan_bytes(plan: Plan) -> int:
+    """The least disk space the plan's rows take: rows x their longest length x ``BYTES_PER_TOKEN`` (a floor:
+    ``recallm-data`` refuses a plan the output's disk cannot hold before the first row is generated)."""
+    return sum(job.count * max(job.lengths) * BYTES_PER_TOKEN for job in plan.jobs)
 
 
 # ----------------------------------------------------------------------------- workers

@@ -433,11 +433,31 @@ def _lookup(cfg: Any, key: str) -> Any:
     from omegaconf.errors import MissingMandatoryValue
 
     try:
-        return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
     except MissingMandatoryValue:  # `???`: there, no type
         return "???"
     except Exception:  # noqa: BLE001  (an odd key: treat as absent)
         return _ABSENT
+    if value is _ABSENT:  # there, but its interpolation does not resolve yet (`out_dir: outputs/sft/${sft.name}`
+        return _written(cfg, key)  # while model.path is unset): the value as written
+    return value
+
+
+def _written(cfg: Any, key: str) -> Any:
+    """The node at ``key`` as written (an interpolation unresolved), or ``_ABSENT`` where there is none."""
+    from omegaconf import OmegaConf
+
+    node = cfg
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node):
+            return _ABSENT
+        try:
+            node = node._get_node(part)
+        except Exception:  # noqa: BLE001  (no such key)
+            return _ABSENT
+        if node is None:
+            return _ABSENT
+    return node if OmegaConf.is_config(node) else node._value()
 
 
 def _type_error(key: str, default: Any, value: Any) -> str | None:

@@ -4,7 +4,7 @@
 recallm-pipeline experiment=tiny_cpu                       # what `make demo` runs: CPU, ~30 min
 recallm-pipeline experiment=tiny_cpu redo=[eval,report]    # run two stages again
 recallm-pipeline experiment=tiny_cpu only=[data]           # one stage
-recallm-pipeline experiment=tiny_cpu --status              # which jobs are done
+recallm-pipeline experiment=tiny_cpu --status              # which jobs are done, running, to do
 """
 
 from __future__ import annotations
@@ -47,8 +47,8 @@ def run(cfg: DictConfig, status: bool = False) -> int:
     stages = plan_experiment(exp, run_dir)
     pipeline = Pipeline(run_dir, stages, threads=cfg.threads)
     if status:
-        for name, done in pipeline.status().items():
-            print(f"{'done' if done else 'todo':4s}  {name}")
+        for name, state in pipeline.states().items():
+            print(f"{state:7s}  {name}")
         return 0
     print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()}", flush=True)
     state = pipeline.run(redo=_list(cfg.redo, "redo") or [], only=_list(cfg.only, "only"), echo=_echo)

@@ -153,6 +153,13 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
                 f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
                 "backend.length_extension)"
             )
+        for b in benchmarks:  # tokens a generation may take: within the model's positions (it ran until killed)
+            wanted = b.generation.max_new_tokens
+            if positions and wanted > positions and not backend_settings.length_extension:
+                raise RecallmError(
+                    f"eval.benchmarks.{b.name}: max_new_tokens={wanted} is more than the model's {positions} positions "
+                    f"(max_position_embeddings of {model_path}): use at most {positions} (eval.generation.max_new_tokens)"
+                )
     tokenizer = load_tokenizer(Path(settings.tokenizer_path) if settings.tokenizer_path else model_path)
     renderer = PromptRenderer(tokenizer, suite_settings.system_prompt)
     if judge is not None:

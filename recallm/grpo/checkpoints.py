@@ -30,6 +30,8 @@ gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,16 +39,33 @@ from recallm.errors import RecallmError
 from recallm.grpo.retention import prune, saved_steps, settings, step_of
 from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifest, write_text_atomic
 
-__all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
+__all__ = [
+    "TRACKER",
+    "RESUME_MODES",
+    "Resume",
+    "step_problem",
+    "check_step",
+    "prepare_resume",
+    "check_run_dir",
+    "hold_run_dir",
+    "install",
+]
 
 TRACKER = "latest_checkpointed_iteration.txt"
+#: ``trainer.resume_mode``: verl 0.9.1's values (``RayPPOTrainer._load_checkpoint``); it resumed as auto on any other
+RESUME_MODES = ("auto", "disable", "resume_path")
 
 
 def _tracked(root: Path) -> int | None:
     """The step the tracker names; None when there is no tracker; -1 when it does not read."""
     tracker = root / TRACKER
-    if not tracker.exists():
+    if not tracker.exists() and not tracker.is_symlink():
         return None
+    if not tracker.is_file() or tracker.is_symlink():
+        raise RecallmError(
+            f"{tracker} is not a file (verl's tracker of the newest step, which it rewrites after each save): "
+            "remove it, or set trainer.resume_mode=disable"
+        )
     try:
         return int(tracker.read_text().strip())
     except (OSError, ValueError, UnicodeDecodeError):
@@ -59,17 +78,24 @@ def _checksummed(steps: dict[int, Path]) -> bool:
 
 
 def step_problem(step_dir: str | Path, *, need_manifest: bool = True) -> str | None:
-    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a file missing,
-    truncated or changed since the save; no manifest (with ``need_manifest``); no actor directory."""
+    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a symbolic link, or a
+    directory that resolves outside its run directory (another step's files would be vouched for under
+    this step's name); a file missing, truncated or changed since the save; no manifest listing every
+    file of the step (with ``need_manifest``: an empty or partial one counts as none); no actor directory."""
     step_dir = Path(step_dir)
+    if step_dir.is_symlink() or (step_dir.is_dir() and step_dir.resolve() != step_dir.parent.resolve() / step_dir.name):
+        return f"not a directory of its run: it resolves to {step_dir.resolve()}; a step is never a link"
     if not step_dir.is_dir():
         return "missing"
     try:
-        verified = verify_manifest(step_dir)
+        verified = verify_manifest(step_dir, complete=True)
     except RecallmError as exc:
         return f"damaged: {exc}"
     if not verified and need_manifest:
-        return f"incomplete: no {MANIFEST_FILE} (the checksums written after a save ends): the save was cut short"
+        return (
+            f"incomplete: no {MANIFEST_FILE} listing every file of the step (the checksums written after a save "
+            "ends): the save was cut short, or the manifest was cut"
+        )
     if not (step_dir / "actor").is_dir():
         return "incomplete: no actor directory"
     return None
@@ -111,6 +137,8 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     """Verify what a launch will resume from and make verl's tracker name the newest intact step
     (module doc). Raises ``RecallmError`` (one line) when no intact step is left; then nothing moves."""
     root = Path(root)
+    if resume_mode not in RESUME_MODES:
+        raise RecallmError(_resume_mode_problem(resume_mode))
     if resume_mode == "disable":
         return Resume(None)
     if resume_mode == "resume_path":
@@ -152,6 +180,42 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     if step != tracked:
         write_text_atomic(root / TRACKER, str(step))
     return Resume(step, need, tuple(moved))
+
+
+def _resume_mode_problem(mode: object) -> str:
+    return (
+        f"trainer.resume_mode={mode} is not one of {', '.join(RESUME_MODES)} (verl would resume as auto): auto "
+        "resumes the newest step, disable starts afresh, resume_path takes trainer.resume_from_path"
+    )
+
+
+def check_run_dir(cfg) -> Iterator[str]:
+    """One of ``recallm.grpo.app``'s checks: ``trainer.resume_mode`` is one of :data:`RESUME_MODES`; no other
+    launch writes ``trainer.default_local_dir`` now (:func:`hold_run_dir`); its tracker, if any, is a file."""
+    from omegaconf import OmegaConf
+
+    from recallm.io import check_unlocked
+
+    mode = OmegaConf.select(cfg, "trainer.resume_mode", default="auto")
+    if str(mode) not in RESUME_MODES:
+        yield _resume_mode_problem(mode)
+    root = OmegaConf.select(cfg, "trainer.default_local_dir", default=None)
+    if root:
+        check_unlocked(Path(str(root)))  # (a RecallmError: the checks collect it as one line)
+        if str(mode) == "auto":
+            _tracked(Path(str(root)))
+
+
+@contextmanager
+def hold_run_dir(cfg) -> Iterator[None]:
+    """One writer per GRPO run directory: ``trainer.default_local_dir`` locked (``recallm.io.lock_dir``) from
+    the resume's check to the end of training, as SFT, eval, data and the pipeline lock theirs. A second
+    launch on the same directory is refused with one line naming the holder (two trainers saving into one
+    directory would interleave steps, tracker and manifests); a killed launch leaves no stale lock."""
+    from recallm.io import lock_dir
+
+    with lock_dir(Path(str(cfg.trainer.default_local_dir)), "recallm-grpo"):
+        yield
 
 
 # --------------------------------------------------------------------------- in verl's trainer

@@ -71,10 +71,11 @@ class LoraSettings:
     """``sft.lora``: stage ``full`` as a LoRA finetune (PEFT) instead of a full one; ``rank: 0`` (the
     default) is the full finetune. The embedding stage ignores it (it trains the token rows only)."""
 
-    rank: int = field(default=0, metadata={"min": 0})
-    """LoRA rank r (0: off, every weight trains)"""
-    alpha: float = field(default=32.0, metadata={"min": 0})
-    """scaling: the update is alpha / rank times the low-rank product"""
+    rank: int = field(default=0, metadata={"min": 0, "max": 65536})
+    """LoRA rank r (0: off, every weight trains); at most the model's width (``hidden_size``: checked against
+    the model before the adapter is allocated)"""
+    alpha: float = field(default=32.0, metadata={"min": 0, "max": 1e6})
+    """scaling: the update is alpha / rank times the low-rank product (> 0: at 0 the adapter changes nothing)"""
     dropout: float = field(default=0.0, metadata={"min": 0, "max": 1})
     target_modules: Any = "all-linear"
     """PEFT's ``target_modules``: ``all-linear`` (every linear layer but the output head) or a list of names"""
@@ -84,6 +85,8 @@ class LoraSettings:
     stage left them"""
 
     def __post_init__(self) -> None:
+        if not self.alpha > 0:
+            raise RecallmError(f"alpha must be > 0 (at 0 the adapter's update is scaled to nothing), got {self.alpha}")
         modules = self.target_modules
         if not (isinstance(modules, str) and modules) and not (
             isinstance(modules, (list, tuple)) and modules and all(isinstance(m, str) and m for m in modules)
