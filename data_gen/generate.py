@@ -34,6 +34,7 @@ from typing import Any
 from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_parquet
+from recallm.config import MAX_SEED, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.io import (
     MANIFEST_FILE,
@@ -196,7 +197,7 @@ class Mixture:
     ``configs/data_gen.yaml``; read with ``recallm.config.typed``). The defaults live here."""
 
     name: str | None = None
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**63 - 1})
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={"min": 0, "max": 0.5})
     """prompts are fitted to length +- this fraction (in (0, 0.5))"""
     store_prompt_text: bool = False
@@ -225,7 +226,7 @@ class DataRun:
     data: dict[str, Any]
     tokenizer: str = "tiny"
     """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
-    workers: int = field(default=2, metadata={"min": 1})
+    workers: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     progress: bool = True
 
 

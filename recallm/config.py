@@ -40,9 +40,18 @@ __all__ = [
     "dataclass_values",
     "typed",
     "register_schema",
+    "MAX_WORKERS",
+    "MAX_COUNT",
+    "MAX_SEED",
 ]
 
 T = TypeVar("T")
+#: the ranges shared by many settings (a field's ``metadata``): processes or threads one run starts (workers,
+#: threads, parallel jobs; more than a machine has cores is a typo, and each costs memory), a count of steps,
+#: examples or rows, a seed (63 bits: torch, numpy and parquet's int64 take it)
+MAX_WORKERS = 1024
+MAX_COUNT = 10**9
+MAX_SEED = 2**63 - 1
 _ABSENT = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
 

@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.config import typed
+from recallm.config import MAX_WORKERS, typed
 from recallm.errors import RecallmError
 from recallm.grpo import METRICS_FILE
 
@@ -388,7 +388,7 @@ class PipelineRun:
     """stages to run again from scratch: a name or a list"""
     only: Any = None
     """run only these stages: a name or a list (None: all)"""
-    threads: int | None = field(default=None, metadata={"min": 1})
+    threads: int | None = field(default=None, metadata={"min": 1, "max": MAX_WORKERS})
     """CPU threads shared by the jobs of a stage (None: every core)"""
 
 
@@ -488,10 +488,10 @@ class Experiment:
     variants: dict[str, Any]
     """name -> a ``VariantSpec``"""
     eval: EvalStageSpec
-    data_workers: int = field(default=1, metadata={"min": 1})
+    data_workers: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     data_overrides: list[Any] | None = None
     sft_overrides: list[Any] | None = None
-    parallel: int = field(default=2, metadata={"min": 1})
+    parallel: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     """jobs of one stage side by side"""
     grpo: GRPOStageSpec | None = None
     result: ResultSpec = field(default_factory=ResultSpec)

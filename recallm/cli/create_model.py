@@ -21,7 +21,6 @@ from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
 
 MAX_RECALL_TOKENS_LIMIT = 65_536  # tokens in one span; the default is 128
-MAX_SEED = 2**63 - 1  # the seeds of every setting (a 63-bit integer: torch, numpy's and parquet's int64 take it)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -81,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
             math.isfinite(args.yarn_factor) and 1 < args.yarn_factor <= MAX_YARN_FACTOR
         ):
             raise RecallmError(f"--yarn-factor must be a number in (1, {MAX_YARN_FACTOR}], got {args.yarn_factor}")
+        from recallm.config import MAX_SEED
+
         if not 0 <= args.seed <= MAX_SEED:
             raise RecallmError(f"--seed must be in [0, {MAX_SEED}] (a 63-bit integer), got {args.seed}")
         if args.tiny:

@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.config import typed
+from recallm.config import MAX_COUNT, typed
 from recallm.errors import RecallmError
 from recallm.io import check_out_dir, check_unlocked, lock_dir
 from recallm.tiny import resolve_model
@@ -89,7 +89,7 @@ class EvalRun:
     paper_model: str | None = None
     benchmarks: Any = None
     """None: the suite's enabled benchmarks; or a name or list of names"""
-    limit: int | None = field(default=None, metadata={"min": 1})
+    limit: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     overwrite: bool = False
     progress: bool = True
     report: bool = True

@@ -190,10 +190,10 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
-    """Cheap checks of a model directory before anything is generated (no weights are loaded):
-    it exists and holds a config; with ``constrained`` it must be a RecaLLM model whose config
-    and tokenizer carry the recall tokens. Returns ``{"model_type", "max_position_embeddings",
-    "recall": bool}``."""
+    """Cheap checks of a model directory before anything is generated (no weights are loaded; a LoRA
+    adapter's are read and checked, ``recallm.modeling.check_adapter``): it exists and holds a config;
+    with ``constrained`` it must be a RecaLLM model whose config and tokenizer carry the recall tokens.
+    Returns ``{"model_type", "max_position_embeddings", "recall": bool}``."""
     from recallm.modeling import read_model_config  # (registers recallm_<base>)
     from recallm.tokens import RecallTokenIds
 
@@ -201,6 +201,10 @@ def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
     if not path.is_dir():
         raise RecallmError(f"model directory {path} does not exist")
     config = read_model_config(path)
+    from recallm.modeling import adapter_base, check_adapter
+
+    if adapter_base(path) is not None:  # a LoRA adapter: whole, finite, its base's shapes (before anything is written)
+        check_adapter(path)
     has_recall = getattr(config, "recall_start_token_id", None) is not None
     if constrained:
         if not has_recall:

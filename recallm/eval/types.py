@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_SEED
 from recallm.errors import RecallmError
 
 #: the most tokens one generation may ask for (2^20: a million-token context's worth); the model bounds it further
@@ -35,7 +36,7 @@ class GenerationSettings:
     """(0, 1]"""
     top_k: int = field(default=0, metadata={"min": 0, "max": 1_000_000})
     """0: off"""
-    seed: int = field(default=0, metadata={"min": 0, "max": 2**63 - 1})
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     """base of the per-example sampling seeds"""
 
     def __post_init__(self) -> None:

@@ -565,6 +565,8 @@ def _check_batches(cfg: DictConfig) -> Iterator[str]:
     """Batch sizes that divide: into mini batches, micro batches, devices (verl asserts some of these
     inside a Ray worker). Each problem names its key and a value that divides."""
     arr = cfg.actor_rollout_ref
+    if int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) < 1:
+        return  # no device to divide over: recallm.grpo.ranges names the key
     n = int(arr.rollout.n)
     train_batch, mini = int(cfg.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
     if not (mini >= 1 and train_batch % mini == 0):

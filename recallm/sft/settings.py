@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_COUNT
 from recallm.errors import RecallmError
 
 __all__ = ["STAGES", "StageRecipe", "AdamSettings", "EvalCadence", "LoraSettings", "SFTRecipe", "SFTRun"]
@@ -124,7 +125,7 @@ class SFTRecipe:
     """also log the loss once this many seconds have passed since the last log (and at the last step
     always); null: every logging_steps only (``recallm.sft.progress``)"""
     save_steps: int = field(default=100, metadata={"min": 1})
-    save_total_limit: int | None = field(default=None, metadata={"min": 1})
+    save_total_limit: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     seed: int = 0
     eval: EvalCadence = field(default_factory=EvalCadence)
     label_logits_only: bool = True
@@ -170,7 +171,7 @@ class SFTRun:
     resume: str = "auto"
     """auto (newest checkpoint of the stage) | never | <checkpoint dir>"""
     logger: str = field(default="console", metadata={"choices": ("console", "wandb")})
-    max_steps: int | None = field(default=None, metadata={"min": 1})
+    max_steps: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """stop after this many optimizer steps (smoke tests)"""
     deepspeed: Any = None
     """the ``deepspeed`` group (``deepspeed_file``)"""

@@ -224,6 +224,8 @@ def _stage_steps(run: SFTRun) -> int | None:
     settings = run.sft.stage(run.stage)
     if settings.steps is not None:
         return settings.steps
+    if not Path(run.train_file).is_file():  # (missing, or a FIFO that would block: the data check says which)
+        return None
     try:
         with open(run.train_file, "rb") as f:
             records = sum(1 for line in f if line.strip())

@@ -15,23 +15,9 @@ from recallm.errors import RecallmError
 
 def _adapter(base_dir, out, *, token_rows: bool = False, std: float = 0.05):
     """A LoRA adapter of ``base_dir`` with non-zero weights, saved as recallm-sft saves one."""
-    from recallm.modeling import load_recallm_model
-    from recallm.sft.lora import apply_lora
-    from recallm.sft.settings import LoraSettings
-    from recallm.tokens import RecallTokenIds, load_tokenizer
+    from tests.assets import save_adapter
 
-    model = load_recallm_model(base_dir)
-    rows = list(RecallTokenIds.from_config(model.config).as_config().values())
-    peft = apply_lora(
-        model, LoraSettings(rank=4, token_rows=token_rows), rows, base_dir=base_dir, gradient_checkpointing=False
-    )
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=std)
-    peft.save_pretrained(out)
-    load_tokenizer(base_dir).save_pretrained(out)
-    return out
+    return save_adapter(base_dir, out, token_rows=token_rows, std=std)
 
 
 @pytest.fixture(scope="module")
