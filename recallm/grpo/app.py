@@ -47,7 +47,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
-from recallm.grpo.checkpoints import check_run_dir
+from recallm.grpo.checkpoints import check_run_dir, hold_run_dir
 from recallm.grpo.ranges import check_ranges
 from recallm.grpo.settings import closed, settings_of
 
@@ -889,20 +889,18 @@ def run(
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
-    from recallm.grpo.checkpoints import hold_run_dir
     from recallm.grpo.console import console_to_log
-    from recallm.grpo.memory import raise_if_out_of_memory
+    from recallm.grpo.memory import memory_guard
     from recallm.grpo.preemption import stop_file, stop_on_signals, stopped_by
 
     with hold_run_dir(cfg), stop_on_signals(stop_file(cfg.trainer.default_local_dir)) as received:
         resume_point(cfg)
         try:
-            with console_to_log(cfg, mode=settings_of(cfg).console):
+            with console_to_log(cfg, mode=settings_of(cfg).console), memory_guard(cfg):
                 launch(cfg, env)
         except Exception as exc:
             stopped = stopped_by(exc)
             if stopped is None or not received:
-                raise_if_out_of_memory(exc, cfg)
                 raise
             name = signal.Signals(received["signal"]).name
             print(

@@ -1,17 +1,19 @@
 """A GRPO run that ran out of memory ends in one line naming the settings to lower.
 
-When a worker's memory outgrows the machine, Ray's memory monitor kills it (``ray.exceptions.OutOfMemoryError``)
-or the kernel's OOM killer does (the actor dies by SIGKILL: ``ActorDiedError``, "killed by the OOM killer";
-torch raises ``OutOfMemoryError`` on a GPU). verl then fails with a traceback through Ray's task runner and
-a hundred lines of Ray's output, none of which says what to change. :func:`out_of_memory_line` recognises
-such a failure in the exception's chain and words it as one line: the micro batches that set the peak of
+When a worker's memory outgrows the machine, Ray's memory monitor kills it (``ray.exceptions.OutOfMemoryError``,
+"killed due to the node running low on memory"), or the kernel's OOM killer does: then Ray only knows that the
+actor died (``ActorDiedError``, whose message lists the OOM killer among possible causes, with a crash), so
+the kernel's own count of OOM kills (``oom_kill`` in ``/proc/vmstat``) is read before and after the run; torch
+raises ``OutOfMemoryError`` on a GPU. verl then fails with a traceback through Ray's task runner and a hundred
+lines of Ray's output, none of which says what to change. :func:`memory_guard`, around the launch, turns such
+a failure into one ``RecallmError`` line (:func:`out_of_memory_line`): the micro batches that set the peak of
 the actor's update and of the log-prob passes (``*_micro_batch_size_per_gpu``; with dynamic batching the
-token caps), with their values, then what else sizes it. ``recallm.grpo.app.run`` raises it as the run's
-``error:`` line (the log keeps Ray's whole story).
+token caps), with their values, then what else sizes the peak. The run's log keeps Ray's whole account.
 """
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from typing import Any
 
@@ -19,19 +21,13 @@ from omegaconf import OmegaConf
 
 from recallm.grpo.console import LOG_FILE
 
-__all__ = ["is_out_of_memory", "out_of_memory_line", "raise_if_out_of_memory"]
+__all__ = ["oom_kills", "is_out_of_memory", "out_of_memory_line", "memory_guard"]
 
-#: what the exceptions of an out-of-memory kill say (Ray's memory monitor, Ray's message for a worker killed by
-#: SIGKILL, torch's and CUDA's)
-_MARKERS = (
-    "running low on memory",
-    "out of memory",
-    "outofmemoryerror",
-    "oom killer",
-    "killed by sigkill",
-    "memory monitor",
-)
+#: what the exceptions of a memory kill say (Ray's memory monitor; torch's and CUDA's)
+_MEMORY = ("running low on memory", "out of memory", "outofmemoryerror")
 _NAMES = ("OutOfMemoryError", "MemoryError")
+#: what Ray says of a worker that died without a Python exception (SIGKILL: the OOM killer, or a crash)
+_DIED = ("died unexpectedly", "actordiederror", "sigkill", "worker unexpectedly exits", "worker crashed")
 
 #: the micro batches that set the memory peak (plain, and with dynamic batching the token caps)
 _MICRO = (
@@ -46,6 +42,19 @@ _TOKEN_CAPS = (
 )
 
 
+def oom_kills(vmstat: str = "/proc/vmstat") -> int | None:
+    """How many processes the kernel's OOM killer has killed since boot (None where the kernel does not say)."""
+    try:
+        with open(vmstat, encoding="ascii") as f:
+            for line in f:
+                name, _, value = line.partition(" ")
+                if name == "oom_kill":
+                    return int(value)
+    except (OSError, ValueError):
+        return None
+    return None
+
+
 def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
@@ -58,13 +67,14 @@ def _chain(exc: BaseException) -> Iterator[BaseException]:
         todo += [current.__cause__, current.__context__, getattr(current, "cause", None)]  # (Ray's RayTaskError)
 
 
-def is_out_of_memory(exc: BaseException) -> bool:
-    """Whether ``exc`` (or an exception in its chain) is an out-of-memory kill (module doc)."""
+def is_out_of_memory(exc: BaseException, *, killed: bool = False) -> bool:
+    """Whether ``exc`` (or an exception in its chain) is a memory kill: a memory error by name or message, or
+    (``killed``: the kernel's OOM killer killed something during the run) a worker that died by a signal."""
     for e in _chain(exc):
-        if any(cls.__name__ in _NAMES for cls in type(e).__mro__):
+        text = f"{type(e).__name__} {e}".lower()
+        if any(cls.__name__ in _NAMES for cls in type(e).__mro__) or any(m in text for m in _MEMORY):
             return True
-        text = str(e).lower()
-        if any(marker in text for marker in _MARKERS):
+        if killed and any(m in text for m in _DIED):
             return True
     return False
 
@@ -75,19 +85,27 @@ def out_of_memory_line(cfg: Any) -> str:
     keys = _TOKEN_CAPS if dynamic else _MICRO
     values = {key: OmegaConf.select(cfg, key, default=None) for key in keys}
     named = ", ".join(f"{key}={value}" for key, value in values.items() if value is not None) or ", ".join(keys)
-    target = "half of them" if dynamic else "2"
     log = OmegaConf.select(cfg, "recallm.console", default=None) == "summary"
     return (
-        f"GRPO ran out of memory (a worker was killed): lower {named} (to {target}; a smaller micro batch costs "
-        "little time on a CPU); data.max_response_length and actor_rollout_ref.rollout.n also size the peak "
-        "(recallm-grpo --plan estimates it)"
-        + (f"; Ray's own account: {cfg.trainer.default_local_dir}/{LOG_FILE}" if log else "")
+        f"GRPO ran out of memory (a worker was killed): lower {named} (to {'half' if dynamic else '2'}; a smaller "
+        "micro batch costs little time on a CPU); data.max_response_length and actor_rollout_ref.rollout.n also "
+        "size the peak (recallm-grpo --plan estimates it)"
+        + (f"; Ray's account: {cfg.trainer.default_local_dir}/{LOG_FILE}" if log else "")
     )
 
 
-def raise_if_out_of_memory(exc: BaseException, cfg: Any) -> None:
-    """Raise the one-line ``RecallmError`` of :func:`out_of_memory_line` if ``exc`` is an out-of-memory kill."""
+@contextlib.contextmanager
+def memory_guard(cfg: Any) -> Iterator[None]:
+    """Around a launch: a failure that is a memory kill (:func:`is_out_of_memory`) becomes the one-line
+    ``RecallmError`` of :func:`out_of_memory_line`; any other failure passes unchanged."""
     from recallm.errors import RecallmError
 
-    if is_out_of_memory(exc):
-        raise RecallmError(out_of_memory_line(cfg)) from None
+    before = oom_kills()
+    try:
+        yield
+    except Exception as exc:
+        after = oom_kills()
+        killed = before is not None and after is not None and after > before
+        if is_out_of_memory(exc, killed=killed):
+            raise RecallmError(out_of_memory_line(cfg)) from exc
+        raise
