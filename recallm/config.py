@@ -42,16 +42,28 @@ __all__ = [
     "register_schema",
     "MAX_WORKERS",
     "MAX_COUNT",
+    "MAX_BATCH",
+    "MAX_TOKENS",
+    "MAX_CHARS",
+    "MAX_SECONDS",
+    "MAX_MB",
+    "MAX_RETRIES",
     "MAX_SEED",
 ]
 
 T = TypeVar("T")
-#: the ranges shared by many settings (a field's ``metadata``): processes or threads one run starts (workers,
-#: threads, parallel jobs; more than a machine has cores is a typo, and each costs memory), a count of steps,
-#: examples or rows, a seed (63 bits: torch, numpy and parquet's int64 take it)
-MAX_WORKERS = 1024
-MAX_COUNT = 10**9
-MAX_SEED = 2**63 - 1
+#: The ranges many settings share (a field's ``metadata`` ``max``; ``tests/unit/test_setting_ranges.py`` probes
+#: every numeric field). Each bounds a typo, not a machine: what a run can afford is checked against the model and
+#: the machine where it is sized (LoRA ranks, rows, tokens).
+MAX_WORKERS = 1024  # processes, threads, concurrent requests of one run
+MAX_COUNT = 10**9  # steps, examples, rows, iterations, items of a budget
+MAX_BATCH = 1 << 16  # examples in one batch
+MAX_TOKENS = 1 << 22  # tokens of one sequence, generation or window (4M: beyond any model's context)
+MAX_CHARS = 1 << 30  # characters of one text
+MAX_SECONDS = 30 * 86400  # a timeout, a wait or a wall-clock limit (30 days)
+MAX_MB = 1 << 24  # MiB of a memory or size limit (16 TiB)
+MAX_RETRIES = 100  # retries of one request
+MAX_SEED = 2**63 - 1  # a seed (63 bits: torch, numpy and parquet's int64 take it)
 _ABSENT = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
 

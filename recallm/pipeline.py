@@ -40,7 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.config import MAX_WORKERS, typed
+from recallm.config import MAX_BATCH, MAX_SEED, MAX_WORKERS, typed
 from recallm.errors import RecallmError
 from recallm.grpo import METRICS_FILE
 
@@ -406,7 +406,7 @@ class ModelSpec:
     dtype: str = "auto"
     plain_base: bool = False
     """also build the plain base (variant ``base``: the untrained baseline)"""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
 
 
 @dataclass(frozen=True)
@@ -448,7 +448,7 @@ class EvalStageSpec:
     suite: str
     runs: dict[str, Any] | None = None
     """name -> an ``EvalRunSpec``"""
-    batch_size: int = field(default=8, metadata={"min": 1})
+    batch_size: int = field(default=8, metadata={"min": 1, "max": MAX_BATCH})
     overrides: list[Any] | None = None
 
 

@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm.config import MAX_BATCH, MAX_RETRIES, MAX_SECONDS, MAX_SEED, MAX_TOKENS, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.eval.types import Generation, GenerationSettings, SpanStats, TextRequest
 
@@ -83,7 +84,7 @@ class EngineSettings:
 
     recall_constrained: bool = True
     """false: recall spans are not constrained (the paper's "no logit masking" ablation)"""
-    batch_size: int = field(default=4, metadata={"min": 1})
+    batch_size: int = field(default=4, metadata={"min": 1, "max": MAX_BATCH})
     """examples per generation batch; results are flushed once per batch"""
     # hf
     dtype: str = "auto"
@@ -93,13 +94,13 @@ class EngineSettings:
     length_extension: str | None = None
     """``pkg.module:factory``: an inference-time length-extension hook (module doc)"""
     length_extension_kwargs: dict[str, Any] = field(default_factory=dict)
-    force_recall_every: int | None = field(default=None, metadata={"min": 1})
+    force_recall_every: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
-    force_recall_length: int = field(default=8, metadata={"min": 1})
+    force_recall_length: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
     # vllm
-    tensor_parallel_size: int = field(default=1, metadata={"min": 1})
+    tensor_parallel_size: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     gpu_memory_utilization: float = field(default=0.9, metadata={"min": 0, "max": 1})
-    max_model_len: int | None = field(default=None, metadata={"min": 1})
+    max_model_len: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """more ``vllm.LLM(...)`` arguments"""
     # openai
@@ -110,10 +111,10 @@ class EngineSettings:
     """chat (chat completions of the messages) | completions (the rendered prompt)"""
     api_key_env: str | None = "OPENAI_API_KEY"
     """NAME of the environment variable holding the key (not needed for a local server)"""
-    timeout: float = field(default=3600.0, metadata={"min": 0})
-    concurrency: int = field(default=16, metadata={"min": 1})
-    retries: int = field(default=4, metadata={"min": 0})
-    backoff: float = field(default=2.0, metadata={"min": 0})
+    timeout: float = field(default=3600.0, metadata={"min": 0, "max": MAX_SECONDS})
+    concurrency: int = field(default=16, metadata={"min": 1, "max": MAX_WORKERS})
+    retries: int = field(default=4, metadata={"min": 0, "max": MAX_RETRIES})
+    backoff: float = field(default=2.0, metadata={"min": 0, "max": MAX_SECONDS})
     extra_body: dict[str, Any] = field(default_factory=dict)
     """more request fields"""
 
@@ -125,7 +126,7 @@ class BackendSettings(EngineSettings):
 
     name: str = "hf"
     """hf (transformers generate) | vllm (GPU nodes) | openai (any OpenAI-compatible server) | rlm"""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     """vllm: the engine's seed"""
     rlm: dict[str, Any] = field(default_factory=dict)
     """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``; set with
