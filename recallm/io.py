@@ -33,6 +33,9 @@ locks, what kind of path a setting names, and checksummed file manifests.
   at a time into a shared directory (data shards and outputs, score files) are added to it with
   ``record_files`` (serialised between processes) and checked where they are read with
   ``verify_file`` / ``file_problem``: the one checksum of every artifact we write and read back.
+  ``verify_manifest(dir, complete=True)`` counts a manifest that does not list every file as none (a GRPO
+  step's); ``verify_covered(dir)`` checks a directory against the manifest that covers it, its own or its
+  parent's entries under ``<name>/`` (a LoRA adapter inside a model's ``final``).
 
 Standard library only (no torch): ``data_gen`` and ``rewards`` may import it.
 """

@@ -6,14 +6,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from recallm.config import MAX_SEED
+from recallm.config import MAX_SEED, MAX_TOKENS
 from recallm.errors import RecallmError
 
-#: the most tokens one generation may ask for (2^20: a million-token context's worth); the model bounds it further
-MAX_NEW_TOKENS = 1 << 20
-
 __all__ = [
-    "MAX_NEW_TOKENS",
     "GenerationSettings",
     "TextRequest",
     "Generation",
@@ -29,7 +25,7 @@ __all__ = [
 class GenerationSettings:
     """Sampling settings of one benchmark. ``temperature == 0`` is greedy decoding."""
 
-    max_new_tokens: int = field(metadata={"min": 1, "max": MAX_NEW_TOKENS})
+    max_new_tokens: int = field(metadata={"min": 1, "max": MAX_TOKENS})
     """at most this many tokens per generation; within the model's positions too (``recallm.eval.app``)"""
     temperature: float = field(default=0.0, metadata={"min": 0.0, "max": 2.0})
     top_p: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})

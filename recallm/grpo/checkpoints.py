@@ -22,6 +22,13 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
   is verified and a damaged one refused.
 * Steps saved before this existed (no step of the directory has a manifest) are resumed from as
   they are, with one line saying they are unverified.
+* A manifest vouches only for a whole step: one that does not list every file of the step (empty, or cut)
+  counts as none; a step directory that is a link, or resolves outside its run directory, is refused (a link
+  to another step verified as that step); a tracker that is not a file is one line; ``trainer.resume_mode``
+  must be one of :data:`RESUME_MODES` (verl resumed as ``auto`` on a typo).
+* One launch per run directory (:func:`hold_run_dir`, the lock data, SFT, eval and the pipeline take on
+  theirs): held from the resume check to the end of training; :func:`check_run_dir`, one of the launch's
+  checks, refuses a directory another launch holds before Ray starts.
 
 Model weights are not re-checked for non-finite values here: verl's actor skips an update whose
 gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with non-finite weights

@@ -304,7 +304,7 @@ SAYS.update({
     "sft-lora-alpha-0": r"sft.lora.alpha must be > 0",
     "data-val-per-cell-huge": r"data.val.per_cell must be <= 10000000, got 1000000000",
     "data-rows-beyond-disk": r"the mixture makes [\d,]+ rows, at least [\d,.]+ GiB, and .* GiB free",
-    "eval-max-new-tokens-huge": r"max_new_tokens must be <= 1048576, got 1000000000000",
+    "eval-max-new-tokens-huge": r"max_new_tokens must be <= 4194304, got 1000000000000",
     "eval-max-new-tokens-positions": r"max_new_tokens=40000 is more than the model's 32768 positions",
     "create-seed-huge": r"--seed must be in \[0, 9223372036854775807\]",
     "create-seed-negative": r"--seed must be in \[0, 9223372036854775807\]",
