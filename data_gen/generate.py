@@ -150,12 +150,22 @@ class TrainEntry:
     """One of ``train.entries``: ``count`` rows of ``task`` (with ``params``) at ``lengths``."""
 
     task: str
-    count: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     lengths: Any = None
     """an integer or ``[min, max]`` (default: ``train.lengths``)"""
     params: dict[str, Any] | None = None
     val_params: dict[str, Any] | None = None
     """dataset-backed tasks: what the validation rows change (their held-out split)"""
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping, where: str) -> TrainEntry:
+        """The entry at ``where`` (``train.entries[i]``), its count in ``[0, MAX_ROWS]``."""
+        from recallm.config import typed
+
+        entry = typed(cls, cfg, where)
+        if entry.count < 0:
+            raise RecallmError(f"{where}: count must be a non-negative integer, got {entry.count!r}")
+        return entry
 
 
 @dataclass(frozen=True)
@@ -169,7 +179,7 @@ class TrainSection:
 @dataclass(frozen=True)
 class ValSection:
     lengths: list[Any] = field(default_factory=list)
-    per_cell: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
+    per_cell: int = field(default=0, metadata={"max": MAX_ROWS})
     """rows per (category, length) cell; 0: no validation cells"""
     categories: Any = None
     """None: every category present"""
@@ -180,7 +190,7 @@ class ValSection:
 
 @dataclass(frozen=True)
 class SFTSection:
-    count: int = field(default=0, metadata={"min": 0, "max": MAX_ROWS})
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     """programmatic traces of the synthetic train tasks"""
     val_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
     """the share of the traces held out for validation (below 1)"""
@@ -198,8 +208,8 @@ class Mixture:
 
     name: str | None = None
     seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
-    tolerance: float = field(default=DEFAULT_TOLERANCE, metadata={"min": 0, "max": 0.5})
-    """prompts are fitted to length +- this fraction (in (0, 0.5))"""
+    tolerance: float = DEFAULT_TOLERANCE
+    """prompts are fitted to length +- this fraction (in (0, 0.5): ``__post_init__``)"""
     store_prompt_text: bool = False
     system_prompt: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
@@ -243,10 +253,8 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
         at = f"train.entries[{n}]"
         if not isinstance(raw, Mapping) or "task" not in raw:
             raise RecallmError(f"{at} must be a mapping with a 'task', got {raw!r}")
-        entry = typed(TrainEntry, raw, at)
+        entry = TrainEntry.from_mapping(raw, at)
         count = entry.count
-        if count < 0:
-            raise RecallmError(f"{at}: count must be a non-negative integer, got {count!r}")
         lengths = _lengths(entry.lengths if entry.lengths is not None else mixture.train.lengths, at)
         job = Job("train", entry.task, _params(entry.params), count, lengths)
         task = _task(job)
