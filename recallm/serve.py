@@ -32,7 +32,7 @@ from recallm.errors import RecallmError
 __all__ = ["serve_command", "serve_env", "ServeSettings", "RequestGuard", "request_problem", "DEFAULT_MAX_N", "MAX_N_ENV"]
 
 PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
-GUARD = "recallm.serve:RequestGuard"
+GUARD = "recallm.serve.RequestGuard"  # (vLLM imports a middleware by its dotted path)
 #: completions per request (``n``, ``best_of``) a server answers by default; ``recallm-serve --max-n`` sets it
 DEFAULT_MAX_N = 16
 #: the most ``--max-n`` may be

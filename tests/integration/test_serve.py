@@ -179,7 +179,7 @@ def test_serve_puts_the_guard_in_front_and_hands_it_max_n(tiny_dir, capsys):
     from recallm.serve import GUARD, MAX_N_ENV, ServeSettings, serve_command, serve_env
 
     command = serve_command(ServeSettings(tiny_dir, max_n=4))
-    assert command[command.index("--middleware") + 1] == GUARD == "recallm.serve:RequestGuard"
+    assert command[command.index("--middleware") + 1] == GUARD == "recallm.serve.RequestGuard"
     assert serve_env(ServeSettings(tiny_dir, max_n=4)) == {MAX_N_ENV: "4"}
     assert main([str(tiny_dir), "--print-command", "--max-n", "4"]) == 0
     assert capsys.readouterr().out.startswith(f"{MAX_N_ENV}=4 ")
