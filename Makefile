@@ -5,7 +5,9 @@ PY := $(VENV)/bin/python
 PIP := $(PY) -m pip
 STAMP := $(VENV)/.installed
 
-SMOLLM2 ?= $(HOME)/.cache/recallm/models/smollm2-135m-instruct-recallm
+# the cache recallm-create-model --fetch uses (recallm.gguf: $RECALLM_CACHE, else $XDG_CACHE_HOME/recallm, else ~/.cache/recallm)
+RECALLM_CACHE ?= $(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/recallm
+SMOLLM2 ?= $(RECALLM_CACHE)/models/smollm2-135m-instruct-recallm
 
 .PHONY: demo test test-fast test-integration test-vllm test-vllm-fast test-vllm-next test-cluster lint bench clean smollm2 system-deps
 

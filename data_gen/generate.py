@@ -34,6 +34,7 @@ from typing import Any
 from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_parquet
+from recallm.config import MAX_SEED, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.io import (
     MANIFEST_FILE,
@@ -137,17 +138,34 @@ def _non_negative(owner: object, *names: str) -> None:
             raise RecallmError(f"{name} must be a non-negative integer, got {value!r}")
 
 
+#: rows of one train entry, validation cell or the SFT traces: the paper's whole mixture is ~10^5 rows; more is a
+#: typo (``data.val.per_cell=10**9`` started generating 9e9 rows). What the disk holds is checked too (``schedule_bytes``).
+MAX_ROWS = 10_000_000
+#: the least a row takes on disk per token of its length (prompt text in parquet, compressed): ``schedule_bytes``
+BYTES_PER_TOKEN = 2
+
+
 @dataclass(frozen=True)
 class TrainEntry:
     """One of ``train.entries``: ``count`` rows of ``task`` (with ``params``) at ``lengths``."""
 
     task: str
-    count: int = 0
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     lengths: Any = None
     """an integer or ``[min, max]`` (default: ``train.lengths``)"""
     params: dict[str, Any] | None = None
     val_params: dict[str, Any] | None = None
     """dataset-backed tasks: what the validation rows change (their held-out split)"""
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping, where: str) -> TrainEntry:
+        """The entry at ``where`` (``train.entries[i]``), its count in ``[0, MAX_ROWS]``."""
+        from recallm.config import typed
+
+        entry = typed(cls, cfg, where)
+        if entry.count < 0:
+            raise RecallmError(f"{where}: count must be a non-negative integer, got {entry.count!r}")
+        return entry
 
 
 @dataclass(frozen=True)
@@ -161,7 +179,7 @@ class TrainSection:
 @dataclass(frozen=True)
 class ValSection:
     lengths: list[Any] = field(default_factory=list)
-    per_cell: int = 0
+    per_cell: int = field(default=0, metadata={"max": MAX_ROWS})
     """rows per (category, length) cell; 0: no validation cells"""
     categories: Any = None
     """None: every category present"""
@@ -172,9 +190,10 @@ class ValSection:
 
 @dataclass(frozen=True)
 class SFTSection:
-    count: int = 0
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     """programmatic traces of the synthetic train tasks"""
-    val_fraction: float = 0.1
+    val_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    """the share of the traces held out for validation (below 1)"""
 
     def __post_init__(self) -> None:
         _non_negative(self, "count")
@@ -188,9 +207,9 @@ class Mixture:
     ``configs/data.yaml``; read with ``recallm.config.typed``). The defaults live here."""
 
     name: str | None = None
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     tolerance: float = DEFAULT_TOLERANCE
-    """prompts are fitted to length +- this fraction"""
+    """prompts are fitted to length +- this fraction (in (0, 0.5): ``__post_init__``)"""
     store_prompt_text: bool = False
     system_prompt: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
@@ -217,7 +236,7 @@ class DataRun:
     data: dict[str, Any]
     tokenizer: str = "tiny"
     """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
-    workers: int = field(default=2, metadata={"min": 1})
+    workers: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     progress: bool = True
 
 
@@ -234,10 +253,8 @@ def schedule_from_config(cfg: Mapping, where: str = "data") -> RowSchedule:
         at = f"train.entries[{n}]"
         if not isinstance(raw, Mapping) or "task" not in raw:
             raise RecallmError(f"{at} must be a mapping with a 'task', got {raw!r}")
-        entry = typed(TrainEntry, raw, at)
+        entry = TrainEntry.from_mapping(raw, at)
         count = entry.count
-        if count < 0:
-            raise RecallmError(f"{at}: count must be a non-negative integer, got {count!r}")
         lengths = _lengths(entry.lengths if entry.lengths is not None else mixture.train.lengths, at)
         job = RowJob("train", entry.task, _params(entry.params), count, lengths)
         task = _task(job)
@@ -312,6 +329,12 @@ def schedule_from_config(cfg: Mapping, where: str = "data") -> RowSchedule:
         sft_val_fraction=mixture.sft.val_fraction,
         skipped=skipped,
     )
+
+
+def schedule_bytes(schedule: RowSchedule) -> int:
+    """The least disk space the schedule's rows take: rows x their longest length x ``BYTES_PER_TOKEN`` (a floor:
+    ``recallm-data`` refuses a schedule the output's disk cannot hold before the first row is generated)."""
+    return sum(job.count * max(job.lengths) * BYTES_PER_TOKEN for job in schedule.jobs)
 
 
 # ----------------------------------------------------------------------------- workers

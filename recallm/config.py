@@ -40,9 +40,30 @@ __all__ = [
     "dataclass_values",
     "typed",
     "register_schema",
+    "MAX_WORKERS",
+    "MAX_COUNT",
+    "MAX_BATCH",
+    "MAX_TOKENS",
+    "MAX_CHARS",
+    "MAX_SECONDS",
+    "MAX_MB",
+    "MAX_RETRIES",
+    "MAX_SEED",
 ]
 
 T = TypeVar("T")
+#: The ranges many settings share (a field's ``metadata`` ``max``; ``tests/unit/test_setting_ranges.py`` probes
+#: every numeric field). Each bounds a typo, not a machine: what a run can afford is checked against the model and
+#: the machine where it is sized (LoRA ranks, rows, tokens).
+MAX_WORKERS = 1024  # processes, threads, concurrent requests of one run
+MAX_COUNT = 10**9  # steps, examples, rows, iterations, items of a budget
+MAX_BATCH = 1 << 16  # examples in one batch
+MAX_TOKENS = 1 << 22  # tokens of one sequence, generation or window (4M: beyond any model's context)
+MAX_CHARS = 1 << 30  # characters of one text
+MAX_SECONDS = 30 * 86400  # a timeout, a wait or a wall-clock limit (30 days)
+MAX_MB = 1 << 24  # MiB of a memory or size limit (16 TiB)
+MAX_RETRIES = 100  # retries of one request
+MAX_SEED = 2**63 - 1  # a seed (63 bits: torch, numpy and parquet's int64 take it)
 _ABSENT = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
 
@@ -462,11 +483,31 @@ def _lookup(cfg: Any, key: str) -> Any:
     from omegaconf.errors import MissingMandatoryValue
 
     try:
-        return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
     except MissingMandatoryValue:  # `???`: there, no type
         return "???"
     except Exception:  # noqa: BLE001  (an odd key: treat as absent)
         return _ABSENT
+    if value is _ABSENT:  # there, but its interpolation does not resolve yet (`out_dir: outputs/sft/${sft.name}`
+        return _written(cfg, key)  # while model.path is unset): the value as written
+    return value
+
+
+def _written(cfg: Any, key: str) -> Any:
+    """The node at ``key`` as written (an interpolation unresolved), or ``_ABSENT`` where there is none."""
+    from omegaconf import OmegaConf
+
+    node = cfg
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node):
+            return _ABSENT
+        try:
+            node = node._get_node(part)
+        except Exception:  # noqa: BLE001  (no such key)
+            return _ABSENT
+        if node is None:
+            return _ABSENT
+    return node if OmegaConf.is_config(node) else node._value()
 
 
 def _type_error(key: str, default: Any, value: Any) -> str | None:

@@ -150,11 +150,15 @@ def _split(path: str | os.PathLike) -> tuple[str, str]:
         last = parts[-1]
         if last == "hf" and not is_grpo_run(Path(*parts[:-1])):
             break  # a directory of one's own named hf
+        if last == "adapter" and (Path(*parts) / "adapter_config.json").is_file():  # a LoRA adapter of the model above
+            stage.insert(0, "lora")
+            parts.pop()
+            continue
         if last in _STAGE_DIRS:
             if _STAGE_DIRS[last]:
                 stage.insert(0, _STAGE_DIRS[last])
             parts.pop()
-        elif last in ("embed", "full") and stage == []:
+        elif last in ("embed", "full") and all(s == "lora" for s in stage):
             stage.insert(0, f"sft-{last}")
             parts.pop()
         elif (step := step_of(last)) is not None:
@@ -178,7 +182,8 @@ def model_name(path: str | os.PathLike) -> str:
 
 def model_label(path: str | os.PathLike) -> str:
     """:func:`model_name` with the stage the directory is of, to keep the results of one model's stages
-    apart: ``smollm2`` (the base), ``smollm2-sft-full``, ``smollm2-grpo``, ``smollm2-grpo-step2``."""
+    apart: ``smollm2`` (the base), ``smollm2-sft-full``, ``smollm2-grpo``, ``smollm2-grpo-step2``, and a LoRA
+    adapter directory of one of them (``outputs/sft/smollm2/full/final/adapter``) ``smollm2-sft-full-lora``."""
     name, stage = _split(path)
     return f"{name}-{stage}" if stage else name
 

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -46,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.config import typed
+from recallm.config import MAX_BATCH, MAX_SEED, MAX_WORKERS, typed
 from recallm.errors import RecallmError
 from recallm.paths import METRICS_FILE
 
@@ -171,8 +172,18 @@ def _last_progress(log: Path) -> str:
             tail = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    pieces = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
+    pieces = [p.strip() for p in _plain_text(tail).split("\n") if p.strip()]
     return pieces[-1][:120] if pieces else ""
+
+
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _plain_text(text: str) -> str:
+    """A job's log as lines of plain text: carriage returns (progress bars redrawing) end lines, and the
+    terminal's escape sequences (colours, cursor moves: tqdm's ``ESC[A``) and other control characters go."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text.replace("\r", "\n")))
 
 
 class Pipeline:
@@ -189,6 +200,26 @@ class Pipeline:
     def status(self) -> dict[str, bool]:
         done = _state(self.run_dir)["jobs"]
         return {j.name: bool(done.get(j.name, {}).get("done")) for s in self.stages for j in s.jobs}
+
+    def states(self) -> dict[str, str]:
+        """Each job's state: ``done``; ``running`` (started, not finished, and a pipeline holds the run
+        directory now); ``todo`` (an interrupted start included)."""
+        from recallm.io import check_unlocked
+
+        jobs = _state(self.run_dir)["jobs"]
+        try:
+            check_unlocked(self.run_dir)
+            live = False
+        except RecallmError:  # a pipeline runs in this run directory now
+            live = True
+
+        def state(name: str) -> str:
+            entry = jobs.get(name, {})
+            if entry.get("done"):
+                return "done"
+            return "running" if live and entry.get("started") else "todo"
+
+        return {j.name: state(j.name) for s in self.stages for j in s.jobs}
 
     def run(self, *, redo: Sequence[str] = (), only: Sequence[str] | None = None, echo=print) -> dict[str, Any]:
         """Run what is not done yet. Ctrl-C or SIGTERM (a scheduler's stop, `kill`) stops the running
@@ -270,6 +301,8 @@ class Pipeline:
                 while queue and len(running) < width and not failed:
                     job = queue.pop(0)
                     running[job.name] = self._start_entry(job, threads)
+                    state["jobs"][job.name] = {"started": time.time(), "log": str(running[job.name][3])}
+                    _save_state(self.run_dir, state)  # (--status says it runs)
                 for name, (proc, job, began, log) in list(running.items()):
                     code = proc.poll()
                     if code is None:
@@ -281,6 +314,8 @@ class Pipeline:
                         _save_state(self.run_dir, state)
                         echo(f"  {name}: done in {_minutes(seconds)}")
                     else:
+                        state["jobs"].pop(name, None)  # (not running any more: todo again)
+                        _save_state(self.run_dir, state)
                         failed.append((job, code, log))
                 if failed and not running:
                     break
@@ -291,8 +326,9 @@ class Pipeline:
                         echo(f"  {name} ({_minutes(now - began)}): {_last_progress(log)}")
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            for proc, _, _, _ in running.values():
+            for name, (proc, _, _, _) in running.items():
                 _stop(proc)
+                state["jobs"].pop(name, None)  # stopped: todo again (the caller saves the state)
             raise
         if failed:
             job, code, log = failed[0]
@@ -355,7 +391,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _last_error(log: Path) -> str:
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in _plain_text(log.read_text(errors="replace")).splitlines() if ln.strip()]
     except OSError:
         return "(no log)"
     for line in reversed(lines):
@@ -381,7 +417,7 @@ class PipelineRun:
     """stages to run again from scratch: a name or a list"""
     only: Any = None
     """run only these stages: a name or a list (None: all)"""
-    threads: int | None = field(default=None, metadata={"min": 1})
+    threads: int | None = field(default=None, metadata={"min": 1, "max": MAX_WORKERS})
     """CPU threads shared by the jobs of a stage (None: every core)"""
 
 
@@ -399,8 +435,8 @@ class ModelSpec:
     dtype: str = "auto"
     plain_base: bool = False
     """also build the plain base (variant ``base``: the untrained baseline)"""
-    seed: int = 0
-    yarn_factor: float | None = None
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
+    yarn_factor: float | None = field(default=None, metadata={"min": 1.0, "max": 128.0})
     """with ``base`` or ``fetch``: YaRN rope scaling with this factor (``--yarn-factor``; the paper's Qwen2.5-7B: 4)"""
     config: str | None = None
     """the ``model`` option ``recallm-sft`` composes (``configs/model/<config>.yaml``, e.g. ``qwen2.5_7b``);
@@ -448,7 +484,7 @@ class EvalStageSpec:
     suite: str
     runs: dict[str, Any] | None = None
     """name -> an ``EvalRunSpec``"""
-    batch_size: int = field(default=8, metadata={"min": 1})
+    batch_size: int = field(default=8, metadata={"min": 1, "max": MAX_BATCH})
     overrides: list[Any] | None = None
 
 
@@ -488,17 +524,17 @@ class Experiment:
     variants: dict[str, Any]
     """name -> a ``VariantSpec``"""
     eval: EvalStageSpec
-    data_workers: int = field(default=1, metadata={"min": 1})
+    data_workers: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     data_overrides: list[Any] | None = None
     sft_overrides: list[Any] | None = None
-    parallel: int = field(default=2, metadata={"min": 1})
+    parallel: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     """jobs of one stage side by side"""
     grpo: GRPOStageSpec | None = None
     result: ResultSpec = field(default_factory=ResultSpec)
     sft_data: str | None = None
     """a directory of SFT traces (``train.jsonl``, ``val.jsonl``: ``recallm-annotate``'s ``output_dir``); None:
     the data stage's programmatic traces (``<run_dir>/data/sft``)"""
-    sft_processes: int = field(default=1, metadata={"min": 1})
+    sft_processes: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     """processes of each SFT run, one per GPU: more than 1 runs ``recallm-sft`` under ``torchrun --standalone
     --nproc_per_node N`` (the paper's runs: 4, with ``deepspeed=zero2`` among ``sft_overrides``)"""
     inputs: dict[str, Any] | None = None

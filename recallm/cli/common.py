@@ -68,6 +68,10 @@ def precheck(
             with open_dict(task):
                 task.pop("hydra", None)
         check(task)
+    if job_name is not None:  # Hydra's run directory (after the command's own checks: it is often under out_dir)
+        from recallm.io import check_out_dir
+
+        check_out_dir(str(cfg.hydra.run.dir), "hydra.run.dir")
     return cfg
 
 
@@ -358,6 +362,7 @@ def _run_composed(
 
     result: dict[str, Any] = {}
     task = _task(run, given, quiet, level, result)
+    _make_run_dir(str(cfg.hydra.run.dir))
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
     configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
@@ -370,6 +375,21 @@ def _run_composed(
         callbacks.on_run_end(config=cfg, config_name=cfg.hydra.job.config_name, job_return=ret)
         _ = ret.return_value  # the run's exception, if it raised one
     return _exit(result.get("code"))
+
+
+@cli_errors
+def _make_run_dir(run_dir: str) -> None:
+    """Create Hydra's run directory (Hydra would, with a traceback where it cannot: under ``/proc``, in a
+    read-only place): one line naming ``hydra.run.dir`` instead."""
+    from recallm.errors import RecallmError
+
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecallmError(
+            f"hydra.run.dir={run_dir} cannot be created ({exc.strerror}): give a directory you can write, or "
+            "leave hydra.run.dir at its default"
+        ) from None
 
 
 def _remove_hydra_dir() -> None:

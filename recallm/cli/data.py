@@ -65,9 +65,26 @@ def check(cfg: DictConfig) -> None:
             )
 
     def mixture() -> None:
-        schedule_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+        schedule = schedule_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+        _check_disk(schedule, Path(settings.out_dir))
 
     raise_problems(collect(output, tokenizer, mixture))
+
+
+def _check_disk(schedule, out_dir: Path) -> None:
+    """The schedule's rows fit the free space of ``out_dir``'s disk (``data_gen.generate.schedule_bytes``, a floor)."""
+    import shutil
+
+    from data_gen.generate import schedule_bytes
+
+    there = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    need, free = schedule_bytes(schedule), shutil.disk_usage(there).free
+    if need > free:
+        rows = sum(job.count for job in schedule.jobs)
+        raise RecallmError(
+            f"the mixture makes {rows:,} rows, at least {need / 2**30:,.1f} GiB, and {there} has {free / 2**30:,.1f} GiB "
+            "free: lower the counts (data.train.entries[*].count, data.val.per_cell, data.sft.count) or choose another out_dir"
+        )
 
 
 @cli_errors

@@ -4,7 +4,7 @@
 recallm-pipeline experiment=tiny_cpu                       # what `make demo` runs: CPU, ~30 min
 recallm-pipeline experiment=tiny_cpu redo=[eval,report]    # run two stages again
 recallm-pipeline experiment=tiny_cpu only=[data]           # one stage
-recallm-pipeline experiment=tiny_cpu --status              # which jobs are done
+recallm-pipeline experiment=tiny_cpu --status              # which jobs are done, running, to do
 recallm-pipeline experiment=paper_qwen2.5_7b run_dir=... experiment.inputs.base_model=... --dry-run
                                                            # each job's command, nothing run
 
@@ -82,17 +82,17 @@ def run(cfg: DictConfig, status: bool = False, dry_run: bool = False) -> int:
     stages = experiment_stages(exp, run_dir)
     pipeline = Pipeline(run_dir, stages, threads=cfg.threads)
     if dry_run:
-        done = pipeline.status()
+        states = pipeline.states()
         print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()} (nothing run)")
         for number, stage in enumerate(stages, 1):
             side = f", {stage.parallel} side by side" if stage.parallel > 1 and len(stage.jobs) > 1 else ""
             print(f"[{number}/{len(stages)}] {stage.name}{side}")
             for job in stage.jobs:
-                print(f"  {'done' if done[job.name] else 'todo'}  {job.name}: {command_line(job.argv)}")
+                print(f"  {states[job.name]}  {job.name}: {command_line(job.argv)}")
         return 0
     if status:
-        for name, done in pipeline.status().items():
-            print(f"{'done' if done else 'todo':4s}  {name}")
+        for name, state in pipeline.states().items():
+            print(f"{state:7s}  {name}")
         return 0
     print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()}", flush=True)
     state = pipeline.run(redo=_list(cfg.redo, "redo") or [], only=_list(cfg.only, "only"), echo=_echo)
@@ -113,7 +113,7 @@ main = hydra_command(
     run,
     check=check,
     flags={
-        "--status": "print which jobs are done, run nothing",
+        "--status": "print which jobs are done, running or to do; run nothing",
         "--dry-run": "print each stage's jobs and their command lines, run nothing",
     },
     looking=("--status", "--dry-run"),  # nothing written, not even Hydra's output directory under run_dir

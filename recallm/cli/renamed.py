@@ -40,4 +40,5 @@ def alias(old: str, new: str, main: Callable[[list[str] | None], Any]) -> Callab
         return main(argv)
 
     old_main.__doc__ = f"{old}: the old name of {new} (deprecated; see MIGRATION.md)"
+    old_main.renames = new  # (the new command's name: the fuzz matrix fuzzes an alias through it)
     return old_main

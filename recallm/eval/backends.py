@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm.config import MAX_BATCH, MAX_RETRIES, MAX_SECONDS, MAX_SEED, MAX_TOKENS, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.eval.types import Generation, GenerationSettings, SpanStats, TextRequest
 from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
@@ -84,7 +85,7 @@ class EngineSettings:
 
     recall_constrained: bool = True
     """false: recall spans are not constrained (the paper's "no logit masking" ablation)"""
-    batch_size: int = field(default=4, metadata={"min": 1})
+    batch_size: int = field(default=4, metadata={"min": 1, "max": MAX_BATCH})
     """examples per generation batch; results are flushed once per batch"""
     # hf
     dtype: str = "auto"
@@ -94,16 +95,16 @@ class EngineSettings:
     length_extension: str | None = None
     """``pkg.module:factory``: an inference-time length-extension hook (module doc)"""
     length_extension_kwargs: dict[str, Any] = field(default_factory=dict)
-    force_recall_every: int | None = field(default=None, metadata={"min": 1})
+    force_recall_every: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
-    force_recall_length: int = field(default=8, metadata={"min": 1})
-    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0})
+    force_recall_length: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
+    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0, "max": MAX_TOKENS})
     """most tokens drafted and verified in one forward pass inside a recall span (speculative in-span
     decoding: the same tokens as plain decoding; 0: off; ``docs/guide/generation.md``)"""
     # vllm
-    tensor_parallel_size: int = field(default=1, metadata={"min": 1})
+    tensor_parallel_size: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     gpu_memory_utilization: float = field(default=0.9, metadata={"min": 0, "max": 1})
-    max_model_len: int | None = field(default=None, metadata={"min": 1})
+    max_model_len: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """more ``vllm.LLM(...)`` arguments"""
     # openai
@@ -114,10 +115,10 @@ class EngineSettings:
     """chat (chat completions of the messages) | completions (the rendered prompt)"""
     api_key_env: str | None = "OPENAI_API_KEY"
     """NAME of the environment variable holding the key (not needed for a local server)"""
-    timeout: float = field(default=3600.0, metadata={"min": 0})
-    concurrency: int = field(default=16, metadata={"min": 1})
-    retries: int = field(default=4, metadata={"min": 0})
-    backoff: float = field(default=2.0, metadata={"min": 0})
+    timeout: float = field(default=3600.0, metadata={"min": 0, "max": MAX_SECONDS})
+    concurrency: int = field(default=16, metadata={"min": 1, "max": MAX_WORKERS})
+    retries: int = field(default=4, metadata={"min": 0, "max": MAX_RETRIES})
+    backoff: float = field(default=2.0, metadata={"min": 0, "max": MAX_SECONDS})
     extra_body: dict[str, Any] = field(default_factory=dict)
     """more request fields"""
 
@@ -129,7 +130,7 @@ class BackendSettings(EngineSettings):
 
     name: str = "hf"
     """hf (transformers generate) | vllm (GPU nodes) | openai (any OpenAI-compatible server) | rlm"""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     """vllm: the engine's seed"""
     rlm: dict[str, Any] = field(default_factory=dict)
     """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``; set with
@@ -194,10 +195,10 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
-    """Cheap checks of a model directory before anything is generated (no weights are loaded):
-    it exists and holds a config; with ``constrained`` it must be a RecaLLM model whose config
-    and tokenizer carry the recall tokens. Returns ``{"model_type", "max_position_embeddings",
-    "recall": bool}``."""
+    """Cheap checks of a model directory before anything is generated (no weights are loaded; a LoRA
+    adapter's are read and checked, ``recallm.modeling.check_adapter``): it exists and holds a config;
+    with ``constrained`` it must be a RecaLLM model whose config and tokenizer carry the recall tokens.
+    Returns ``{"model_type", "max_position_embeddings", "recall": bool}``."""
     from recallm.modeling import read_model_config  # (registers recallm_<base>)
     from recallm.tokens import RecallTokenIds
 
@@ -205,6 +206,10 @@ def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
     if not path.is_dir():
         raise RecallmError(f"model directory {path} does not exist")
     config = read_model_config(path)
+    from recallm.modeling import adapter_base, check_adapter
+
+    if adapter_base(path) is not None:  # a LoRA adapter: whole, finite, its base's shapes (before anything is written)
+        check_adapter(path)
     has_recall = getattr(config, "recall_start_token_id", None) is not None
     if constrained:
         if not has_recall:

@@ -83,7 +83,10 @@ def _records(path: Path) -> list[tuple[int, dict[str, float]]]:
                 if number == len(text.splitlines()):  # a run killed while writing its last line
                     continue
                 raise RecallmError(f"{path}:{number}: not a JSON metrics record") from None
-            if not isinstance(row, dict) or not isinstance(row.get("data"), dict) or "step" not in row:
+            except (ValueError, RecursionError):  # an integer of over 4,300 digits; nesting too deep
+                raise RecallmError(f"{path}:{number}: not a readable JSON metrics record") from None
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(row.get("data") if isinstance(row, dict) else None, dict) or not _is_step(step):
                 raise RecallmError(f"{path}:{number}: not a verl metrics record ({{'step': N, 'data': {{...}}}})")
             data = {k: n for k, v in row["data"].items() if (n := _number(v)) is not None}
             records.append((int(row["step"]), data))
@@ -92,6 +95,11 @@ def _records(path: Path) -> list[tuple[int, dict[str, float]]]:
             if record is not None:
                 records.append(record)
     return records
+
+
+def _is_step(step: object) -> bool:
+    """A training step number: a non-negative integer of at most 18 digits (not a bool, a float or a string)."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 10**18
 
 
 def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:

@@ -185,13 +185,15 @@ def run(
         print(OmegaConf.to_yaml(cfg))
         return 0
     print(describe(cfg), flush=True)
-    resume_point(cfg)
+    from recallm.grpo.checkpoints import hold_run_dir
     from recallm.grpo.console import console_to_log
+    from recallm.grpo.memory import memory_guard
     from recallm.grpo.preemption import stop_file, stop_on_signals, stopped_by
 
-    with stop_on_signals(stop_file(cfg.trainer.default_local_dir)) as received:
+    with hold_run_dir(cfg), stop_on_signals(stop_file(cfg.trainer.default_local_dir)) as received:
+        resume_point(cfg)
         try:
-            with console_to_log(cfg, mode=settings_of(cfg).console):
+            with console_to_log(cfg, mode=settings_of(cfg).console), memory_guard(cfg):
                 launch(cfg, env)
         except Exception as exc:
             stopped = stopped_by(exc)

@@ -22,6 +22,13 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
   is verified and a damaged one refused.
 * Steps saved before this existed (no step of the directory has a manifest) are resumed from as
   they are, with one line saying they are unverified.
+* A manifest vouches only for a whole step: one that does not list every file of the step (empty, or cut)
+  counts as none; a step directory that is a link, or resolves outside its run directory, is refused (a link
+  to another step verified as that step); a tracker that is not a file is one line; ``trainer.resume_mode``
+  must be one of :data:`RESUME_MODES` (verl resumed as ``auto`` on a typo).
+* One launch per run directory (:func:`hold_run_dir`, the lock data, SFT, eval and the pipeline take on
+  theirs): held from the resume check to the end of training; :func:`check_run_dir`, one of the launch's
+  checks, refuses a directory another launch holds before Ray starts.
 
 Model weights are not re-checked for non-finite values here: verl's actor skips an update whose
 gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with non-finite weights
@@ -30,6 +37,8 @@ gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,7 +48,33 @@ from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifes
 from recallm.paths import TRACKER, saved_steps, step_name, step_of, tracked_step
 from recallm.paths import step_dir as _step_dir
 
-__all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
+__all__ = [
+    "TRACKER",
+    "RESUME_MODES",
+    "Resume",
+    "step_problem",
+    "check_step",
+    "prepare_resume",
+    "check_run_dir",
+    "hold_run_dir",
+    "install",
+]
+
+#: ``trainer.resume_mode``: verl 0.9.1's values (``RayPPOTrainer._load_checkpoint``); it resumed as auto on any other
+RESUME_MODES = ("auto", "disable", "resume_path")
+
+
+def _tracked(root: Path) -> int | None:
+    """The step the tracker names (``recallm.paths.tracked_step``: None when there is none, -1 when it does not
+    read), refusing a tracker that is not a regular file (a directory, a link) in one line."""
+    tracker = root / TRACKER
+    if (tracker.exists() or tracker.is_symlink()) and (not tracker.is_file() or tracker.is_symlink()):
+        raise RecallmError(
+            f"{tracker} is not a file (verl's tracker of the newest step, which it rewrites after each save): "
+            "remove it, or set trainer.resume_mode=disable"
+        )
+    return tracked_step(root)
+
 
 def _checksummed(steps: dict[int, Path]) -> bool:
     """Whether any of a directory's ``steps`` (``saved_steps``) has a manifest (then every step must have one)."""
@@ -47,17 +82,24 @@ def _checksummed(steps: dict[int, Path]) -> bool:
 
 
 def step_problem(step_dir: str | Path, *, need_manifest: bool = True) -> str | None:
-    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a file missing,
-    truncated or changed since the save; no manifest (with ``need_manifest``); no actor directory."""
+    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a symbolic link, or a
+    directory that resolves outside its run directory (another step's files would be vouched for under
+    this step's name); a file missing, truncated or changed since the save; no manifest listing every
+    file of the step (with ``need_manifest``: an empty or partial one counts as none); no actor directory."""
     step_dir = Path(step_dir)
+    if step_dir.is_symlink() or (step_dir.is_dir() and step_dir.resolve() != step_dir.parent.resolve() / step_dir.name):
+        return f"not a directory of its run: it resolves to {step_dir.resolve()}; a step is never a link"
     if not step_dir.is_dir():
         return "missing"
     try:
-        verified = verify_manifest(step_dir)
+        verified = verify_manifest(step_dir, complete=True)
     except RecallmError as exc:
         return f"damaged: {exc}"
     if not verified and need_manifest:
-        return f"incomplete: no {MANIFEST_FILE} (the checksums written after a save ends): the save was cut short"
+        return (
+            f"incomplete: no {MANIFEST_FILE} listing every file of the step (the checksums written after a save "
+            "ends): the save was cut short, or the manifest was cut"
+        )
     if not (step_dir / "actor").is_dir():
         return "incomplete: no actor directory"
     return None
@@ -99,6 +141,8 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     """Verify what a launch will resume from and make verl's tracker name the newest intact step
     (module doc). Raises ``RecallmError`` (one line) when no intact step is left; then nothing moves."""
     root = Path(root)
+    if resume_mode not in RESUME_MODES:
+        raise RecallmError(_resume_mode_problem(resume_mode))
     if resume_mode == "disable":
         return Resume(None)
     if resume_mode == "resume_path":
@@ -109,7 +153,7 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
             raise RecallmError(f"trainer.resume_from_path={resume_from_path} is not a global_step_N directory")
         return Resume(step, check_step(resume_from_path))
     steps = saved_steps(root)
-    tracked = tracked_step(root)
+    tracked = _tracked(root)
     if tracked is None:
         return Resume(None)  # verl starts from scratch: nothing was ever saved here (its tracker comes last)
     need = _checksummed(steps)
@@ -140,6 +184,42 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     if step != tracked:
         write_text_atomic(root / TRACKER, str(step))
     return Resume(step, need, tuple(moved))
+
+
+def _resume_mode_problem(mode: object) -> str:
+    return (
+        f"trainer.resume_mode={mode} is not one of {', '.join(RESUME_MODES)} (verl would resume as auto): auto "
+        "resumes the newest step, disable starts afresh, resume_path takes trainer.resume_from_path"
+    )
+
+
+def check_run_dir(cfg) -> Iterator[str]:
+    """One of ``recallm.grpo.app``'s checks: ``trainer.resume_mode`` is one of :data:`RESUME_MODES`; no other
+    launch writes ``trainer.default_local_dir`` now (:func:`hold_run_dir`); its tracker, if any, is a file."""
+    from omegaconf import OmegaConf
+
+    from recallm.io import check_unlocked
+
+    mode = OmegaConf.select(cfg, "trainer.resume_mode", default="auto")
+    if str(mode) not in RESUME_MODES:
+        yield _resume_mode_problem(mode)
+    root = OmegaConf.select(cfg, "trainer.default_local_dir", default=None)
+    if root:
+        check_unlocked(Path(str(root)))  # (a RecallmError: the checks collect it as one line)
+        if str(mode) == "auto":
+            _tracked(Path(str(root)))
+
+
+@contextmanager
+def hold_run_dir(cfg) -> Iterator[None]:
+    """One writer per GRPO run directory: ``trainer.default_local_dir`` locked (``recallm.io.lock_dir``) from
+    the resume's check to the end of training, as SFT, eval, data and the pipeline lock theirs. A second
+    launch on the same directory is refused with one line naming the holder (two trainers saving into one
+    directory would interleave steps, tracker and manifests); a killed launch leaves no stale lock."""
+    from recallm.io import lock_dir
+
+    with lock_dir(Path(str(cfg.trainer.default_local_dir)), "recallm-grpo"):
+        yield
 
 
 # --------------------------------------------------------------------------- in verl's trainer

@@ -13,7 +13,9 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recallm.errors import RecallmError
+from recallm.grpo.checkpoints import check_run_dir
 from recallm.grpo.prepare import _data_dir, _overlong_buffer, _round_up, data_lengths_of
+from recallm.grpo.ranges import check_ranges
 from recallm.grpo.settings import settings_of
 
 __all__ = [
@@ -157,6 +159,8 @@ def _near(value: int, allowed: list[int]) -> int:
 def _check_batches(cfg: DictConfig) -> Iterator[str]:
     """Batch sizes that divide: into mini batches, micro batches, devices (verl asserts some of these
     inside a Ray worker). Each problem names its key and a value that divides."""
+    if int(cfg.trainer.n_gpus_per_node) * int(cfg.trainer.nnodes) < 1:
+        return  # no device to divide over: recallm.grpo.ranges names the key
     arr = cfg.actor_rollout_ref
     n = int(arr.rollout.n)
     train_batch, mini = int(cfg.data.train_batch_size), int(arr.actor.ppo_mini_batch_size)
@@ -384,6 +388,8 @@ CHECKS: tuple[Check, ...] = (
     _check_eval_step,
     _check_checkpoints,
     _check_data,
+    check_ranges,
+    check_run_dir,
 )
 
 

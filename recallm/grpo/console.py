@@ -70,7 +70,7 @@ def number(value: Any) -> float | None:
 def step_record(line: str) -> tuple[int, dict[str, float]] | None:
     """``(step, {metric: value})`` of one of verl's console lines, or None for any other line."""
     match = STEP_LINE.search(line)
-    if not match:
+    if not match or len(match.group(1)) > 18:  # (a step of thousands of digits is no step: int() refuses it)
         return None
     data: dict[str, float] = {}
     for item in match.group(2).split(" - "):

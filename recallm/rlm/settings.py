@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_COUNT, MAX_WORKERS
+
 __all__ = ["MODES", "RLMRun"]
 
 MODES = ("run", "generate", "show", "to-sft")
@@ -24,8 +26,8 @@ class RLMRun:
     mode: str = field(default="run", metadata={"choices": MODES})
     models_dir: str = "outputs/models"
     overwrite: bool = False
-    limit: int | None = field(default=None, metadata={"min": 1})
-    parallel: int = field(default=1, metadata={"min": 1})
+    limit: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
+    parallel: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     progress: bool = True
     tasks: dict[str, Any] = field(default_factory=dict)
     root: dict[str, Any] = field(default_factory=dict)

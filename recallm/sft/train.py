@@ -216,6 +216,8 @@ def _stage_steps(run: SFTRun) -> int | None:
     settings = run.sft.stage(run.stage)
     if settings.steps is not None:
         return settings.steps
+    if not Path(run.train_file).is_file():  # (missing, or a FIFO that would block: the data check says which)
+        return None
     try:
         with open(run.train_file, "rb") as f:
             records = sum(1 for line in f if line.strip())
@@ -235,15 +237,35 @@ def _warmup_problems(run: SFTRun):
         )
 
 
-def _model_positions(run: SFTRun) -> int | None:
-    """``max_position_embeddings`` of the model the stage starts from (None: unknown, or the tiny default)."""
+def _model_config(run: SFTRun) -> dict[str, Any]:
+    """The ``config.json`` of the model the stage starts from, as written ({}: unknown, or the tiny default)."""
     path = run.model.get("path") if run.stage == "embed" or run.init_from is None else run.init_from
     try:
         config = json.loads((Path(str(path)) / "config.json").read_text()) if path else {}
     except (OSError, ValueError):
-        return None
-    value = config.get("max_position_embeddings")
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _model_positions(run: SFTRun) -> int | None:
+    """``max_position_embeddings`` of the model the stage starts from (None: unknown, or the tiny default)."""
+    value = _model_config(run).get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def _lora_problems(run: SFTRun):
+    """``sft.lora.rank`` within the model's width (``recallm.modeling.lora_rank_problem``), before the
+    adapter is allocated."""
+    if run.stage != "full" or not run.sft.lora.enabled:
+        return
+    import types
+
+    from recallm.modeling import lora_rank_problem
+
+    config = types.SimpleNamespace(**(_model_config(run) or run.model))  # (the tiny default: its spec)
+    problem = lora_rank_problem(run.sft.lora.rank, config, "sft.lora.rank")
+    if problem:
+        yield problem
 
 
 def _max_length(run: SFTRun) -> SFTRun:
@@ -310,6 +332,7 @@ def check_config(cfg: Any) -> SFTRun:
         model_dirs,
         resume,
         lambda: _warmup_problems(run),
+        lambda: _lora_problems(run),
     )
     if not found:  # the data files are there and readable: the lengths can be read from them
         sized: list[SFTRun] = []
@@ -505,8 +528,10 @@ def _trainable(run: SFTRun, model, ids, model_dir: Path):
     if recipe.label_logits_only:
         model.label_logits_only(True)
     if lora:
-        from recallm.sft.lora import apply_lora
+        from recallm.sft.lora import apply_lora, describe
 
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[recallm] {describe(recipe.lora)}", flush=True)
         model = apply_lora(
             model,
             recipe.lora,

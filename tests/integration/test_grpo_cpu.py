@@ -461,11 +461,11 @@ def test_grpo_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_run(
     warning) and run again resumes and ends with the final weights of the same run never interrupted,
     with no flag: every response samples from its own stream (``seed_per_request``, on by default), so
     what the rollout's batches hold, and when each request arrived, changes nothing."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.grpo.checkpoints import check_step
 
     data_dir = tmp_path / "data"
-    run_plan(plan_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
 
     def command(name: str) -> list[str]:  # saves only the last step (and the one a stop saves)
         ckpt = tmp_path / name / "ckpt"

@@ -270,3 +270,45 @@ def test_result_line(tmp_path):
     (tmp_path / "eval" / "norecall" / "summary.json").write_text("{}")
     with pytest.raises(RecallmError, match=r"result acc_norecall_4x: cannot read it from .*norecall/summary.json"):
         result_line(exp, tmp_path, {})
+
+
+def test_status_says_which_jobs_run_and_progress_lines_are_plain_text(tmp_path):
+    """--status showed running jobs as `todo`, and the heartbeat's progress lines carried a progress bar's escape
+    codes (issue 38): a job started by the pipeline that holds the run directory is `running`, one whose pipeline
+    is gone `todo`; the last line of a job's log reaches the console without escape or control characters."""
+    import threading
+
+    from recallm import pipeline as pipeline_module
+
+    gate = tmp_path / "gate"
+    slow = StageJob("slow", py(f"""
+        import pathlib, sys, time
+        sys.stderr.write('\\x1b[A\\x1b[2Kgenerating:  50%|\\x1b[32m#####\\x1b[0m| 5/10\\r')
+        sys.stderr.flush()
+        while not pathlib.Path({str(gate)!r}).exists():
+            time.sleep(0.05)
+    """))  # fmt: skip
+    pipe = Pipeline(tmp_path / "run", [Stage("a", [count_job(tmp_path, "first")]), Stage("b", [slow])], threads=1)
+    runner = threading.Thread(target=pipe.run, kwargs={"echo": lambda message: None})
+    runner.start()
+    try:
+        log = tmp_path / "run" / "logs" / "slow.log"
+        deadline = time.time() + 60
+        while not (log.is_file() and "\x1b[2K" in log.read_text(errors="replace")):  # (the job's own line)
+            assert time.time() < deadline and runner.is_alive()
+            time.sleep(0.1)
+        states = {}
+        other = threading.Thread(target=lambda: states.update(pipe.states()))  # (another writer: not the lock's thread)
+        other.start()
+        other.join()
+        assert states == {"first": "done", "slow": "running"}
+        line = pipeline_module._last_progress(log)
+        assert line == "generating:  50%|#####| 5/10", repr(line)
+    finally:
+        gate.write_text("open")
+        runner.join(timeout=60)
+    assert pipe.states() == {"first": "done", "slow": "done"}
+    state = json.loads((tmp_path / "run" / "pipeline.json").read_text())
+    state["jobs"]["slow"] = {"started": 1.0, "log": "x"}  # started by a pipeline that is gone: to do again
+    (tmp_path / "run" / "pipeline.json").write_text(json.dumps(state))
+    assert pipe.states() == {"first": "done", "slow": "todo"}

@@ -143,3 +143,77 @@ def test_the_served_process_knows_the_recallm_configs_before_vllm_reads_them(tmp
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "MODEL_TYPE recallm_qwen2 serve" in done.stdout
+
+
+def _asgi(guard, body: bytes, path: str = "/v1/chat/completions", chunks: int = 1):
+    """One POST through ``guard`` (an ASGI middleware) to an app that echoes the body it received; returns
+    (status, response body, whether the app was reached)."""
+    import asyncio
+
+    reached = {}
+
+    async def app(scope, receive, send):
+        got, more = b"", True
+        while more:
+            message = await receive()
+            got += message.get("body", b"")
+            more = message.get("more_body", False)
+        reached["body"] = got
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": got})
+
+    step = max(1, -(-len(body) // chunks))
+    parts = [body[i : i + step] for i in range(0, len(body), step)] or [b""]
+    messages = [{"type": "http.request", "body": p, "more_body": i < len(parts) - 1} for i, p in enumerate(parts)]
+    sent = []
+
+    async def receive():
+        return messages.pop(0) if messages else {"type": "http.disconnect"}
+
+    async def send(message):
+        sent.append(message)
+
+    asyncio.run(guard(app)(scope={"type": "http", "method": "POST", "path": path}, receive=receive, send=send))
+    status = next(m["status"] for m in sent if m["type"] == "http.response.start")
+    return status, b"".join(m.get("body", b"") for m in sent if m["type"] == "http.response.body"), "body" in reached
+
+
+def test_the_request_guard_answers_bodies_vllm_fails_on_with_a_400(monkeypatch):
+    """recallm-serve puts RequestGuard in front of vLLM's routes (--middleware): a JSON array or string body (vLLM's
+    server answered a 500), a body that is not JSON, n or best_of above --max-n (n=10000 queued ten thousand
+    generations) get a 400 in OpenAI's error format; a good request reaches vLLM whole, in one piece or several."""
+    import functools
+
+    from recallm.serve import MAX_N_ENV, RequestGuard
+
+    guard = functools.partial(RequestGuard, max_n=16)
+    good = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "n": 2}).encode()
+    assert _asgi(guard, good) == (200, good, True)
+    assert _asgi(guard, good, chunks=5) == (200, good, True)
+    for body, said in [
+        (b"[1, 2]", "must be a JSON object of the OpenAI API, got a JSON list"),
+        (b'"text"', "got a JSON str"),
+        (b"{not json", "the request body is not JSON"),
+        (json.dumps({"n": 10000}).encode(), "n=10000: this server answers 1 to 16 completions per request"),
+        (json.dumps({"best_of": 0}).encode(), "best_of=0: this server answers 1 to 16"),
+        (json.dumps({"n": "many"}).encode(), "n='many'"),
+    ]:
+        status, answer, reached = _asgi(guard, body)
+        error = json.loads(answer)["error"]
+        assert (status, reached, error["code"], error["type"]) == (400, False, 400, "BadRequestError")
+        assert said in error["message"], error
+    assert _asgi(guard, b"[1]", path="/v1/models")[0] == 200  # other routes pass untouched
+    monkeypatch.setenv(MAX_N_ENV, "4")  # how recallm-serve hands --max-n to the guard in vLLM's process
+    assert _asgi(RequestGuard, json.dumps({"n": 5}).encode())[0] == 400
+    assert _asgi(RequestGuard, json.dumps({"n": 4}).encode())[0] == 200
+
+
+def test_serve_puts_the_guard_in_front_and_hands_it_max_n(tiny_dir, capsys):
+    from recallm.cli.serve import main
+    from recallm.serve import GUARD, MAX_N_ENV, ServeSettings, serve_command, serve_env
+
+    command = serve_command(ServeSettings(tiny_dir, max_n=4))
+    assert command[command.index("--middleware") + 1] == GUARD == "recallm.serve.RequestGuard"
+    assert serve_env(ServeSettings(tiny_dir, max_n=4)) == {MAX_N_ENV: "4"}
+    assert main([str(tiny_dir), "--print-command", "--max-n", "4"]) == 0
+    assert capsys.readouterr().out.startswith(f"{MAX_N_ENV}=4 ")

@@ -23,12 +23,13 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from recallm.config import MAX_BATCH, MAX_SECONDS, MAX_SEED, MAX_TOKENS, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.generation import GenRequest, GenResult, generate
 from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
@@ -74,16 +75,16 @@ class HFCPUSettings:
             0 decodes one token per forward pass.
     """
 
-    force_every: int | None = None
-    force_length: int = 6
+    force_every: int | None = field(default=None, metadata={"max": MAX_TOKENS})
+    force_length: int = field(default=6, metadata={"max": MAX_TOKENS})
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
-    threads: int | None = None
-    max_batch_size: int = 64
-    batch_wait_ms: float = 20.0
-    seed: int | None = None
+    threads: int | None = field(default=None, metadata={"max": MAX_WORKERS})
+    max_batch_size: int = field(default=64, metadata={"max": MAX_BATCH})
+    batch_wait_ms: float = field(default=20.0, metadata={"max": MAX_SECONDS * 1000})
+    seed: int | None = field(default=None, metadata={"min": 0, "max": MAX_SEED})
     seed_per_request: bool = True
-    span_draft_tokens: int = DEFAULT_SPAN_DRAFT_TOKENS
+    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0, "max": MAX_TOKENS})
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
