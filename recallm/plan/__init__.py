@@ -26,9 +26,10 @@ from __future__ import annotations
 from typing import Any
 
 from recallm.plan.checkpoints import SAVE_SAFETY, TORCH_NCCL_TIMEOUT, VERL_SAVE_LEAD, checkpoint_bytes
-from recallm.plan.cluster import Cluster, measure_write_bandwidth, node_cluster
-from recallm.plan.grpo import grpo_plan
+from recallm.plan.cluster import Cluster, host_memory, measure_write_bandwidth, node_cluster
+from recallm.plan.grpo import CPU_PLATFORMS, grpo_plan
 from recallm.plan.memory import (
+    CPU_PROCESS_RAM,
     CUDA_CONTEXT,
     CUDA_GRAPHS,
     FRAGMENTATION,
@@ -38,7 +39,7 @@ from recallm.plan.memory import (
     vllm_budget,
 )
 from recallm.plan.model import PAPER_MODELS, ModelShape, model_shape
-from recallm.plan.report import GB, GiB, Line, Plan
+from recallm.plan.report import GB, GiB, Line, Plan, gib
 from recallm.plan.sft import sft_plan
 from recallm.plan.throughput import mean_step_seconds
 
@@ -50,8 +51,10 @@ __all__ = [
     "Plan",
     "model_shape",
     "node_cluster",
+    "host_memory",
     "measure_write_bandwidth",
     "grpo_plan",
+    "CPU_PLATFORMS",
     "sft_plan",
     "actor_update_bytes",
     "vllm_budget",
@@ -60,10 +63,12 @@ __all__ = [
     "mean_step_seconds",
     "GiB",
     "GB",
+    "gib",
     "CUDA_CONTEXT",
     "FRAGMENTATION",
     "CUDA_GRAPHS",
     "PROCESS_RAM",
+    "CPU_PROCESS_RAM",
     "VERL_SAVE_LEAD",
     "TORCH_NCCL_TIMEOUT",
     "SAVE_SAFETY",

@@ -509,20 +509,24 @@ def test_the_null_device_is_written_in_place(cwd, monkeypatch, capsys):
     }
 
 
-@_PLAN_XFAIL
 @pytest.mark.parametrize(
     "args",
     [
-        ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full", "train_file=ok.jsonl", "val_file=null"],
+        ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full", "train_file={traces}", "val_file=null"],
         ["grpo", "--no-measure", "grpo=own_cpu", "actor_rollout_ref.model.path=m_ok", "data.max_prompt_length=256",
          "data.max_response_length=128"],
     ],
     ids=["sft", "grpo"],
 )  # fmt: skip
-def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, monkeypatch, capsys, args):
+def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, tmp_path, monkeypatch, capsys, args):
     """The newcomer's own-model recipes (issue 38): recallm-plan plans what the command runs, the CPU platform on
     this machine's RAM (it stopped with a TypeError traceback, then planned four assumed 79 GiB GPUs and said a
-    135M model's host RAM "DOES NOT FIT")."""
+    135M model's host RAM "DOES NOT FIT"). SFT's sft.max_length null is the longest trace of its data, as
+    recallm-sft sets it: the data is there (two traces, the longest 300 tokens)."""
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("".join(json.dumps({"prompt_ids": [1] * p, "completion_ids": [2] * c}) + "\n"
+                              for p, c in ((100, 200), (50, 60))))  # fmt: skip
+    args = [a.format(traces=traces) for a in args]
     monkeypatch.setattr(sys, "argv", [PLAN, *args])
     code: object = 0
     try:
@@ -533,3 +537,5 @@ def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, monkeypatch, c
     out, err = said.out, said.err.splitlines()
     assert code in (0, None) and "Traceback" not in said.err, err[-5:]
     assert "assumed" not in out and "DOES NOT FIT" not in out and "cpu" in out.lower(), out
+    if args[0] == "sft":
+        assert f"{4 * 300:,} tokens per step" in out, out  # 4 per device x the longest trace, 300
