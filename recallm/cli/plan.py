@@ -216,7 +216,9 @@ def plan_grpo(cfg: Any, args: argparse.Namespace) -> Any:
     cpu = rm.platform in CPU_PLATFORMS
     nnodes = int(sel("trainer.nnodes") or 1)
     if cpu:
-        cluster = cpu_cluster_from(args, sel("trainer.default_local_dir"), int(sel("trainer.n_gpus_per_node") or 1), nnodes)
+        cluster = cpu_cluster_from(
+            args, sel("trainer.default_local_dir"), int(sel("trainer.n_gpus_per_node") or 1), nnodes
+        )
     else:
         cluster = cluster_from(args, sel("trainer.default_local_dir"), nnodes)
     shape = model_shape(sel("actor_rollout_ref.model.path"), args.model or rm.model_name)

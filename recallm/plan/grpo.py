@@ -354,7 +354,9 @@ def _cpu_rollout_parts(run: _Run) -> tuple[int, int, str]:
         from recallm.config import typed
         from recallm.grpo.cpu.hf_generate import HFCPUSettings
 
-        settings = typed(HFCPUSettings, _sel(cfg, f"{ROLLOUT}.engine_kwargs.hf_cpu") or {}, f"{ROLLOUT}.engine_kwargs.hf_cpu")
+        settings = typed(
+            HFCPUSettings, _sel(cfg, f"{ROLLOUT}.engine_kwargs.hf_cpu") or {}, f"{ROLLOUT}.engine_kwargs.hf_cpu"
+        )
         dtype, at_once, name = settings.dtype, settings.max_batch_size, "hf_cpu"
     weights = _DTYPE_BYTES.get(dtype, 4) * (shape.params + run.lora) * engines
     sequences = min(at_once, -(-rollouts // engines))
