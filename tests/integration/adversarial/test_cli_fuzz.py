@@ -462,6 +462,26 @@ def _alarm(signum, frame):
     raise _TooLong("a hostile case ran for more than 60 s: it was not refused")
 
 
+
+
+def _plan_flag_cases() -> list[tuple[str, str, list[str]]]:
+    """Every number recallm-plan's flags give (``recallm.cli.plan.PlanFlags``: a new flag is probed without a line
+    here) at nan, -1 and far above its bound (an integer flag at 0 instead of nan)."""
+    import dataclasses
+
+    from recallm.cli.plan import PlanFlags
+
+    cases = []
+    for f in dataclasses.fields(PlanFlags):
+        integer = f.type.startswith("int")
+        for value in ("0" if integer else "nan", "-1", str(10 ** 30) if integer else "1e300"):
+            flag = "--" + f.name.replace("_", "-")
+            cases.append((f"plan-flag-{f.name}-{value[:5]}", PLAN, [*_FITS, flag, value]))
+            SAYS[cases[-1][0]] = f"{flag} (must be|is out of range)|argument {flag}"
+    return cases
+
+
+PLAN_CASES += _plan_flag_cases()
 _PARAMS = [pytest.param(case, module, args, id=case) for case, module, args in CASES + PLAN_CASES]
 
 
