@@ -11,8 +11,12 @@ computed from the composed config (``recallm.plan`` holds every formula, with it
 the flags do not give is read from this node when it can be (GPUs and their memory from torch, RAM,
 free space and a 256 MiB write at the checkpoint directory), else assumed, and the plan says which.
 
-argparse for the cluster's flags, then the command's Hydra overrides composed and checked as the
-command itself does (``recallm.config.check_overrides``); nothing runs, nothing is written.
+argparse for the cluster's flags (their numbers ranged: :class:`PlanFlags`), then the command's Hydra overrides
+composed and checked as the command itself does (``recallm.config.check_overrides``; verl's keys in the ranges of
+``recallm.grpo.ranges``, SFT's settings typed by ``recallm.sft.settings.SFTRun``; lengths left null set from the
+data as the command sets them); nothing runs, nothing is written. A run on the CPU (GRPO's ``cpu``/``vllm_cpu``
+platforms; SFT where this machine has no GPU and no flag describes one, or with ``deepspeed=zero2_cpu``) is planned
+on this machine (:func:`cpu_cluster_from`: its RAM, disk and write bandwidth; no GPU assumed).
 """
 
 from __future__ import annotations

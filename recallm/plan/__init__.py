@@ -8,7 +8,8 @@ cluster; it never loads a model. Units: bytes and seconds; ``GiB`` = 2**30 bytes
 The modules, in the order of a printed plan:
 
 * :mod:`recallm.plan.model`: the model's shape and parameter count (a model directory's, or a paper base's);
-* :mod:`recallm.plan.cluster`: what the plan is checked against (flags, or this node's own values);
+* :mod:`recallm.plan.cluster`: what the plan is checked against (flags, or this node's own values; a run on the
+  CPU: this machine's RAM, :func:`host_memory`);
 * :mod:`recallm.plan.memory`: GPU memory of GRPO's actor update (verl's FSDP2 engine) and of the vLLM
   rollout; what host RAM holds;
 * :mod:`recallm.plan.lora`: what LoRA changes in those terms (GRPO's ``lora_rank``, SFT's ``sft.lora.rank``);

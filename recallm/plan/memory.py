@@ -51,6 +51,14 @@ What the node's ranks offload: the actor's fp32 parameters, gradients and AdamW 
 when offloaded), the reference's bf16 parameters (``2P``), the sleeping vLLM engines' weights
 (``2P`` per engine), the staging of one save (each rank's shard of model and optimizer state,
 ``12P`` in all), and :data:`PROCESS_RAM` per GPU (Python, torch, CUDA libraries, Ray, vLLM).
+
+The CPU platform (``recallm.plan.grpo``: ``recallm.platform`` ``cpu``/``vllm_cpu``; ``recallm.plan.sft`` with ``cpu``)
+-----------------------------------------------------------------------------------------------------------------
+Everything is in the machine's RAM and in fp32 (``configs/grpo/platform/cpu.yaml``: fp32 mixed precision; SFT:
+bf16 only on a GPU): the actor's update is :func:`actor_update_bytes` with ``compute_bytes=4``, five fp32 copies
+of the logits (the step measured on the CPU) and, with one training process, nothing gathered; its state, the
+fp32 reference and the rollout engines' weights stay resident, the update and the rollout's KV cache take turns,
+and each process costs :data:`CPU_PROCESS_RAM`.
 """
 
 from __future__ import annotations
