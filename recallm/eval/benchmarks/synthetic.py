@@ -22,7 +22,7 @@ from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, score_with_reward
 from recallm.eval.types import Example, Generation, Score, Spec
 
-__all__ = ["SyntheticTask"]
+__all__ = ["SyntheticTask", "answer_diagnostics"]
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,39 @@ class SyntheticTask(Benchmark):
         row = draft_row(
             self.tasks[spec.task], renderer, spec.length, rng, seed=rng.getrandbits(63), tolerance=self.settings.tolerance
         )
-        return self.example_from_row(spec, row, {"ground_truth": row.ground_truth, "data_source": row.data_source})
+        reference = {"ground_truth": row.ground_truth, "data_source": row.data_source}
+        if "key" in row.trace_info:  # key-value and math retrieval: the key the answer is stored under
+            reference["key"] = str(row.trace_info["key"])
+        return self.example_from_row(spec, row, reference)
 
     def score(self, example: Example, generation: Generation, followup: Generation | None) -> Score:
-        return score_with_reward(example, generation, self.reward_config, self.settings.answer_region)
+        score = score_with_reward(example, generation, self.reward_config, self.settings.answer_region)
+        score.metrics.update(answer_diagnostics(example, generation.text, score))
+        return score
+
+
+def answer_diagnostics(example: Example, output: str, score: Score) -> dict[str, float]:
+    """What an answer says about how it was made, for tasks with one answer stored under a key
+    (key-value and math retrieval); the report sorts wrong answers into kinds by them:
+
+    * ``key_in_output``: the key the answer is stored under appears (as a whole number) in the
+      output before its final answer — for math retrieval, the key was computed right;
+    * ``answer_in_prompt``: the answer (4 characters or more) occurs verbatim in the prompt — a
+      wrong one was copied from another entry of the context;
+    * ``answer_similarity``: ``difflib``'s ratio of the answer to the reference answer (1: equal) — a
+      wrong one with a high ratio is a garbled copy of the right entry.
+    """
+    import difflib
+    import re
+
+    key = example.reference.get("key")
+    if key is None or not score.gold or len(score.gold) != 1:
+        return {}
+    answer = (score.answer or "").strip()
+    cut = max(output.rfind("</think>"), output.rfind("Answer:"))
+    before = output[:cut] if cut >= 0 else output
+    return {
+        "key_in_output": float(re.search(rf"(?<![\d-]){re.escape(key)}(?!\d)", before) is not None),
+        "answer_in_prompt": float(len(answer) >= 4 and answer in example.prompt_text),
+        "answer_similarity": difflib.SequenceMatcher(None, answer, score.gold[0].strip()).ratio() if answer else 0.0,
+    }
