@@ -20,7 +20,7 @@ from data_gen.fit import PromptRenderer
 from recallm.config import typed
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, score_with_reward
-from recallm.eval.types import Example, Generation, Score, Spec
+from recallm.eval.types import Example, Generation, Score, Spec, parse_length
 
 __all__ = ["SyntheticTask", "answer_diagnostics"]
 
@@ -42,6 +42,10 @@ class SyntheticOptions(BenchmarkOptions):
     task: str | None = None
     params: dict[str, Any] = field(default_factory=dict)
     tasks: list[Any] | None = None
+    per_cell_at: dict[Any, Any] | None = None
+    """``{length: n}``: ``n`` prompts per task at that length instead of ``per_cell`` (more prompts where a
+    difference must be measured precisely, e.g. the longest length; the first ``per_cell`` are the same
+    prompts either way)"""
 
 
 class SyntheticTask(Benchmark):
@@ -78,6 +82,22 @@ class SyntheticTask(Benchmark):
             if task.category not in self.reward_config.categories:
                 raise RecallmError(f"benchmark synthetic: the reward config has no category {task.category!r}")
             self.tasks[task.name] = task
+        self.per_cell_at: dict[int, int] = {}
+        for raw_length, raw_n in (self.cfg["per_cell_at"] or {}).items():
+            length = parse_length(raw_length, "eval.benchmarks.synthetic.per_cell_at")
+            if length not in self.lengths:
+                raise RecallmError(
+                    f"eval.benchmarks.synthetic.per_cell_at: {raw_length} is not one of the lengths {self.lengths}"
+                )
+            if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < 1:
+                raise RecallmError(f"eval.benchmarks.synthetic.per_cell_at.{raw_length} must be a positive integer, got {raw_n!r}")
+            self.per_cell_at[length] = raw_n
+
+    def describe(self) -> dict[str, Any]:
+        out = super().describe()
+        if not out.get("per_cell_at"):  # (absent when unset: runs from before the option keep their fingerprint)
+            out.pop("per_cell_at", None)
+        return out
 
     @property
     def task(self):
@@ -87,7 +107,12 @@ class SyntheticTask(Benchmark):
     def specs(self) -> list[Spec]:
         if self.per_cell is None:
             raise RecallmError("benchmark synthetic: per_cell is required")
-        return [Spec(n, self.name, i, name) for name in self.tasks for n in self.lengths for i in range(self.per_cell)]
+        return [
+            Spec(n, self.name, i, name)
+            for name in self.tasks
+            for n in self.lengths
+            for i in range(self.per_cell_at.get(n, self.per_cell))
+        ]
 
     def build(self, spec: Spec, renderer: PromptRenderer) -> Example:
         from data_gen.generate import draft_row
