@@ -486,8 +486,11 @@ def test_synthetic_per_cell_at_one_length(renderer):
     assert "per_cell_at" not in plain.describe() and bench.describe()["per_cell_at"] == {"1K": 5}
     with pytest.raises(RecallmError, match="per_cell_at: 2048 is not one of the lengths"):
         make("synthetic", per_cell=2, per_cell_at={2048: 5}, **kw)
-    with pytest.raises(RecallmError, match="per_cell_at.360 must be a positive integer"):
-        make("synthetic", per_cell=2, per_cell_at={360: 0}, **kw)
+    for bad in (0, -1, 9 * 10**18, True, 2.0, "3"):
+        with pytest.raises(RecallmError, match=r"per_cell_at.360 must be an integer in \[1, 1000000000\]"):
+            make("synthetic", per_cell=2, per_cell_at={360: bad}, **kw)
+    with pytest.raises(RecallmError, match="per_cell_at"):
+        make("synthetic", per_cell=2, per_cell_at={"lots": 5}, **kw)
 
 
 def test_synthetic_answer_diagnostics_in_the_metrics(renderer):

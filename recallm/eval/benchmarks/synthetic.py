@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from data_gen.fit import PromptRenderer
-from recallm.config import typed
+from recallm.config import MAX_COUNT, typed
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, score_with_reward
 from recallm.eval.types import Example, Generation, Score, Spec, parse_length
@@ -89,8 +89,11 @@ class SyntheticTask(Benchmark):
                 raise RecallmError(
                     f"eval.benchmarks.synthetic.per_cell_at: {raw_length} is not one of the lengths {self.lengths}"
                 )
-            if isinstance(raw_n, bool) or not isinstance(raw_n, int) or raw_n < 1:
-                raise RecallmError(f"eval.benchmarks.synthetic.per_cell_at.{raw_length} must be a positive integer, got {raw_n!r}")
+            if isinstance(raw_n, bool) or not isinstance(raw_n, int) or not 1 <= raw_n <= MAX_COUNT:
+                raise RecallmError(
+                    f"eval.benchmarks.synthetic.per_cell_at.{raw_length} must be an integer in [1, {MAX_COUNT}] (as "
+                    f"per_cell), got {raw_n!r}"
+                )
             self.per_cell_at[length] = raw_n
 
     def describe(self) -> dict[str, Any]:
