@@ -12,7 +12,7 @@
 #                 chromium and chromium-driver (Debian's names)
 #                              the HTML report's test opens report.html in headless Chromium (selenium
 #                              drives /usr/bin/chromedriver, offline); without them it is skipped, with
-#                              the reason, unless RECALLM_REQUIRE_CHROMIUM=1 (CI)
+#                              the reason, unless RECALLM_REQUIRE_CHROMIUM=1 (.ci/run sets it where it has them)
 #
 # What is missing is installed with apt-get when this runs as root on a machine that has apt-get (as a
 # fresh CI machine does); otherwise it says what is missing and how to add it, and exits 0 (the tests

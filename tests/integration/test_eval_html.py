@@ -3,7 +3,7 @@ example outputs whose recall spans are marked by verdict; opened in headless Chr
 driving Debian's chromedriver, offline), which must render it without a console error.
 
 Without Chromium the browser test is skipped, with the reason, unless ``RECALLM_REQUIRE_CHROMIUM=1``
-(CI sets it; ``scripts/system_deps.sh`` installs chromium and chromium-driver as root).
+(.ci/run sets it where it installed them; ``scripts/system_deps.sh`` installs chromium and chromium-driver as root).
 """
 
 from __future__ import annotations
