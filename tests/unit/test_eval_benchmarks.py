@@ -493,6 +493,24 @@ def test_synthetic_per_cell_at_one_length(renderer):
         make("synthetic", per_cell=2, per_cell_at={"lots": 5}, **kw)
 
 
+def test_smollm2_suite_takes_more_prompts_at_the_longest_length():
+    """The SmolLM2 experiment's suite: 24 prompts per task and length, and the override its results page gives
+    for a +-0.08 interval at 2,048 tokens (no ``+``: the suite lists the key)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recallm.paths import config_dir
+
+    def specs(*overrides):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="eval", overrides=["eval=smollm2", *overrides])
+        (bench,) = make_benchmarks(OmegaConf.to_container(cfg.eval, resolve=True), reward_config=cfg.reward)
+        return Counter(s.length for s in bench.specs())
+
+    assert specs() == {256: 72, 1024: 72, 2048: 72}
+    assert specs("eval.benchmarks.synthetic.per_cell_at={2048:72}") == {256: 72, 1024: 72, 2048: 216}
+
+
 def test_synthetic_answer_diagnostics_in_the_metrics(renderer):
     """The synthetic benchmark adds the answer diagnostics to a key-value score (its key given, the answer copied
     from the prompt) and none to a multi-needle one (no single key)."""
