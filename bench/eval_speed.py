@@ -1,7 +1,8 @@
 """Benchmark: the HF evaluation backend on long prompts — HF's batched prefill (the baseline: the
-backend as it was, batches of 8, the model's float32) against the row-by-row bfloat16 prefill
-(``backend.prefill_dtype=bfloat16``, ``recallm.eval.prefill``) with batches of 16, on the same prompts
-in one run; and how many greedy outputs the two agree on.
+backend's defaults, batches of 8, the model's float32, speculative decoding inside recall spans with
+``span_draft_tokens=8``) against the row-by-row bfloat16 prefill (``backend.prefill_dtype=bfloat16``,
+``recallm.eval.prefill``) with batches of 16, which decodes with Hugging Face ``generate`` and so without
+the in-span speculation, on the same prompts in one run; and how many greedy outputs the two agree on.
 
 Run: ``.venv/bin/python bench/eval_speed.py --model DIR`` (DIR: a RecaLLM model, e.g. the SmolLM2
 experiment's ``outputs/pipeline/smollm2_cpu/sft/recall/full/final``; default: ``make smollm2``'s
