@@ -83,7 +83,7 @@ def all_blocks() -> list[Block]:
 def runs_for_real(prog: str, args: list[str]) -> bool:
     if not prog.startswith("recallm-"):
         return False
-    if "--help" in args or "-h" in args:
+    if "--help" in args or "-h" in args or "--cfg" in args:  # Hydra's --cfg prints the config, runs no job
         return True
     if prog in ("recallm-plan", "recallm-demo"):
         return True
@@ -98,11 +98,11 @@ def runs_for_real(prog: str, args: list[str]) -> bool:
     return False
 
 
-#: the command an sbatch script runs (its overrides are that command's)
+#: the command an sbatch script runs and what the script puts before the user's overrides (slurm/*.sbatch: CMD)
 SBATCH_COMMANDS = {
-    "sft.sbatch": ("recallm-sft", []),
-    "grpo.sbatch": ("recallm-grpo", []),
-    "grpo_multinode.sbatch": ("recallm-grpo", []),
-    "eval.sbatch": ("recallm-eval", []),
-    "rlm_train.sbatch": ("recallm-rlm", ["train"]),
+    "sft.sbatch": ("recallm-sft", ["deepspeed=zero2", "resume=auto"]),
+    "grpo.sbatch": ("recallm-grpo", ["trainer.nnodes=1", "trainer.resume_mode=auto"]),
+    "grpo_multinode.sbatch": ("recallm-grpo", ["trainer.resume_mode=auto"]),
+    "eval.sbatch": ("recallm-eval", ["eval=paper", "backend.name=vllm"]),
+    "rlm_train.sbatch": ("recallm-rlm", ["train", "trainer.nnodes=1", "trainer.resume_mode=auto"]),
 }
