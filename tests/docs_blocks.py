@@ -7,7 +7,8 @@
   ``--status``, ``--print-command``, ``recallm-demo``, ``recallm-doctor``); any other is recorded and then
   checked without running — a Hydra command's line composed with every override checked (``main.compose``),
   an argparse command's flags parsed, an ``sbatch`` script's overrides composed for the command it runs,
-  ``make`` targets dry-run (``make -n``), a benchmark or module named exists. Only a few other programs are on
+  ``make`` targets dry-run (``make -n``), a benchmark or module named exists (``.venv/bin/`` prefixes are
+  dropped and ``source .venv/bin/activate`` does nothing: the shims are the commands). Only a few other programs are on
   ``PATH`` (:data:`ALLOWED`): a block that needs anything else fails, unless it is marked.
 * ```` ```console ```` blocks (``$ command`` then the lines it prints) run for real, and every line shown
   must be a line of what the command prints (the troubleshooting page's error lines); ``…`` in a shown line

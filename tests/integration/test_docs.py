@@ -97,7 +97,8 @@ def shell_env(tmp_path_factory, tiny_dir, tiny_base_dir):
 def _script(page: Path, runnable: list[Block]) -> str:
     lines = ["set -eo pipefail"]
     for block in runnable:
-        code = block.code.replace(".venv/bin/", "")  # the shims stand in for .venv/bin's commands
+        # the shims stand in for .venv/bin's commands, and for activating it
+        code = re.sub(r"^(source|\.) \.venv/bin/activate\b", "true", block.code, flags=re.M).replace(".venv/bin/", "")
         lines += [f"export DOCS_BLOCK={shlex.quote(block.where)}", f"echo '>>> {block.where}' >&2", code]
     return "\n".join(lines) + "\n"
 
