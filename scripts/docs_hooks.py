@@ -39,7 +39,7 @@ SUBCOMMANDS = (("recallm-grpo", "plot"), ("recallm-rlm", "train"))
 #: (where the section sits in a composed config, the schema) of every config section a command reads;
 #: the nested dataclasses of a schema are listed under it (``recallm.config.typed`` reads them the same way)
 SCHEMAS: tuple[tuple[str, str, str], ...] = (
-    ("recallm-data", "the top-level keys of configs/data_gen.yaml", "data_gen.generate:DataRun"),
+    ("recallm-data", "the top-level keys of configs/data.yaml", "data_gen.generate:DataRun"),
     ("recallm-data", "data (configs/data/*.yaml, a mixture)", "data_gen.generate:Mixture"),
     ("recallm-data", "data.train.entries[i]", "data_gen.generate:TrainEntry"),
     ("recallm-annotate", "the top-level keys of configs/annotate.yaml", "data_gen.annotate:AnnotateSettings"),
@@ -70,7 +70,7 @@ SCHEMAS: tuple[tuple[str, str, str], ...] = (
     ("recallm-rlm", "sandbox", "recallm.rlm.sandbox:SandboxLimits"),
     ("recallm-rlm", "budget", "recallm.rlm.budget:BudgetLimits"),
     ("recallm-rlm", "tasks", "recallm.rlm.tasks:TaskRun"),
-    ("recallm-rlm", "export", "recallm.rlm.export:ExportSettings"),
+    ("recallm-rlm", "sft_data", "recallm.rlm.sft_data:SFTDataSettings"),
     ("recallm-eval", "backend.rlm (backend.name=rlm)", "recallm.rlm.eval_backend:RLMBackendSection"),
     ("recallm-rlm train", "recallm.rlm (configs/rlm_train.yaml)", "recallm.rlm.train:RLMTrainSettings"),
 )

@@ -4,7 +4,7 @@
 * ```` ```bash ```` / ```` ```sh ```` blocks run in bash, in order, one bash per page
   (``tests/integration/test_docs.py``), with the project's commands replaced on ``PATH`` by
   ``tests/docs_shim.py``: a quick command runs for real (``--help``, ``recallm-plan``, ``--plan``,
-  ``--status``, ``--print-command``, ``recallm-demo``, ``recallm-doctor``); any other is recorded and then
+  ``--status``, ``--print-command``, ``recallm-decoding-demo``, ``recallm-doctor``); any other is recorded and then
   checked without running — a Hydra command's line composed with every override checked (``main.compose``),
   an argparse command's flags parsed, an ``sbatch`` script's overrides composed for the command it runs,
   ``make`` targets dry-run (``make -n``), a benchmark or module named exists (``.venv/bin/`` prefixes are
@@ -86,11 +86,11 @@ def runs_for_real(prog: str, args: list[str]) -> bool:
         return False
     if "--help" in args or "-h" in args or "--cfg" in args:  # Hydra's --cfg prints the config, runs no job
         return True
-    if prog in ("recallm-plan", "recallm-demo"):
+    if prog in ("recallm-plan", "recallm-decoding-demo"):
         return True
     if prog in ("recallm-grpo", "recallm-sft") and "--plan" in args:
         return True
-    if prog == "recallm-pipeline" and "--status" in args:
+    if prog == "recallm-pipeline" and ("--status" in args or "--dry-run" in args):
         return True
     if prog == "recallm-serve" and "--print-command" in args:
         return True
