@@ -110,7 +110,8 @@ def _clean_env() -> dict[str, str]:
 def cli_reference() -> str:
     """Markdown: one section per command (and subcommand) with its ``--help``."""
     scripts = dict(console_scripts())
-    jobs = [(name, entry, None) for name, entry in scripts.items()]
+    renamed = {name: new for name, entry in scripts.items() if (new := renamed_to(entry))}
+    jobs = [(name, entry, None) for name, entry in scripts.items() if name not in renamed]
     jobs += [(name, scripts[name], sub) for name, sub in SUBCOMMANDS]
     with ThreadPoolExecutor(max_workers=4) as pool:
         texts = list(pool.map(lambda job: help_text(*job), jobs))
@@ -119,7 +120,35 @@ def cli_reference() -> str:
         title = f"{name} {sub}" if sub else name
         out += [f"## `{title}`", "", f"`{entry}`" + (f", subcommand `{sub}`" if sub else ""), "",
                 "```text", text.rstrip(), "```", ""]  # fmt: skip
+    if renamed:
+        out += ["## Old names", "", "Kept for one release: each prints a one-line notice, then runs the new command "
+                "(`MIGRATION.md`).", ""]  # fmt: skip
+        out += [f"- `{old}`: now `{new}`" for old, new in renamed.items()]
+        out.append("")
     return "\n".join(out)
+
+
+def renamed_to(entry: str) -> str | None:
+    """The new command's name when ``entry`` (``module:function``) is an old name kept as an alias — its module
+    assigns ``function = alias("old", "new", ...)`` (``recallm.cli.renamed.alias``) — else None. Read from the
+    source, not imported: the commands' modules load torch."""
+    import importlib.util
+
+    module, _, function = entry.partition(":")
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    for node in ast.parse(Path(spec.origin).read_text()).body:
+        if (
+            isinstance(node, ast.Assign)
+            and any(isinstance(target, ast.Name) and target.id == function for target in node.targets)
+            and isinstance(node.value, ast.Call)
+            and getattr(node.value.func, "id", None) == "alias"
+            and len(node.value.args) >= 2
+            and isinstance(node.value.args[1], ast.Constant)
+        ):
+            return str(node.value.args[1].value)
+    return None
 
 
 # ------------------------------------------------------------------------------------------- config files

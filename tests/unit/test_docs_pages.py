@@ -82,3 +82,16 @@ def test_reference_pages_keep_their_generator_markers():
     config = (DOCS / "reference" / "config.md").read_text()
     assert "<!-- generated: config-schemas -->" in config and "<!-- generated: config-files -->" in config
     assert "::: recallm.recall.matcher" in (DOCS / "reference" / "api.md").read_text()
+
+
+def test_the_command_reference_lists_old_names_as_renames(monkeypatch):
+    # an old command name kept as an alias (MIGRATION.md) gets one line naming the new command, not a --help of
+    # its own; read from the module's source, without importing the command (which loads torch)
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "scripts"))
+    import docs_hooks
+
+    assert docs_hooks.renamed_to("recallm.cli.demo:main") == "recallm-decoding-demo"
+    assert docs_hooks.renamed_to("recallm.cli.decoding_demo:main") is None
+    assert docs_hooks.renamed_to("recallm.cli.sft:main") is None
+    aliases = {name for name, entry in docs_hooks.console_scripts() if docs_hooks.renamed_to(entry)}
+    assert aliases == {"recallm-demo"}
