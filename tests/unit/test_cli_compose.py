@@ -41,6 +41,16 @@ def test_compose_follows_modes_and_subcommands():
         main.compose(["train", "+recallm.nonsense=1"])
 
 
+def test_compose_reads_the_line_as_main_does_old_names_included(capsys):
+    from recallm.cli.rlm import main
+
+    assert main.compose(["to-sft", "sft_data.tokenizer_path=/models/q"]).sft_data.tokenizer_path == "/models/q"
+    assert capsys.readouterr().err == ""
+    # the names before 0.2.0 (MIGRATION.md): rewritten, with the one-line notice
+    assert main.compose(["export", "export.tokenizer_path=/models/q"]).sft_data.tokenizer_path == "/models/q"
+    assert "recallm-rlm export is deprecated" in capsys.readouterr().err
+
+
 def test_compose_leaves_the_commands_own_flags_out():
     from recallm.cli.pipeline import main
 
