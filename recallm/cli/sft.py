@@ -47,5 +47,8 @@ def main(argv: list[str] | None = None) -> int | None:
     return _main(args)
 
 
+main.compose = _main.compose  # type: ignore[attr-defined]  (compose and check a command line, run nothing)
+
+
 if __name__ == "__main__":
     sys.exit(main())

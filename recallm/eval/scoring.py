@@ -1,6 +1,6 @@
 """Scoring of benchmark outputs: small pure functions, each written from its upstream's definition.
 
-Upstream sources (read at the commits the README's "Evaluation protocol" table names):
+Upstream sources (read at the commits the manual's evaluation protocol page (docs/guide/evaluation-protocol.md) names):
 NVIDIA/RULER ``scripts/eval/synthetic/constants.py`` and ``scripts/eval/evaluate.py``;
 princeton-nlp/HELMET ``utils.py``, ``data.py``, ``eval_alce.py`` and ``scripts/eval_gpt4_*.py``.
 ``tests/unit/test_eval_conformance.py`` holds, per function, cases derived from those lines.

@@ -261,7 +261,7 @@ def lora(cfg: DictConfig, run: Prepared) -> None:
     reference is the actor with its adapter off). The ``hf_cpu`` rollout takes whole weights: the adapter is
     merged before each weight push (``model.lora.merge=true``); verl's vLLM rollout loads the adapter itself.
     The four RecaLLM token rows stay frozen, as the embedding stage left them: verl's ``LoraConfig`` has no
-    ``trainable_token_indices``, and the rows need no further training (README, "One GPU")."""
+    ``trainable_token_indices``, and the rows need no further training (docs/guide/one-gpu.md)."""
     if int(OmegaConf.select(cfg, "actor_rollout_ref.model.lora_rank", default=0) or 0) <= 0:
         return
     if cfg.actor_rollout_ref.rollout.name == "hf_cpu":

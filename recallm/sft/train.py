@@ -205,8 +205,8 @@ def _default_data_file(run: SFTRun, key: str, path: str) -> str:
     if own and data_name and f"/data/{data_name}/" in str(path) and model_name(own) != data_name:
         return (
             f"; it is the default of data={data_name} (the {data_name} mixture), not data for model.path={own}: "
-            f"set {key}=<your traces> (recallm-data ... tokenizer=<model>), or use sft=own_cpu (README, \"Your own "
-            "model\")"
+            f"set {key}=<your traces> (recallm-data ... tokenizer=<model>), or use sft=own_cpu "
+            "(docs/tutorial-own-model.md)"
         )
     return ""
 

@@ -31,7 +31,7 @@ def test_plan_of_the_paper_recipes_on_the_paper_node(recipe, capsys):
     [("qwen2.5_7b_lora_1gpu", "qwen2.5_7b", "80"), ("qwen2.5_1.5b_lora_24gb", "qwen2.5_1.5b", "24")],
 )
 def test_plan_of_the_one_gpu_lora_recipes_on_their_gpu(recipe, model, gpu_gib, tmp_path, capsys):
-    """What the README's "One GPU" section says: each LoRA recipe fits the one GPU it is written for."""
+    """What the manual's "One GPU" page (docs/guide/one-gpu.md) says: each LoRA recipe fits the one GPU it is written for."""
     pytest.importorskip("verl")
     node = ["--gpus", "1", "--gpu-mem-gib", gpu_gib, "--host-ram-gib", "128", "--disk-free-gb", "500"]
     argv = ["grpo", f"grpo={recipe}", f"trainer.default_local_dir={tmp_path}", "--model", model, *node]

@@ -2,7 +2,7 @@
 values were worked out by reading upstream's code (file and line next to each group), and golden renderings of
 every prompt template against upstream's template text.
 
-Upstream, at the commits the README's "Evaluation protocol" table names:
+Upstream, at the commits the manual's evaluation protocol page (docs/guide/evaluation-protocol.md) names:
   RULER  = NVIDIA/RULER c3f5e3b4f87f97e048793bb510a3a6b19a46bf3a
   HELMET = princeton-nlp/HELMET 4526dfbdc512bd9ff721da336bff4e3e75ecfd27
 """

@@ -1,4 +1,4 @@
-"""Your own model's runs (README, "Your own model"): names derived from the model directory, the own-model
+"""Your own model's runs (docs/tutorial-own-model.md): names derived from the model directory, the own-model
 config groups composing with nothing of the tiny default's, and every problem of a launch at once."""
 
 from __future__ import annotations
