@@ -47,6 +47,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
+from recallm.grpo import algorithms
 from recallm.grpo.settings import closed, settings_of
 
 __all__ = [
@@ -432,9 +433,11 @@ PREPARE_STEPS: tuple[Step, ...] = (
     data_lengths,
     model,
     reward_manager,
+    algorithms.constraint_not_split,
     recall_constraint,
     lora,
     vllm_rollout,
+    algorithms.off_policy.prepare,
     platform,
     ray_cluster,
     runtime,
@@ -788,6 +791,7 @@ CHECKS: tuple[Check, ...] = (
     _check_eval_step,
     _check_checkpoints,
     _check_data,
+    *algorithms.CHECKS,
 )
 
 
@@ -835,6 +839,7 @@ def describe(cfg: DictConfig) -> str:
         f"model:        {cfg.actor_rollout_ref.model.path}",
         f"rollout:      {cfg.actor_rollout_ref.rollout.name} on the {rm.platform} platform "
         f"(n={cfg.actor_rollout_ref.rollout.n}, recall processor {'on' if rm.recall_constrained else 'OFF'})",
+        f"algorithm:    {algorithms.describe(cfg)}",
         f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode}, "
         + (f"the newest {rm.keep_checkpoints} kept" if rm.keep_checkpoints else "every save kept")
         + ")",
@@ -884,6 +889,9 @@ def run(
         return 0
     print(describe(cfg), flush=True)
     resume_point(cfg)
+    from recallm.grpo.health import check_resume, stopped_unhealthy
+
+    check_resume(cfg)
     from recallm.grpo.console import console_to_log
     from recallm.grpo.preemption import stop_file, stop_on_signals, stopped_by
 
@@ -892,6 +900,8 @@ def run(
             with console_to_log(cfg, mode=settings_of(cfg).console):
                 launch(cfg, env)
         except Exception as exc:
+            if (code := stopped_unhealthy(exc)) is not None:
+                return code
             stopped = stopped_by(exc)
             if stopped is None or not received:
                 raise
@@ -928,8 +938,7 @@ def launch(cfg: DictConfig, env: dict[str, str]) -> None:
     for module in env["VERL_USE_EXTERNAL_MODULES"].split(","):  # verl may already be imported here
         importlib.import_module(module)
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.main_ppo_v0 import TaskRunner
     from verl.utils.device import auto_set_device
 
     auto_set_device(cfg)
-    run_ppo(cfg, task_runner_class=TaskRunner)
+    run_ppo(cfg, task_runner_class=algorithms.off_policy.task_runner(cfg))

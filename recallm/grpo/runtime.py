@@ -149,6 +149,9 @@ if os.environ.get("RECALLM_GRPO_CPU") == "1":
     activate()
 install_metrics()
 install_appending_file_logger()
+from recallm.grpo.trainer_hooks import install as _install_trainer_hooks  # noqa: E402
+
+_install_trainer_hooks()  # dynamic sampling, the training-health checks
 install_token_builder_families()
 if os.environ.get(TIMEOUT_ENV):
     install_collective_timeout()
