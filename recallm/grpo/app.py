@@ -29,7 +29,8 @@ applies to both. Four steps:
    checkpoint is kept; data files exist and the reward can score their rows. Each check yields its
    problems as one-line messages naming the key; then verl's own ``validate_config``;
 4. **run** (:func:`launch`) — ``verl.trainer.main_ppo``'s ``run_ppo`` (the legacy trainer,
-   ``trainer.use_v1=false``), after saying where checkpoints, rollouts and logs go (:func:`run`).
+   ``trainer.use_v1=false``; with ``rollout=one_step_off`` verl's one-step-off-policy task runner,
+   ``recallm.grpo.off_policy``), after saying where checkpoints, rollouts and logs go (:func:`run`).
 """
 
 from __future__ import annotations

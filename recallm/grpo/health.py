@@ -14,7 +14,9 @@ metrics to :meth:`HealthMonitor.observe` just before verl logs them), the monito
   ``span_patience`` steps in a row (``recallm/recall_usage`` is 0): the recall reward has nothing to score;
 * ``logprob_gap`` — the mean |rollout − trainer| log-prob inside spans (``recallm/logprob_gap_in_spans``)
   is above ``logprob_gap``: the rollout samples from a distribution the trainer does not compute (a
-  recall mask on one side only biases every importance ratio inside spans);
+  recall mask on one side only biases every importance ratio inside spans). With one-step-off rollouts
+  the batch is one update behind, which opens a gap everywhere: there, the excess inside spans over the
+  gap outside them (``recallm/logprob_gap_outside_spans``) is checked;
 * ``adapter_live`` — the rollout engine answers a fixed greedy probe (:class:`RolloutProbe`, after every
   step) exactly as before although the update its last weight sync carried moved the actor (grad norm and
   learning rate above zero): the weights — a LoRA adapter, typically — never reach the rollout. Runs with
@@ -194,11 +196,16 @@ class HealthMonitor:
 
         gap = _finite(metrics, "recallm/logprob_gap_in_spans")
         if gap is not None:
-            fired["logprob_gap"] = gap > s.logprob_gap
+            # one-step-off: the batch is one update behind, a gap the policy's change opens everywhere; what the
+            # mask would add shows inside spans only, above the gap outside them
+            outside = _finite(metrics, "recallm/logprob_gap_outside_spans") if self.sync_carries_previous_update else None
+            excess = gap - outside if outside is not None else gap
+            fired["logprob_gap"] = excess > s.logprob_gap
             if fired["logprob_gap"]:
+                lag = f" ({outside:.3g} outside them: the one-update lag)" if outside is not None else ""
                 warnings.append(
                     f"step {step}: the rollout's and the trainer's log-probs differ by {gap:.3g} on average inside "
-                    f"recall spans (recallm.health.logprob_gap={s.logprob_gap}): the rollout samples from another "
+                    f"recall spans{lag} (recallm.health.logprob_gap={s.logprob_gap}): the rollout samples from another "
                     "distribution than the masked one the trainer computes, which biases every importance ratio "
                     "there; check that both sides apply the recall mask (recallm.recall_constrained, the rollout's "
                     "recall processor) and serve the same weights"

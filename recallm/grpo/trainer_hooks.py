@@ -18,7 +18,8 @@ nothing of verl is edited:
 * ``verl.utils.tracking.Tracking.log`` (the step's metrics, on their way to the console, file and W&B
   loggers): the step's recorded metrics are added, the liveness probe asks the rollout, the health monitor
   checks the step and adds its metrics; after verl has logged them, each warning is printed, and with
-  ``strict`` the run stops (``recallm.grpo.health.Unhealthy``).
+  ``strict`` the run stops (``recallm.grpo.health.Unhealthy``);
+* ``OneStepOffRayTrainer.fit``: the rollout-dump executor verl 0.9.1 forgets to create there (:func:`_wrap_one_step_off`).
 """
 
 from __future__ import annotations
@@ -194,6 +195,27 @@ def _wrap_tracking(module: Any) -> None:
     cls.log = log
 
 
+def _wrap_one_step_off(module: Any) -> None:
+    """verl 0.9.1's ``OneStepOffRayTrainer.__init__`` skips ``RayPPOTrainer.__init__``, which creates the executor
+    that writes ``trainer.rollout_data_dir``'s dumps: the first dump fails (``no attribute '_dump_executor'``).
+    Its ``fit`` gets one, and waits for the last dump before it returns (as the synchronous ``fit`` does)."""
+    cls = module.OneStepOffRayTrainer
+    fit = cls.fit
+    if getattr(fit, "_recallm_hooks", False):
+        return
+
+    async def _fit(self, *args, **kwargs):
+        if getattr(self, "_dump_executor", None) is None:
+            self._init_dump_executor()
+        try:
+            return await fit(self, *args, **kwargs)
+        finally:
+            self._shutdown_dump_executor()
+
+    _fit._recallm_hooks = True  # type: ignore[attr-defined]
+    cls.fit = _fit
+
+
 def install() -> None:
     """Install the hooks (module doc) when verl's modules are imported; idempotent, imports nothing heavy."""
     from recallm.grpo.cpu.patches import after_import
@@ -201,3 +223,4 @@ def install() -> None:
     after_import("verl.trainer.ppo.ray_trainer", _wrap_ray_trainer)
     after_import("verl.experimental.separation.ray_trainer", _wrap_extract_reward)
     after_import("verl.utils.tracking", _wrap_tracking)
+    after_import("verl.experimental.one_step_off_policy.ray_trainer", _wrap_one_step_off)

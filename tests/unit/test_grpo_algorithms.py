@@ -348,6 +348,16 @@ def test_health_checks_fire_on_their_thresholds():
     assert summary_part({"critic/score/mean": 0.1}) is None
 
 
+def test_with_one_step_off_the_span_gap_is_checked_above_the_lags_own():
+    lagged = HealthMonitor(HealthSettings(logprob_gap=0.1), sync_carries_previous_update=True)
+    lag = {"recallm/logprob_gap_in_spans": 0.18, "recallm/logprob_gap_outside_spans": 0.21}  # the policy's change
+    assert lagged.observe(2, lag)[1] == []
+    split = {"recallm/logprob_gap_in_spans": 2.5, "recallm/logprob_gap_outside_spans": 0.21}  # a mask on one side
+    warnings = lagged.observe(3, split)[1]
+    assert len(warnings) == 1 and "differ by 2.5 on average inside recall spans (0.21 outside them" in warnings[0]
+    assert len(_monitor(logprob_gap=0.1).observe(2, lag)[1]) == 1  # synchronous: no lag to allow for
+
+
 def test_no_span_patience_counts_steps_in_a_row():
     monitor = _monitor(span_patience=3)
     said = [monitor.observe(step, {"recallm/recall_usage": usage})[1] for step, usage in enumerate([0, 0, 0.5, 0, 0, 0], 1)]
