@@ -100,18 +100,23 @@ class Unhealthy(RecallmError):
 
 
 def unhealthy_by(exc: BaseException) -> Unhealthy | None:
-    """The :class:`Unhealthy` an error from Ray carries (as its cause or its class), else None."""
+    """The :class:`Unhealthy` an error from Ray carries, else None. Ray raises an actor's exception as a class
+    derived from both its own error and the original (whose message is Ray's traceback) and keeps the
+    original as ``cause``: the original is looked for first."""
+    found: Unhealthy | None = None
     seen: set[int] = set()
     todo: list[BaseException | None] = [exc]
     while todo:
-        candidate = todo.pop()
+        candidate = todo.pop(0)
         if candidate is None or id(candidate) in seen:
             continue
         seen.add(id(candidate))
-        if isinstance(candidate, Unhealthy) and hasattr(candidate, "step"):
+        if type(candidate) is Unhealthy:
             return candidate
+        if found is None and isinstance(candidate, Unhealthy) and hasattr(candidate, "step"):
+            found = candidate
         todo += [getattr(candidate, "cause", None), candidate.__cause__, candidate.__context__]
-    return None
+    return None if found is None else Unhealthy(found.step, getattr(found, "warnings", []))
 
 
 def stopped_unhealthy(exc: BaseException) -> int | None:

@@ -398,3 +398,11 @@ def test_exhausted_resume_and_the_strict_stop():
             self.cause = cause
 
     assert unhealthy_by(RayError(stop)) is stop and unhealthy_by(RayError(ValueError("x"))) is None
+
+    class RayTaskErrorUnhealthy(RayError, Unhealthy):  # Ray's dual class: its message is Ray's traceback
+        def __init__(self):
+            Exception.__init__(self, "ray::TaskRunner.run() ...\nTraceback ...")
+            self.cause, self.step, self.warnings = None, 4, ["step 4: a"]
+
+    dual = RayTaskErrorUnhealthy()
+    assert str(unhealthy_by(dual)) == "training stopped by recallm.health.strict=true after step 4: step 4: a"
