@@ -188,7 +188,8 @@ def test_dapo_dynamic_sampling_refills_from_the_data_loader(tiny_dir, tiny_data,
 @pytest.mark.slow
 def test_gspo_trains_on_masked_sequence_ratios(tiny_dir, tiny_data, tmp_path):
     """``algorithm=gspo``: verl's sequence-level ratio on the masked log-probs of both sides (the rollout's
-    processed ones, the masked actor's: equal inside spans), its narrow clip range at work."""
+    processed ones, the masked actor's: equal inside spans) trains end to end. (The random tiny model scores 0 on
+    every response, so the ratio's clipping does not show here: tests/unit/test_grpo_algorithms.py checks the loss.)"""
     ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
     result = run_grpo(grpo_command(tiny_dir, tiny_data, ckpt, rollouts, "algorithm=gspo"), tmp_path, timeout=1500)
     assert result.returncode == 0, result.stdout[-8000:]
@@ -199,7 +200,6 @@ def test_gspo_trains_on_masked_sequence_ratios(tiny_dir, tiny_data, tmp_path):
         assert math.isfinite(m["actor/pg_loss"]) and m["actor/grad_norm"] > 0
         assert m["recallm/logprob_gap_in_spans"] <= 1e-3 and m["recallm/spans_verbatim"] == 1.0
         assert check_spans(rollouts, step) >= 4
-    assert metrics[2]["actor/pg_clipfrac"] > 0  # the update moved the sequence ratios past +-4e-4
 
 
 @pytest.mark.slow
