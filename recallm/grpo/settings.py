@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_COUNT, MAX_TOKENS
+
 __all__ = ["GRPOSettings", "HealthSettings", "settings_of", "closed", "PLATFORMS", "ROLLOUTS", "PROBES"]
 
 
@@ -34,14 +36,14 @@ class HealthSettings:
     """warn when more than this share of a step's generated prompt groups gave every response the same reward"""
     clipped_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
     """warn when more than this share of a step's responses hit the generation cap (data.max_response_length)"""
-    span_patience: int = field(default=5, metadata={"min": 1})
+    span_patience: int = field(default=5, metadata={"min": 1, "max": MAX_COUNT})
     """recall runs: warn once no response has opened a recall span for this many steps in a row"""
-    logprob_gap: float = field(default=0.1, metadata={"min": 0.0})
+    logprob_gap: float = field(default=0.1, metadata={"min": 0.0, "max": 1000.0})
     """warn when the mean |rollout - trainer| log-prob inside recall spans exceeds this (nats)"""
     probe: str = field(default="lora", metadata={"choices": PROBES})
     """when to probe the rollout after each step's weight sync (adapter liveness): lora (runs with a LoRA
     adapter), always, off"""
-    probe_tokens: int = field(default=8, metadata={"min": 1})
+    probe_tokens: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
     """tokens the greedy liveness probe generates"""
 
 
@@ -62,9 +64,9 @@ class GRPOSettings:
     ``vllm_cpu`` also vLLM's CPU build's"""
     reward: dict[str, Any] = field(default_factory=dict)
     """the composite reward's table (``configs/reward/``; ``rewards.config.RewardConfig`` is its schema)"""
-    eval_step: int | None = field(default=None, metadata={"min": 1})
+    eval_step: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """the step whose checkpoint the paper evaluates: it must be saved and kept"""
-    keep_checkpoints: int | None = field(default=None, metadata={"min": 1})
+    keep_checkpoints: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """how many of the newest checkpoints stay on disk (``recallm.grpo.retention``, after every save, across
     requeues); the ``eval_step`` one is kept too, as weights only. null: every save is kept"""
     model_name: str | None = None

@@ -1,6 +1,6 @@
 """RecaLLM's hooks in verl's trainer: DAPO's dynamic sampling and the training-health checks.
 
-``recallm.grpo.runtime`` calls :func:`install` in every verl process; the hooks act where verl's trainer
+``recallm.grpo.worker_hooks`` calls :func:`install` in every verl process; the hooks act where verl's trainer
 runs (its ``TaskRunner`` Ray actor), on verl 0.9.1's synchronous trainer (``RayPPOTrainer``) and its
 one-step-off-policy trainer (``OneStepOffRayTrainer``, built on ``SeparateRayPPOTrainer``). Each replaces
 one attribute from outside, when verl's module is imported (``recallm.grpo.cpu.patches.after_import``);

@@ -26,10 +26,10 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("grpo-algorithms-data")
-    run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
     return out / "train.parquet"
 
 
@@ -78,7 +78,7 @@ def test_each_combination_composes_prepares_and_validates_or_is_refused(algorith
     else:
         assert cfg.actor_rollout_ref.hybrid_engine is True and cfg.ray_kwargs.ray_init.num_gpus == 1
         assert r.checkpoint_engine.backend == "naive"
-    assert "recallm.grpo.runtime" in env["VERL_USE_EXTERNAL_MODULES"].split(",")
+    assert "recallm.grpo.worker_hooks" in env["VERL_USE_EXTERNAL_MODULES"].split(",")
 
 
 @pytest.mark.parametrize(

@@ -38,11 +38,11 @@ def _report(metrics):
 
 
 def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
 
     first = _run(grpo_command(model, data, ckpt, rollouts, rollout="vllm", steps=2), tmp_path)
@@ -78,11 +78,11 @@ def test_dapo_dynamic_sampling_with_verls_vllm_rollout_on_cpu(tmp_path):
     spans are verbatim and inside them the engine's log-probs equal the masked actor's."""
     import json
 
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(model, data, ckpt, rollouts, "algorithm=dapo", "algorithm.filter_groups.metric=overlong_penalty",
                        "algorithm.filter_groups.max_num_gen_batches=2", "recallm.reward.overlong.enable=false",
@@ -107,11 +107,11 @@ def test_one_step_off_policy_with_verls_vllm_rollout_on_cpu(tmp_path):
     ``CheckpointEngineWorker`` feeding it the weights the ``object_store`` engine brings) generates each batch while
     the trainer trains on the previous one. With a small real update (lr 1e-7) the batch is one update behind and the
     engine's processed log-probs inside spans stay at the synchronous bound (1e-3) on every step."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(model, data, ckpt, rollouts, "rollout=one_step_off", "actor_rollout_ref.actor.optim.lr=1e-7",
                        "recallm.health.probe=always", rollout="vllm", steps=3)  # fmt: skip
