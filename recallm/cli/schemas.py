@@ -33,6 +33,7 @@ def register() -> None:
     from recallm.config import register_schema
     from recallm.eval.app import EvalRun
     from recallm.eval.backends import BackendSettings
+    from recallm.grpo.settings import HealthSettings
     from recallm.pipeline import PipelineRun
     from recallm.rlm.budget import BudgetLimits
     from recallm.rlm.models import ModelSection
@@ -65,6 +66,7 @@ def register() -> None:
     register_schema("rlm_tasks", TaskRun)
     register_schema("rlm_sft_data", SFTDataSettings)
     register_schema("rlm_train", RLMTrainSettings)  # recallm.rlm of rlm_train.yaml, with the four above inside
+    register_schema("grpo_health", HealthSettings)  # recallm.health of grpo.yaml and rlm_train.yaml
     register_resolvers()
     _registered = True
 

@@ -29,7 +29,8 @@ applies to both. Four steps:
    checkpoint is kept; data files exist and the reward can score their rows. Each check yields its
    problems as one-line messages naming the key; then verl's own ``validate_config``;
 4. **run** (:func:`launch`) — ``verl.trainer.main_ppo``'s ``run_ppo`` (the legacy trainer,
-   ``trainer.use_v1=false``), after saying where checkpoints, rollouts and logs go (:func:`run`).
+   ``trainer.use_v1=false``; with ``rollout=one_step_off`` verl's one-step-off-policy task runner,
+   ``recallm.grpo.off_policy``), after saying where checkpoints, rollouts and logs go (:func:`run`).
 
 Steps 1-3 are modules of their own (:mod:`recallm.grpo.compose`, :mod:`recallm.grpo.prepare`,
 :mod:`recallm.grpo.checks`); this one runs them (:func:`run`) and holds the launch (:func:`launch`). Their
@@ -45,6 +46,7 @@ from collections.abc import Callable, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
+from recallm.grpo import algorithms
 from recallm.grpo.checks import (
     CHECKS,
     FLASH_VARLEN_ATTENTION,
@@ -137,6 +139,7 @@ def describe(cfg: DictConfig) -> str:
         f"model:        {cfg.actor_rollout_ref.model.path}",
         f"rollout:      {cfg.actor_rollout_ref.rollout.name} on the {rm.platform} platform "
         f"(n={cfg.actor_rollout_ref.rollout.n}, recall processor {'on' if rm.recall_constrained else 'OFF'})",
+        f"algorithm:    {algorithms.describe(cfg)}",
         f"checkpoints:  {t.default_local_dir} (every {t.save_freq} steps, resume_mode={t.resume_mode}, "
         + (f"the newest {rm.keep_checkpoints} kept" if rm.keep_checkpoints else "every save kept")
         + ")",
@@ -187,15 +190,19 @@ def run(
     print(describe(cfg), flush=True)
     from recallm.grpo.checkpoints import hold_run_dir
     from recallm.grpo.console import console_to_log
+    from recallm.grpo.health import check_resume, stopped_unhealthy
     from recallm.grpo.memory import memory_guard
     from recallm.grpo.preemption import stop_file, stop_on_signals, stopped_by
 
     with hold_run_dir(cfg), stop_on_signals(stop_file(cfg.trainer.default_local_dir)) as received:
         resume_point(cfg)
+        check_resume(cfg)
         try:
             with console_to_log(cfg, mode=settings_of(cfg).console), memory_guard(cfg):
                 launch(cfg, env)
         except Exception as exc:
+            if (code := stopped_unhealthy(exc)) is not None:
+                return code
             stopped = stopped_by(exc)
             if stopped is None or not received:
                 raise
@@ -232,8 +239,7 @@ def launch(cfg: DictConfig, env: dict[str, str]) -> None:
     for module in env["VERL_USE_EXTERNAL_MODULES"].split(","):  # verl may already be imported here
         importlib.import_module(module)
     from verl.trainer.main_ppo import run_ppo
-    from verl.trainer.main_ppo_v0 import TaskRunner
     from verl.utils.device import auto_set_device
 
     auto_set_device(cfg)
-    run_ppo(cfg, task_runner_class=TaskRunner)
+    run_ppo(cfg, task_runner_class=algorithms.off_policy.task_runner(cfg))

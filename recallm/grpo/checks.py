@@ -13,6 +13,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from recallm.errors import RecallmError
+from recallm.grpo import algorithms
 from recallm.grpo.checkpoints import check_run_dir
 from recallm.grpo.prepare import _data_dir, _overlong_buffer, _round_up, data_lengths_of
 from recallm.grpo.ranges import check_ranges
@@ -390,6 +391,7 @@ CHECKS: tuple[Check, ...] = (
     _check_data,
     check_ranges,
     check_run_dir,
+    *algorithms.CHECKS,
 )
 
 

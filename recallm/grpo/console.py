@@ -7,10 +7,12 @@ sends this process's stdout and stderr — and with them everything Ray forwards
 ``<trainer.default_local_dir>/grpo.log`` (appended to; a resumed run adds to it), and prints instead,
 per training step::
 
-    step 2/10: score 0.412, spans 1.25/response, gold overlap 0.63, answer 0.50, 41.2 s
+    step 2/10: score 0.412, spans 1.25/response, gold overlap 0.63, answer 0.50, 41.2 s, health ok
 
 (``critic/score/mean``, ``recallm/spans_per_response``, ``recallm/reward/recall_overlap``,
-``recallm/reward/answer`` and verl's ``timing_s/step``; a metric a step did not log is left out), and
+``recallm/reward/answer`` and verl's ``timing_s/step``; a metric a step did not log is left out), then the
+step's training health (``health ok``, or the checks that fired: ``recallm.grpo.health``), each warning of
+the health checks on a line of its own (``warning: step 3: ...``), and
 every two minutes while a step runs, ``step 3/10: running, 4 min so far``. If the
 run fails, the last lines of the log are shown with its path. ``recallm.console=full`` leaves
 everything on the console as verl prints it.
@@ -29,6 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from recallm.grpo.health import WARNING_MARK
 from recallm.paths import GRPO_LOG
 
 __all__ = ["STEP_LINE", "number", "step_record", "summary_line", "console_to_log"]
@@ -86,6 +89,9 @@ def summary_line(step: int, metrics: dict[str, float], total: int | None = None)
     if "critic/score/mean" not in metrics and "timing_s/step" not in metrics:
         return None
     parts = [fmt.format(metrics[key]) for key, fmt in _SUMMARY if key in metrics]
+    from recallm.grpo.health import summary_part
+
+    parts += [part] if (part := summary_part(metrics)) else []
     return f"step {step}{f'/{total}' if total else ''}: {', '.join(parts)}"
 
 
@@ -109,7 +115,11 @@ def _tail(
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for raw in lines:
-                    record = step_record(raw.decode("utf-8", "replace"))
+                    text = raw.decode("utf-8", "replace")
+                    if (mark := text.find(WARNING_MARK)) >= 0:  # a training-health warning (recallm.grpo.health)
+                        os.write(out_fd, (text[mark + len(WARNING_MARK) :].rstrip() + "\n").encode())
+                        continue
+                    record = step_record(text)
                     line = summary_line(*record, total) if record else None
                     if line:
                         os.write(out_fd, (line + "\n").encode())

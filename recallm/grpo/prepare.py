@@ -25,6 +25,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from recallm.errors import RecallmError
+from recallm.grpo import algorithms
 from recallm.grpo.settings import settings_of
 
 __all__ = [
@@ -376,9 +377,11 @@ PREPARE_STEPS: tuple[Step, ...] = (
     data_lengths,
     model,
     reward_manager,
+    algorithms.constraint_not_split,
     recall_constraint,
     lora,
     vllm_rollout,
+    algorithms.off_policy.prepare,
     platform,
     ray_cluster,
     worker_hooks,

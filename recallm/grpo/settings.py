@@ -12,13 +12,39 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from recallm.config import MAX_COUNT
+from recallm.config import MAX_COUNT, MAX_TOKENS
 
-__all__ = ["GRPOSettings", "settings_of", "closed", "PLATFORMS"]
+__all__ = ["GRPOSettings", "HealthSettings", "settings_of", "closed", "PLATFORMS", "ROLLOUTS", "PROBES"]
 
 
 #: the platforms: ``configs/grpo/platform/<name>.yaml``, chosen with ``grpo/platform=<name>``
 PLATFORMS = ("gpu", "cpu", "vllm_cpu")
+#: how rollouts and training interleave: ``configs/rollout/<name>.yaml``, chosen with ``rollout=<name>``
+ROLLOUTS = ("sync", "one_step_off")
+#: when the adapter-liveness check probes the rollout (``recallm.health.probe``)
+PROBES = ("lora", "always", "off")
+
+
+@dataclass(frozen=True)
+class HealthSettings:
+    """``recallm.health``: the per-step training-health checks (``recallm.grpo.health``)."""
+
+    strict: bool = False
+    """stop the run once a check fires (after the step is logged; ``recallm-grpo`` exits 3), and refuse to
+    launch a resumed run that would train zero steps"""
+    zero_variance_share: float = field(default=0.9, metadata={"min": 0.0, "max": 1.0})
+    """warn when more than this share of a step's generated prompt groups gave every response the same reward"""
+    clipped_share: float = field(default=0.5, metadata={"min": 0.0, "max": 1.0})
+    """warn when more than this share of a step's responses hit the generation cap (data.max_response_length)"""
+    span_patience: int = field(default=5, metadata={"min": 1, "max": MAX_COUNT})
+    """recall runs: warn once no response has opened a recall span for this many steps in a row"""
+    logprob_gap: float = field(default=0.1, metadata={"min": 0.0, "max": 1000.0})
+    """warn when the mean |rollout - trainer| log-prob inside recall spans exceeds this (nats)"""
+    probe: str = field(default="lora", metadata={"choices": PROBES})
+    """when to probe the rollout after each step's weight sync (adapter liveness): lora (runs with a LoRA
+    adapter), always, off"""
+    probe_tokens: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
+    """tokens the greedy liveness probe generates"""
 
 
 @dataclass(frozen=True)
@@ -51,6 +77,12 @@ class GRPOSettings:
     ``<trainer.default_local_dir>/grpo.log`` (``recallm.grpo.console``); full: everything on the console"""
     rlm: dict[str, Any] | None = None
     """``recallm-rlm train``: the RLM sections (``recallm.rlm.train``)"""
+    rollout: str = field(default="sync", metadata={"choices": ROLLOUTS})
+    """set by the rollout group (``configs/rollout/``): ``sync`` (verl's synchronous trainer: generate, then
+    train, on the same devices) or ``one_step_off`` (verl's one-step-off-policy trainer: the rollout, on devices
+    of its own, generates the next batch while the trainer trains on this one; ``recallm.grpo.off_policy``)"""
+    health: HealthSettings = field(default_factory=HealthSettings)
+    """the per-step training-health checks (``recallm.grpo.health``)"""
 
     @property
     def cpu(self) -> bool:

@@ -17,6 +17,9 @@
 * gives every ``recallm_<base>`` model type its base's continuous-token builder family in verl's
   agent loop (``verl.utils.tokenizer.continuous_token_wiring``: an exact ``model_type`` lookup, so a
   RecaLLM Qwen2 would get the generic builder — and a warning per rollout — instead of Qwen's);
+* installs RecaLLM's hooks in verl's trainer (``recallm.grpo.trainer_hooks``): DAPO's dynamic sampling
+  (``algorithm.filter_groups``) on the synchronous trainer, the per-step training-health checks
+  (``recallm.grpo.health``);
 * makes verl's JSONL ``file`` logger append instead of truncate: verl 0.9.1's ``FileLogger``
   opens its file with ``"wb"``, so a resumed run would erase the metrics of the steps before its
   checkpoint. Its ``__init__`` is replaced by one that opens the same path with ``"ab"``; readers
@@ -150,6 +153,9 @@ if os.environ.get("RECALLM_GRPO_CPU") == "1":
     activate()
 install_metrics()
 install_appending_file_logger()
+from recallm.grpo.trainer_hooks import install as _install_trainer_hooks  # noqa: E402
+
+_install_trainer_hooks()  # dynamic sampling, the training-health checks
 install_token_builder_families()
 if os.environ.get(TIMEOUT_ENV):
     install_collective_timeout()

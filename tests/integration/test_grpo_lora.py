@@ -50,6 +50,10 @@ def test_lora_grpo_on_cpu_keeps_spans_verbatim_and_log_probs_agreed(tiny_dir, tm
         # inside spans as outside (as without LoRA, tests/integration/test_grpo_cpu.py)
         assert m["training/rollout_probs_diff_max"] < 1e-3, (step, m)
         assert m["recallm/logprob_gap_in_spans"] <= 1e-3 and m["recallm/logprob_gap_outside_spans"] <= 1e-3
+    # the adapter-liveness probe (on by default with LoRA, recallm.grpo.health): after step 2's sync the rollout
+    # answers its greedy probe differently, so the adapter reached it (tests/integration/test_grpo_algorithms.py
+    # has the rollout that never gets it)
+    assert metrics[2]["recallm/health/rollout_probe_change"] > 0 and metrics[2]["recallm/health/adapter_live"] == 0
     assert (ckpt / "global_step_2" / "actor" / "lora_train_meta.json").is_file()
 
     from recallm.cli.export import main as export_main

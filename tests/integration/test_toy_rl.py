@@ -1,4 +1,4 @@
-"""The toy_rl experiment (a measured RL gain): its plan, its RESULT line, and the "No Recall Reward"
+"""The toy_rl experiment (a measured RL gain): its plan (and toy_rl_algorithms' plan), its RESULT line, and the "No Recall Reward"
 control's reward (R_ret = 1). The experiment itself (~40 min) is not a test; its pieces are."""
 
 from __future__ import annotations
@@ -70,6 +70,29 @@ def test_toy_rl_stages(tmp_path):
     ev = experiment()["eval"]
     with pytest.raises(RecallmError, match=r"runs.before.model must be final .* or sft"):
         experiment_stages(experiment(eval=dict(ev, runs={"before": {"variant": "recall", "model": "embed"}})), tmp_path)
+
+
+def test_toy_rl_algorithms_stages(tmp_path):
+    """experiment=toy_rl_algorithms (docs/guide/grpo-algorithms.md): one SFT model, then one GRPO run per arm from
+    it with the same recipe, steps and model; only the algorithm or rollout group (and the run directory) differs."""
+    run = tmp_path.resolve()
+    stages = experiment_stages(experiment("toy_rl_algorithms"), tmp_path)
+    jobs = {j.name: j for s in stages for j in s.jobs}
+    assert [j.name for j in next(s for s in stages if s.name == "sft_full").jobs] == ["sft_full/grpo"]
+    arms = {"grpo": ("algorithm=grpo", "rollout=sync"), "dapo": ("algorithm=dapo", "rollout=sync"),
+            "gspo": ("algorithm=gspo", "rollout=sync"), "one_step_off": ("algorithm=grpo", "rollout=one_step_off")}  # fmt: skip
+    sft_final = run / "sft" / "grpo" / "full" / "final"
+    groups = ("algorithm=", "rollout=", "trainer.default_local_dir=", "trainer.experiment_name=")
+    common = None
+    for arm, chosen in arms.items():
+        argv = jobs[f"grpo/{arm}"].argv
+        assert f"actor_rollout_ref.model.path={sft_final}" in argv and set(chosen) <= set(argv)
+        assert "trainer.total_training_steps=12" in argv and "trainer.logger=[console,file]" in argv
+        rest = [a for a in argv if not a.startswith(groups)]
+        assert common is None or rest == common, arm
+        common = rest
+        assert f"model_path={run / 'models' / arm}" in jobs[f"eval/after_{arm}"].argv
+    assert f"model_path={sft_final}" in jobs["eval/before"].argv
 
 
 def write_run(run, accs: dict[str, float], scores: list[float]) -> None:

@@ -27,6 +27,33 @@ def test_a_step_line_becomes_one_summary():
     assert summary_line(*step_record("step:0 - val-core/x/acc/mean@1:0.5"), 10) is None
 
 
+def test_the_summary_ends_with_the_steps_health_and_warnings_get_a_line_each(tmp_path):
+    """The training-health checks (``recallm.grpo.health``): ``health ok`` or the checks that fired at the end
+    of the step's line, and each warning the trainer prints on a console line of its own."""
+    healthy = LINE + " - recallm/health/warnings:0 - recallm/health/clipped:0.0"
+    assert summary_line(*step_record(healthy), 10).endswith(", 41.2 s, health ok")
+    sick = LINE + " - recallm/health/warnings:2 - recallm/health/clipped:1.0 - recallm/health/no_spans:1.0"
+    assert summary_line(*step_record(sick), 10).endswith(", 41.2 s, health: clipped, no_spans")
+    script = textwrap.dedent(
+        f"""
+        from omegaconf import OmegaConf
+        from recallm.grpo.console import console_to_log
+        cfg = OmegaConf.create({{"trainer": {{"default_local_dir": {str(tmp_path / "run")!r}, "total_training_steps": 3}}}})
+        with console_to_log(cfg):
+            print({sick!r}, flush=True)
+            print("(TaskRunner pid=4242) [recallm health] warning: step 2: 80% of the responses hit the cap", flush=True)
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, cwd=ROOT, timeout=120, env={"PYTHONPATH": str(ROOT)}
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[1:3] == [
+        "step 2/3: score 0.412, spans 1.25/response, gold overlap 0.62, answer 0.50, 41.2 s, health: clipped, no_spans",
+        "warning: step 2: 80% of the responses hit the cap",
+    ]
+
+
 def test_the_run_output_goes_to_the_log_and_a_line_per_step_to_the_console(tmp_path):
     script = textwrap.dedent(
         f"""

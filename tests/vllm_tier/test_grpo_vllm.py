@@ -68,3 +68,61 @@ def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
     # the resumed actor's weights reached the engine: log-probs inside spans still agree
     assert metrics[3]["recallm/logprob_gap_in_spans"] <= 1e-3
     assert check_spans(rollouts, 3) >= 4
+
+
+def test_dapo_dynamic_sampling_with_verls_vllm_rollout_on_cpu(tmp_path):
+    """``algorithm=dapo`` with verl's vLLM rollout: the refills go through verl's own vLLM server and agent loop
+    (the recall processor in the engine). Filtering on a reward component that is the same for every response
+    (the overlong factor, penalty off) drops every group, so each step refills up to the bound (2 rounds) and
+    completes the batch with dropped groups: the counts are exact and the batch keeps its shape; the refilled
+    spans are verbatim and inside them the engine's log-probs equal the masked actor's."""
+    import json
+
+    from data_gen.generate import run_schedule, schedule_from_config
+    from recallm.tiny import create_tiny
+
+    model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
+    cmd = grpo_command(model, data, ckpt, rollouts, "algorithm=dapo", "algorithm.filter_groups.metric=overlong_penalty",
+                       "algorithm.filter_groups.max_num_gen_batches=2", "recallm.reward.overlong.enable=false",
+                       rollout="vllm", steps=2)  # fmt: skip
+    result = _run(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-8000:]
+    metrics = step_metrics(result.stdout)
+    _report(metrics)
+    assert sorted(metrics) == [1, 2], result.stdout[-4000:]
+    for step, m in metrics.items():
+        assert m["dynamic_sampling/gen_batches"] == 2 and m["dynamic_sampling/generated_groups"] == 8
+        assert m["dynamic_sampling/dropped_groups"] == 4 and m["dynamic_sampling/padded_groups"] == 4
+        assert len((rollouts / f"{step}.jsonl").read_text().splitlines()) == 4 * 4
+        assert check_spans(rollouts, step) >= 4 and m["recallm/spans_verbatim"] == 1.0
+        assert m["recallm/logprob_gap_in_spans"] <= 1e-3, (step, m["recallm/logprob_gap_in_spans"])
+        assert "recallm/health/warnings" in m and 0 <= m["recallm/health/zero_variance_share"] <= 1
+    assert json.loads((rollouts / "1.jsonl").read_text().splitlines()[0])["step"] == 1
+
+
+def test_one_step_off_policy_with_verls_vllm_rollout_on_cpu(tmp_path):
+    """``rollout=one_step_off`` with verl's vLLM rollout: a standalone vLLM server (its own logical device, verl's
+    ``CheckpointEngineWorker`` feeding it the weights the ``object_store`` engine brings) generates each batch while
+    the trainer trains on the previous one. With a small real update (lr 1e-7) the batch is one update behind and the
+    engine's processed log-probs inside spans stay at the synchronous bound (1e-3) on every step."""
+    from data_gen.generate import run_schedule, schedule_from_config
+    from recallm.tiny import create_tiny
+
+    model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
+    cmd = grpo_command(model, data, ckpt, rollouts, "rollout=one_step_off", "actor_rollout_ref.actor.optim.lr=1e-7",
+                       "recallm.health.probe=always", rollout="vllm", steps=3)  # fmt: skip
+    result = _run(cmd, tmp_path)
+    assert result.returncode == 0, result.stdout[-8000:]
+    metrics = step_metrics(result.stdout)
+    _report(metrics)
+    assert sorted(metrics) == [1, 2, 3], result.stdout[-4000:]
+    for step, m in metrics.items():
+        assert check_spans(rollouts, step) >= 4 and m["recallm/spans_verbatim"] == 1.0
+        assert m["recallm/logprob_gap_in_spans"] <= 1e-3, (step, m["recallm/logprob_gap_in_spans"])
+        assert m["actor/grad_norm"] > 0
+    for step in (2, 3):  # each sync carried an update: the engine's weights moved
+        assert metrics[step]["recallm/health/rollout_probe_change"] > 0

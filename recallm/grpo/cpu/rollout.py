@@ -12,9 +12,11 @@ module provides the three pieces for ``actor_rollout_ref.rollout.name=hf_cpu``:
   (:class:`~recallm.grpo.cpu.hf_generate.HFGenerator`), returns verl's ``TokenOutput`` with the
   processed log-prob of every token; ``sleep``/``wake_up``/``abort`` are no-ops (a CPU has no
   memory to free for the trainer, and the synchronous trainer never aborts);
-* :class:`HFCPUReplica` — starts the server next to the training workers (hybrid mode);
+* :class:`HFCPUReplica` — starts the server next to the training workers (hybrid mode), or next to the
+  replica's own rollout workers (standalone mode: ``rollout=one_step_off``);
 * :class:`HFCPUServerAdapter` — streams the actor's state dict to the server, in buckets of
-  ``checkpoint_engine.update_weights_bucket_megabytes``, then checks that every weight arrived.
+  ``checkpoint_engine.update_weights_bucket_megabytes``, then checks that every weight arrived (inside the
+  training worker, or, standalone, inside verl's ``CheckpointEngineWorker`` that receives the weights).
 
 Settings: ``actor_rollout_ref.rollout.engine_kwargs.hf_cpu`` (``HFCPUSettings``). The rollout
 ignores ``rollout.dtype``, ``gpu_memory_utilization`` and the other vLLM knobs.
@@ -219,12 +221,16 @@ class HFCPUServer:
 
 
 class HFCPUReplica(RolloutReplica):
-    """One ``hf_cpu`` server per replica, on the node of the replica's training workers."""
+    """One ``hf_cpu`` server per replica, on the node of the replica's workers: the training workers (hybrid
+    mode, the synchronous trainer) or, in standalone mode (``rollout=one_step_off``: the rollout on logical
+    devices of its own), verl's ``CheckpointEngineWorker`` s, whose :class:`HFCPUServerAdapter` loads the
+    weights the checkpoint engine brings (``recallm.grpo.cpu.weight_transfer``) into the server."""
 
     async def launch_servers(self) -> None:
-        if self.rollout_mode != RolloutMode.HYBRID:
+        if self.rollout_mode not in (RolloutMode.HYBRID, RolloutMode.STANDALONE):
             raise NotImplementedError(
-                f"the hf_cpu rollout runs next to the trainer (hybrid mode) only, not {self.rollout_mode}"
+                f"the hf_cpu rollout runs next to the trainer (hybrid mode) or on devices of its own (standalone "
+                f"mode), not {self.rollout_mode}"
             )
         node_id = await self.workers[0].__ray_call__.remote(lambda _self: ray.get_runtime_context().get_node_id())
         role = "reward_" if self.is_reward_model else "teacher_" if self.is_teacher_model else ""
