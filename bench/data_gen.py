@@ -24,15 +24,15 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from data_gen import generate  # noqa: E402
-from data_gen.generate import Job  # noqa: E402
+from data_gen.generate import RowJob  # noqa: E402
 
 TARGET = 8192
 
 
-def jobs(n: int) -> list[Job]:
+def jobs(n: int) -> list[RowJob]:
     return [
-        Job("train", "math_retrieval", (), n, (TARGET, TARGET)),
-        Job("train", "kv_retrieval", (), n, (TARGET, TARGET)),
+        RowJob("train", "math_retrieval", (), n, (TARGET, TARGET)),
+        RowJob("train", "kv_retrieval", (), n, (TARGET, TARGET)),
     ]
 
 

@@ -107,7 +107,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=6, help="steps per run (the first is not timed)")
     args = parser.parse_args()
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     mix = {
@@ -119,7 +119,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         model = create_tiny(tmp / "tiny")
-        run_plan(plan_from_config(mix), tmp / "data", model, workers=1, progress=False)
+        run_schedule(schedule_from_config(mix), tmp / "data", model, workers=1, progress=False)
         data = tmp / "data" / "train.parquet"
         baseline = split(run(model, data, tmp / "baseline", args.steps, recall=True, baseline=True))
         recall = split(run(model, data, tmp / "recall", args.steps, recall=True, baseline=False))

@@ -79,9 +79,9 @@ def _mixture(count: int, seed: int) -> dict:
 
 
 def _data(model: Path, out: Path, count: int, seed: int) -> Path:
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
-    run_plan(plan_from_config(_mixture(count, seed)), out, model, workers=1, progress=False)
+    run_schedule(schedule_from_config(_mixture(count, seed)), out, model, workers=1, progress=False)
     return _traces(out)
 
 

@@ -33,11 +33,11 @@ SMOLLM2_DEFAULT = Path.home() / ".cache" / "recallm" / "models" / "smollm2-135m-
 
 
 def _batch(model_dir: Path, mix: dict, n: int, tmp: str):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.sft.data import SFTCollator, load_sft_file
     from recallm.tokens import load_tokenizer, pad_token_id
 
-    run_plan(plan_from_config(mix), Path(tmp) / "data", model_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), Path(tmp) / "data", model_dir, workers=1, progress=False)
     tokenizer = load_tokenizer(model_dir)
     data, _ = load_sft_file(
         Path(tmp) / "data" / "sft" / "train.jsonl", tokenizer, max_length=8192, vocab_size=len(tokenizer)

@@ -56,9 +56,9 @@ from typing import Any
 
 from data_gen.base import Row
 from recallm.clients import ChatClient, ChatError, EndpointConfig
+from recallm.config import MAX_CHARS, MAX_TOKENS, dataclass_values
 from recallm.config import as_number as _number
 from recallm.config import check_range as _check_range
-from recallm.config import dataclass_values
 from recallm.errors import RecallmError
 
 __all__ = [
@@ -207,9 +207,9 @@ class Checks:
     min_answer_score: float = 1.0  # the row's answer metric, in [0, 1]
     min_similarity: float = 0.6  # word-level similarity of the tag-stripped rewrite to the original
     fuzzy_ratio: float = 0.1  # edits allowed per character of a quote
-    fuzzy_min_dist: int = 1  # ... and at least this many
+    fuzzy_min_dist: int = field(default=1, metadata={"max": MAX_CHARS})  # ... and at least this many
     require_span: bool = True
-    max_span_tokens: int | None = 128  # None: no limit
+    max_span_tokens: int | None = field(default=128, metadata={"max": MAX_TOKENS})  # None: no limit
 
     def __post_init__(self) -> None:
         _check_range(self.min_answer_score, "checks.min_answer_score", 0.0, 1.0)

@@ -1,6 +1,6 @@
 """Generate a mixture: train rows, validation cells (category × length), SFT traces, a summary.
 
-The plan comes from a mixture config (``configs/data/*.yaml``)::
+The schedule comes from a mixture config (``configs/data/*.yaml``)::
 
     train:  {lengths: [lo, hi], entries: [{task, count, lengths?, params?}, ...]}
     val:    {lengths: [4096, 8192, ...], per_cell: 50, categories: null}   # null: every category present
@@ -10,9 +10,9 @@ Everything is validated before any work starts (unknown task, bad parameter, neg
 a length a task cannot reach). Each row's RNG is seeded from ``(seed, split, task, i)``, so the
 output does not depend on how rows are spread over worker processes. Work is written in shards
 (atomically: temporary file, fsync, rename); a restarted run skips the shards already written for
-the same plan, so an interrupted run resumes without corrupting anything. The shard manifest and
-the summaries are written atomically too. One run writes an ``out_dir`` at a time: ``run_plan``
-holds its lock (``recallm.io.lock_dir``), and a second writer — another plan deleting and
+the same schedule, so an interrupted run resumes without corrupting anything. The shard manifest and
+the summaries are written atomically too. One run writes an ``out_dir`` at a time: ``run_schedule``
+holds its lock (``recallm.io.lock_dir``), and a second writer — another schedule deleting and
 rewriting the shards under the same names — is refused with a one-line error.
 """
 
@@ -34,6 +34,7 @@ from typing import Any
 from data_gen.base import Row, Task, make_task
 from data_gen.fit import DEFAULT_TOLERANCE, DraftTooLong, PromptRenderer, build_row
 from data_gen.io import read_records, row_record, write_parquet
+from recallm.config import MAX_SEED, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.io import (
     MANIFEST_FILE,
@@ -45,7 +46,7 @@ from recallm.io import (
     write_text_atomic,
 )
 
-__all__ = ["DataRun", "Job", "Plan", "Mixture", "TrainEntry", "plan_from_config", "run_plan", "summarize"]
+__all__ = ["DataRun", "RowJob", "RowSchedule", "Mixture", "TrainEntry", "schedule_from_config", "run_schedule", "summarize"]
 
 log = logging.getLogger(__name__)
 SHARD_ROWS = 500
@@ -53,7 +54,7 @@ _MAX_REDRAWS = 50
 
 
 @dataclass(frozen=True)
-class Job:
+class RowJob:
     """``count`` rows of one task, for one split, lengths drawn uniformly from ``lengths``.
 
     A train entry's ``val_params`` (merged over its ``params``) make its validation jobs: how a
@@ -70,8 +71,8 @@ class Job:
 
 
 @dataclass
-class Plan:
-    jobs: list[Job]
+class RowSchedule:
+    jobs: list[RowJob]
     seed: int
     tolerance: float
     store_prompt_text: bool
@@ -126,7 +127,7 @@ def _thaw(v):
     return v
 
 
-def _task(job: Job) -> Task:
+def _task(job: RowJob) -> Task:
     return make_task(job.task, **{k: _thaw(v) for k, v in job.params})
 
 
@@ -137,17 +138,34 @@ def _non_negative(owner: object, *names: str) -> None:
             raise RecallmError(f"{name} must be a non-negative integer, got {value!r}")
 
 
+#: rows of one train entry, validation cell or the SFT traces: the paper's whole mixture is ~10^5 rows; more is a
+#: typo (``data.val.per_cell=10**9`` started generating 9e9 rows). What the disk holds is checked too (``schedule_bytes``).
+MAX_ROWS = 10_000_000
+#: the least a row takes on disk per token of its length (prompt text in parquet, compressed): ``schedule_bytes``
+BYTES_PER_TOKEN = 2
+
+
 @dataclass(frozen=True)
 class TrainEntry:
     """One of ``train.entries``: ``count`` rows of ``task`` (with ``params``) at ``lengths``."""
 
     task: str
-    count: int = 0
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     lengths: Any = None
     """an integer or ``[min, max]`` (default: ``train.lengths``)"""
     params: dict[str, Any] | None = None
     val_params: dict[str, Any] | None = None
     """dataset-backed tasks: what the validation rows change (their held-out split)"""
+
+    @classmethod
+    def from_mapping(cls, cfg: Mapping, where: str) -> TrainEntry:
+        """The entry at ``where`` (``train.entries[i]``), its count in ``[0, MAX_ROWS]``."""
+        from recallm.config import typed
+
+        entry = typed(cls, cfg, where)
+        if entry.count < 0:
+            raise RecallmError(f"{where}: count must be a non-negative integer, got {entry.count!r}")
+        return entry
 
 
 @dataclass(frozen=True)
@@ -161,7 +179,7 @@ class TrainSection:
 @dataclass(frozen=True)
 class ValSection:
     lengths: list[Any] = field(default_factory=list)
-    per_cell: int = 0
+    per_cell: int = field(default=0, metadata={"max": MAX_ROWS})
     """rows per (category, length) cell; 0: no validation cells"""
     categories: Any = None
     """None: every category present"""
@@ -172,9 +190,10 @@ class ValSection:
 
 @dataclass(frozen=True)
 class SFTSection:
-    count: int = 0
+    count: int = field(default=0, metadata={"max": MAX_ROWS})
     """programmatic traces of the synthetic train tasks"""
-    val_fraction: float = 0.1
+    val_fraction: float = field(default=0.1, metadata={"min": 0, "max": 1})
+    """the share of the traces held out for validation (below 1)"""
 
     def __post_init__(self) -> None:
         _non_negative(self, "count")
@@ -185,12 +204,12 @@ class SFTSection:
 @dataclass(frozen=True)
 class Mixture:
     """The schema of a mixture config (``configs/data/*.yaml``, the ``data`` section of
-    ``configs/data_gen.yaml``; read with ``recallm.config.typed``). The defaults live here."""
+    ``configs/data.yaml``; read with ``recallm.config.typed``). The defaults live here."""
 
     name: str | None = None
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     tolerance: float = DEFAULT_TOLERANCE
-    """prompts are fitted to length +- this fraction"""
+    """prompts are fitted to length +- this fraction (in (0, 0.5): ``__post_init__``)"""
     store_prompt_text: bool = False
     system_prompt: str | None = None
     train: TrainSection = field(default_factory=TrainSection)
@@ -210,36 +229,34 @@ class Mixture:
 
 @dataclass(frozen=True)
 class DataRun:
-    """The schema of ``configs/data_gen.yaml``'s own keys, ``recallm-data``'s (``recallm.config.typed``;
-    registered with Hydra by ``recallm.cli.schemas``); the ``data`` group is ``plan_from_config``'s."""
+    """The schema of ``configs/data.yaml``'s own keys, ``recallm-data``'s (``recallm.config.typed``;
+    registered with Hydra by ``recallm.cli.schemas``); the ``data`` group is ``schedule_from_config``'s."""
 
     out_dir: str
     data: dict[str, Any]
     tokenizer: str = "tiny"
     """a RecaLLM model/tokenizer directory, or ``tiny`` (the embedded tiny default)"""
-    workers: int = field(default=2, metadata={"min": 1})
+    workers: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     progress: bool = True
 
 
-def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
+def schedule_from_config(cfg: Mapping, where: str = "data") -> RowSchedule:
     """Validate a mixture config (``Mixture``; ``where`` names its section in errors) and turn it into
     jobs (raises ``RecallmError`` on any problem)."""
     from recallm.config import typed
 
     mixture = typed(Mixture, cfg, where)
-    jobs: list[Job] = []
+    jobs: list[RowJob] = []
     skipped: list[str] = []
     val_sources: dict[int, tuple] = {}
     for n, raw in enumerate(mixture.train.entries):
         at = f"train.entries[{n}]"
         if not isinstance(raw, Mapping) or "task" not in raw:
             raise RecallmError(f"{at} must be a mapping with a 'task', got {raw!r}")
-        entry = typed(TrainEntry, raw, at)
+        entry = TrainEntry.from_mapping(raw, at)
         count = entry.count
-        if count < 0:
-            raise RecallmError(f"{at}: count must be a non-negative integer, got {count!r}")
         lengths = _lengths(entry.lengths if entry.lengths is not None else mixture.train.lengths, at)
-        job = Job("train", entry.task, _params(entry.params), count, lengths)
+        job = RowJob("train", entry.task, _params(entry.params), count, lengths)
         task = _task(job)
         task.check_length(lengths[0])
         task.check_length(lengths[1])
@@ -254,9 +271,9 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
     if per_cell:
         val_lengths = [_lengths(x, "val.lengths")[0] for x in mixture.val.lengths]
         wanted = mixture.val.categories
-        by_category: dict[str, list[Job]] = defaultdict(list)
+        by_category: dict[str, list[RowJob]] = defaultdict(list)
         for n, job in enumerate(jobs):
-            val_job = Job(job.split, job.task, val_sources[n], job.count, job.lengths)
+            val_job = RowJob(job.split, job.task, val_sources[n], job.count, job.lengths)
             by_category[_task(val_job).category].append(val_job)
         categories = list(by_category) if wanted is None else list(wanted)
         for category in categories:
@@ -266,7 +283,7 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
             for i, job in enumerate(natural):  # one cell, at the train lengths (upper bounds)
                 share = per_cell // len(natural) + (i < per_cell % len(natural))
                 if share:
-                    jobs.append(Job(f"val/{category}", job.task, job.params, share, job.lengths))
+                    jobs.append(RowJob(f"val/{category}", job.task, job.params, share, job.lengths))
             for length in val_lengths:
                 reachable = []
                 for job in by_category[category]:
@@ -283,7 +300,7 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
                 for i, job in enumerate(reachable):  # split the cell evenly over the category's tasks
                     share = per_cell // len(reachable) + (i < per_cell % len(reachable))
                     if share:
-                        jobs.append(Job(f"val/{category}_{length}", job.task, job.params, share, (length, length)))
+                        jobs.append(RowJob(f"val/{category}_{length}", job.task, job.params, share, (length, length)))
     sft_count = mixture.sft.count
     if sft_count:
         traced = [j for j in jobs if j.split == "train" and type(_task(j)).trace is not Task.trace]
@@ -293,7 +310,7 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
         shares = [sft_count * j.count // total for j in traced]
         for i in range(sft_count - sum(shares)):  # the remainder, one each
             shares[i % len(shares)] += 1
-        jobs += [Job("sft", j.task, j.params, n, j.lengths) for j, n in zip(traced, shares, strict=True) if n]
+        jobs += [RowJob("sft", j.task, j.params, n, j.lengths) for j, n in zip(traced, shares, strict=True) if n]
         fraction = mixture.sft.val_fraction
         if fraction > 0 and not int(round(fraction * sft_count)):  # (the split _assemble makes)
             count_needed = int(0.5 / fraction) + 1
@@ -303,7 +320,7 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
                 f"({fraction * sft_count:.2g} rounds to 0): use {where}.sft.count={count_needed} or "
                 f"{where}.sft.val_fraction={fraction_needed} (or {where}.sft.val_fraction=0 for none)"
             )
-    return Plan(
+    return RowSchedule(
         jobs=jobs,
         seed=mixture.seed,
         tolerance=mixture.tolerance,
@@ -312,6 +329,12 @@ def plan_from_config(cfg: Mapping, where: str = "data") -> Plan:
         sft_val_fraction=mixture.sft.val_fraction,
         skipped=skipped,
     )
+
+
+def schedule_bytes(schedule: RowSchedule) -> int:
+    """The least disk space the schedule's rows take: rows x their longest length x ``BYTES_PER_TOKEN`` (a floor:
+    ``recallm-data`` refuses a schedule the output's disk cannot hold before the first row is generated)."""
+    return sum(job.count * max(job.lengths) * BYTES_PER_TOKEN for job in schedule.jobs)
 
 
 # ----------------------------------------------------------------------------- workers
@@ -325,12 +348,12 @@ def _init_worker(tokenizer_dir: str, system_prompt: str | None) -> None:
     _WORKER.update(tokenizer=tokenizer, renderer=PromptRenderer(tokenizer, system_prompt), tasks={})
 
 
-def _row_seed(seed: int, job: Job, i: int) -> int:
+def _row_seed(seed: int, job: RowJob, i: int) -> int:
     digest = hashlib.sha256(f"{seed}|{job.key()}|{i}".encode()).digest()
     return int.from_bytes(digest[:8], "little") & (2**63 - 1)  # fits parquet int64
 
 
-def _make_rows(job: Job, start: int, stop: int, seed: int, tolerance: float, store_prompt_text: bool) -> list:
+def _make_rows(job: RowJob, start: int, stop: int, seed: int, tolerance: float, store_prompt_text: bool) -> list:
     from data_gen.traces import programmatic_trace, sft_example
 
     tasks = _WORKER["tasks"]
@@ -362,62 +385,62 @@ def draft_row(task: Task, renderer: PromptRenderer, target: int, rng: random.Ran
     raise RecallmError(f"task {task.name}: {_MAX_REDRAWS} drafts in a row were longer than {target} tokens")
 
 
-def _shards(plan: Plan) -> Iterator[tuple[str, Job, int, int]]:
-    for j, job in enumerate(plan.jobs):
+def _shards(schedule: RowSchedule) -> Iterator[tuple[str, RowJob, int, int]]:
+    for j, job in enumerate(schedule.jobs):
         for start in range(0, job.count, SHARD_ROWS):
             name = f"{job.split.replace('/', '__')}-{j:03d}-{job.task}-{start // SHARD_ROWS:05d}"
             yield name, job, start, min(job.count, start + SHARD_ROWS)
 
 
-def preflight(plan: Plan, tokenizer_dir: Path) -> None:
+def preflight(schedule: RowSchedule, tokenizer_dir: Path) -> None:
     """Build one row of every job at both ends of its length range in this process, so that a
     missing dataset or an unreachable length stops the run before the workers start."""
-    _init_worker(str(tokenizer_dir), plan.system_prompt)
+    _init_worker(str(tokenizer_dir), schedule.system_prompt)
     seen = set()
-    for job in plan.jobs:
+    for job in schedule.jobs:
         for length in sorted(set(job.lengths)):
             if (job.task, job.params, length) in seen:
                 continue
             seen.add((job.task, job.params, length))
-            probe = Job(job.split, job.task, job.params, 1, (length, length))
+            probe = RowJob(job.split, job.task, job.params, 1, (length, length))
             try:
-                _make_rows(probe, 0, 1, plan.seed, plan.tolerance, plan.store_prompt_text)
+                _make_rows(probe, 0, 1, schedule.seed, schedule.tolerance, schedule.store_prompt_text)
             except RecallmError as exc:
                 raise RecallmError(f"{job.split} {job.task} at {length} tokens: {exc}") from exc
 
 
-def run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int = 1, progress: bool = True) -> dict:
+def run_schedule(schedule: RowSchedule, out_dir: Path, tokenizer_dir: Path, *, workers: int = 1, progress: bool = True) -> dict:
     """Generate every shard not already on disk, then assemble the outputs and the summary, holding
     ``out_dir``'s write lock throughout (a second writer is a ``RecallmError``)."""
     with lock_dir(out_dir, "recallm-data"):
-        return _run_plan(plan, Path(out_dir), tokenizer_dir, workers=workers, progress=progress)
+        return _run_schedule(schedule, Path(out_dir), tokenizer_dir, workers=workers, progress=progress)
 
 
-def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, progress: bool) -> dict:
+def _run_schedule(schedule: RowSchedule, out_dir: Path, tokenizer_dir: Path, *, workers: int, progress: bool) -> dict:
     from tqdm import tqdm
 
     shard_dir = out_dir / "shards"
-    fingerprint = plan.fingerprint(str(Path(tokenizer_dir).resolve()))
+    fingerprint = schedule.fingerprint(str(Path(tokenizer_dir).resolve()))
     manifest = shard_dir / "manifest.json"
     if manifest.is_file() and _fingerprint_of(manifest) != fingerprint:
-        log.warning("the plan changed since the shards in %s were written: regenerating them", shard_dir)
+        log.warning("the schedule changed since the shards in %s were written: regenerating them", shard_dir)
         for old in shard_dir.glob("*.parquet"):
             old.unlink()
         (shard_dir / MANIFEST_FILE).unlink(missing_ok=True)
     shard_dir.mkdir(parents=True, exist_ok=True)
-    write_json_atomic(manifest, {"fingerprint": fingerprint})  # the shards below belong to this plan
-    todo = [(name, job, a, b) for name, job, a, b in _shards(plan) if not _shard_intact(shard_dir / f"{name}.parquet")]
+    write_json_atomic(manifest, {"fingerprint": fingerprint})  # the shards below belong to this schedule
+    todo = [(name, job, a, b) for name, job, a, b in _shards(schedule) if not _shard_intact(shard_dir / f"{name}.parquet")]
     total = sum(b - a for _, _, a, b in todo)
     if todo:
         workers = worker_count(workers, len(todo))
-        preflight(plan, tokenizer_dir)
+        preflight(schedule, tokenizer_dir)
         bar = tqdm(total=total, desc="generating", unit="row", disable=not progress)
         if workers > 1:
             with ProcessPoolExecutor(
-                workers, initializer=_init_worker, initargs=(str(tokenizer_dir), plan.system_prompt)
+                workers, initializer=_init_worker, initargs=(str(tokenizer_dir), schedule.system_prompt)
             ) as pool:
                 futures = {
-                    pool.submit(_make_rows, job, a, b, plan.seed, plan.tolerance, plan.store_prompt_text): (name, b - a)
+                    pool.submit(_make_rows, job, a, b, schedule.seed, schedule.tolerance, schedule.store_prompt_text): (name, b - a)
                     for name, job, a, b in todo
                 }
                 from concurrent.futures import as_completed
@@ -427,13 +450,13 @@ def _run_plan(plan: Plan, out_dir: Path, tokenizer_dir: Path, *, workers: int, p
                     _write_shard(future.result(), shard_dir, name)
                     bar.update(n)
         else:
-            _init_worker(str(tokenizer_dir), plan.system_prompt)
+            _init_worker(str(tokenizer_dir), schedule.system_prompt)
             for name, job, a, b in todo:
-                records = _make_rows(job, a, b, plan.seed, plan.tolerance, plan.store_prompt_text)
+                records = _make_rows(job, a, b, schedule.seed, schedule.tolerance, schedule.store_prompt_text)
                 _write_shard(records, shard_dir, name)
                 bar.update(b - a)
         bar.close()
-    return _assemble(plan, out_dir, shard_dir)
+    return _assemble(schedule, out_dir, shard_dir)
 
 
 def worker_count(asked: int, shards: int) -> int:
@@ -472,13 +495,13 @@ def _shard_intact(path: Path) -> bool:
 def _fingerprint_of(manifest: Path) -> str | None:
     try:
         return json.loads(manifest.read_text()).get("fingerprint")
-    except (OSError, ValueError, AttributeError):  # damaged: the shards are of no known plan
+    except (OSError, ValueError, AttributeError):  # damaged: the shards are of no known schedule
         return None
 
 
-def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
+def _assemble(schedule: RowSchedule, out_dir: Path, shard_dir: Path) -> dict:
     by_split: dict[str, list[dict]] = defaultdict(list)
-    for name, job, _, _ in _shards(plan):
+    for name, job, _, _ in _shards(schedule):
         path = shard_dir / f"{name}.parquet"
         problem = file_problem(path, required=True)
         if problem:
@@ -487,10 +510,10 @@ def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
     written = {}
     for split, records in sorted(by_split.items()):
         if split == "sft":
-            rng = random.Random(plan.seed)
+            rng = random.Random(schedule.seed)
             order = list(range(len(records)))
             rng.shuffle(order)
-            n_val = int(round(plan.sft_val_fraction * len(records)))
+            n_val = int(round(schedule.sft_val_fraction * len(records)))
             val = [records[i] for i in order[:n_val]]
             train = [records[i] for i in order[n_val:]]
             written["sft/train"] = str(write_jsonl(train, out_dir / "sft" / "train.jsonl"))
@@ -498,19 +521,19 @@ def _assemble(plan: Plan, out_dir: Path, shard_dir: Path) -> dict:
                 written["sft/val"] = str(write_jsonl(val, out_dir / "sft" / "val.jsonl"))
         else:
             if split == "train":
-                random.Random(plan.seed).shuffle(records)
+                random.Random(schedule.seed).shuffle(records)
             written[split] = str(write_parquet(records, out_dir / f"{split}.parquet"))
     for path in map(Path, written.values()):  # their checksums, verified where they are read
         record_files(path.parent, [path.name])
-    summary = summarize(by_split, plan)
+    summary = summarize(by_split, schedule)
     write_json_atomic(out_dir / "summary.json", summary)
     write_text_atomic(out_dir / "summary.md", summary_markdown(summary))
     return {"files": written, "summary": summary}
 
 
-def summarize(by_split: Mapping[str, list[dict]], plan: Plan | None = None) -> dict:
+def summarize(by_split: Mapping[str, list[dict]], schedule: RowSchedule | None = None) -> dict:
     """Counts, prompt lengths and augmentation balance per split and task."""
-    out: dict[str, Any] = {"splits": {}, "skipped": list(plan.skipped) if plan else []}
+    out: dict[str, Any] = {"splits": {}, "skipped": list(schedule.skipped) if schedule else []}
     for split, records in sorted(by_split.items()):
         if split == "sft":
             spans = [len(r["spans"]) for r in records]

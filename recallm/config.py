@@ -40,9 +40,30 @@ __all__ = [
     "dataclass_values",
     "typed",
     "register_schema",
+    "MAX_WORKERS",
+    "MAX_COUNT",
+    "MAX_BATCH",
+    "MAX_TOKENS",
+    "MAX_CHARS",
+    "MAX_SECONDS",
+    "MAX_MB",
+    "MAX_RETRIES",
+    "MAX_SEED",
 ]
 
 T = TypeVar("T")
+#: The ranges many settings share (a field's ``metadata`` ``max``; ``tests/unit/test_setting_ranges.py`` probes
+#: every numeric field). Each bounds a typo, not a machine: what a run can afford is checked against the model and
+#: the machine where it is sized (LoRA ranks, rows, tokens).
+MAX_WORKERS = 1024  # processes, threads, concurrent requests of one run
+MAX_COUNT = 10**9  # steps, examples, rows, iterations, items of a budget
+MAX_BATCH = 1 << 16  # examples in one batch
+MAX_TOKENS = 1 << 22  # tokens of one sequence, generation or window (4M: beyond any model's context)
+MAX_CHARS = 1 << 30  # characters of one text
+MAX_SECONDS = 30 * 86400  # a timeout, a wait or a wall-clock limit (30 days)
+MAX_MB = 1 << 24  # MiB of a memory or size limit (16 TiB)
+MAX_RETRIES = 100  # retries of one request
+MAX_SEED = 2**63 - 1  # a seed (63 bits: torch, numpy and parquet's int64 take it)
 _ABSENT = object()
 _KINDS = {int: "an integer", float: "a number", bool: "true or false", str: "a string", dict: "a mapping {key: value}"}
 
@@ -406,11 +427,17 @@ def _option_file(file: Path) -> tuple[bool, dict[str, Any]]:
         return is_global, {}
 
 
-def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any]) -> list[str]:
-    """The keys a chosen option file declares required (``???``) and no file of ours sets, at their place in
-    the composed config. Hydra does not require them: merging ``???`` over a value an earlier config set
-    (verl's default for ``trainer.default_local_dir``, a schema's default) keeps that value, so a recipe's
-    ``???`` would be silently ignored."""
+def _required_keys(
+    config_dir: Path, config_name: str, choices: Mapping[str, Any], group_overrides: Sequence[str]
+) -> list[str]:
+    """The keys a chosen file of ours leaves required (``???``) as the last of our files to set them, at their
+    place in the composed config. Hydra does not require them: merging ``???`` over a value an earlier config
+    set (verl's default for ``trainer.default_local_dir``, a schema's default, ``configs/pipeline.yaml``'s
+    ``run_dir`` under a paper experiment) keeps that value, so a recipe's ``???`` would be silently ignored;
+    a file merged later that sets the key (a recipe filling a group's ``???``) makes it not required. Where
+    every file of ours that sets a key says ``???`` no order is needed; a key some set and others leave
+    ``???`` is decided by Hydra's merge order (its defaults list, computed only then). Called with Hydra
+    initialised on ``config_dir``."""
     values: dict[str, list[Any]] = {}
     files = [(config_dir / f"{config_name}.yaml", "")]
     for choice, option in choices.items():
@@ -425,7 +452,30 @@ def _required_keys(config_dir: Path, config_name: str, choices: Mapping[str, Any
         for key, value in flat.items():
             if not key.startswith("defaults"):
                 values.setdefault(key if is_global or not where else f"{where}.{key}", []).append(value)
-    return [key for key, found in values.items() if "???" in found and all(v == "???" for v in found)]
+    mixed = {key for key, found in values.items() if "???" in found and any(v != "???" for v in found)}
+    last = _last_settings(config_dir, config_name, group_overrides) if mixed else {}
+    return [
+        key
+        for key, found in values.items()
+        if (key in mixed and last.get(key) == "???") or (key not in mixed and all(v == "???" for v in found))
+    ]
+
+
+def _last_settings(config_dir: Path, config_name: str, group_overrides: Sequence[str]) -> dict[str, Any]:
+    """Each key's value in the last file of ours that sets it, in Hydra's merge order (its defaults list)."""
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.types import RunMode
+
+    loader = GlobalHydra.instance().config_loader()
+    last: dict[str, Any] = {}
+    for item in loader.compute_defaults_list(config_name, list(group_overrides), RunMode.RUN).defaults:
+        path = item.config_path or ""
+        if path.startswith("hydra/") or ".." in path or not (file := config_dir / f"{path}.yaml").is_file():
+            continue  # Hydra's own, verl's, a registered schema: not a file of ours
+        for key, value in _option_file(file)[1].items():
+            if not key.startswith("defaults"):
+                last[f"{item.package}.{key}" if item.package else key] = value
+    return last
 
 
 def _lookup(cfg: Any, key: str) -> Any:
@@ -433,11 +483,31 @@ def _lookup(cfg: Any, key: str) -> Any:
     from omegaconf.errors import MissingMandatoryValue
 
     try:
-        return OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
+        value = OmegaConf.select(cfg, key, default=_ABSENT, throw_on_missing=True, throw_on_resolution_failure=False)
     except MissingMandatoryValue:  # `???`: there, no type
         return "???"
     except Exception:  # noqa: BLE001  (an odd key: treat as absent)
         return _ABSENT
+    if value is _ABSENT:  # there, but its interpolation does not resolve yet (`out_dir: outputs/sft/${sft.name}`
+        return _written(cfg, key)  # while model.path is unset): the value as written
+    return value
+
+
+def _written(cfg: Any, key: str) -> Any:
+    """The node at ``key`` as written (an interpolation unresolved), or ``_ABSENT`` where there is none."""
+    from omegaconf import OmegaConf
+
+    node = cfg
+    for part in key.split("."):
+        if not OmegaConf.is_dict(node):
+            return _ABSENT
+        try:
+            node = node._get_node(part)
+        except Exception:  # noqa: BLE001  (no such key)
+            return _ABSENT
+        if node is None:
+            return _ABSENT
+    return node if OmegaConf.is_config(node) else node._value()
 
 
 def _type_error(key: str, default: Any, value: Any) -> str | None:
@@ -641,7 +711,9 @@ def check_overrides(
             _composed(overrides)  # Hydra's own message
             raise RecallmError(f"bad override: a sweep ({', '.join(o.input_line for o in parsed if o.is_sweep_override())})")
         is_group = _group_overrides(config_name, parsed, overrides)
-        reference = _composed([o.input_line for o, g in zip(parsed, is_group, strict=True) if g])
+        group_lines = [o.input_line for o, g in zip(parsed, is_group, strict=True) if g]
+        reference = _composed(group_lines)
+        required = _required_keys(config_dir, config_name, dict(reference.hydra.runtime.choices), group_lines)
         values = [o for o, g in zip(parsed, is_group, strict=True) if not g]
         cfg = copy.deepcopy(reference)
         try:
@@ -676,7 +748,7 @@ def check_overrides(
         if problem:
             raise RecallmError(problem)
     given = {o.key_or_group for o, g in zip(parsed, is_group, strict=True) if not g}
-    for key in _required_keys(config_dir, config_name, dict(cfg.hydra.runtime.choices)):
+    for key in required:
         parent, _, leaf = key.rpartition(".")
         node = OmegaConf.select(cfg, parent, default=None) if parent else cfg  # (the leaf itself unresolved)
         if key not in given and OmegaConf.is_dict(node) and leaf in node and not OmegaConf.is_missing(node, leaf):

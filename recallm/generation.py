@@ -2,7 +2,7 @@
 
 Evaluation's HF backend (``recallm.eval.backends.HFBackend``), the ``hf_cpu`` GRPO rollout
 (``recallm.grpo.cpu.hf_generate.HFGenerator``), SFT's recall metrics (``recallm.sft.train``) and
-``recallm-demo`` all call :func:`generate`: token ids in (one :class:`GenRequest` per prompt),
+``recallm-decoding-demo`` all call :func:`generate`: token ids in (one :class:`GenRequest` per prompt),
 token ids out (one :class:`GenResult` per request, in request order), optionally with the
 log-probability of every generated token.
 
@@ -20,12 +20,27 @@ What it does, once for every caller:
   (``force=(every, length)``, ``recallm.recall.hf.ForceRecallSpans``, a test and demo aid).
 * **Decodes** greedily (``temperature <= 1e-5``) or samples. The logits processors are ours in
   full, in vLLM's order — recall mask, repetition penalty, temperature, top-k, top-p (then the
-  forced spans) — and ``generate`` adds none of its own: for the duration of the call the model's
-  ``generation_config`` is reduced to its token ids, so a model's shipped defaults
-  (``top_k=20``, ``temperature=0.7``, ``repetition_penalty``, ...) cannot change the request.
-* **Seeds**: a sampled batch whose first request has a ``seed`` draws from
-  ``torch.manual_seed(seed)`` inside ``torch.random.fork_rng`` (the caller's RNG is left as it
-  was); ``seed=None`` draws from the caller's RNG stream.
+  forced spans), then the choice (``recallm.decoding.Chain``) — and ``generate`` adds none of its
+  own: for the duration of the call the model's ``generation_config`` is reduced to its token ids,
+  so a model's shipped defaults (``top_k=20``, ``temperature=0.7``, ``repetition_penalty``, ...)
+  cannot change the request.
+* **Seeds, one stream per request**: a sampled request with a ``seed`` draws one uniform number per
+  generated token from a ``torch.Generator`` of its own seeded with it, and takes the token at that
+  point of the processed distribution's cumulative sum (``recallm.decoding.RowStreams``,
+  ``inverse_cdf``); ``seed=None`` draws from the caller's RNG (torch's default generator: seeding it
+  with ``s`` gives a lone request what ``seed=s`` gives), which a seeded request leaves alone. A seeded
+  request's tokens therefore do not depend on the requests batched with it, their order or the batch
+  size (rows differ only by the floating-point noise of left padding), at batched speed: the draws
+  are one ``softmax``/``cumsum`` over the batch and one number per row.
+* **Speculative decoding inside recall spans** (``span_draft_tokens``, default
+  ``recallm.tokens.DEFAULT_SPAN_DRAFT_TOKENS``; 0: off): inside a span the matcher's continuation of
+  the span (``RecallMatcher.continuation``) is drafted and verified in one forward pass, the recall
+  mask applied at every verified position; a step keeps the draft while it chose it, so the output
+  is the tokens plain decoding gives (greedy: the same argmax; sampled: the same draw from the same
+  uniform number), up to the floating-point noise of a forward pass over several tokens at once
+  (``recallm.decoding.decode``). Used when the recall constraint is on, no ``wrap`` is given and the
+  model's cache is full attention; otherwise, and with ``span_draft_tokens=0``, Hugging Face
+  ``generate`` decodes.
 * **Log-probs** (``log_probs=True``): of every generated token under the *processed*
   distribution — the recall mask, repetition penalty, temperature, top-k and top-p applied, then
   a log-softmax — which is vLLM's ``logprobs_mode=processed_logprobs`` and the log-prob the
@@ -35,7 +50,7 @@ What it does, once for every caller:
   before top-k/top-p (finite, as the trainer's).
 * **Stops** each row at its first end-of-sequence token (kept in ``token_ids``,
   ``finish_reason="stop"``) or at its own ``max_new_tokens`` (``"length"``); ``cancelled`` (one
-  predicate per request, polled after every token) stops a row early (``"cancelled"``, with the
+  predicate per request, polled after every decoding step) stops a row early (``"cancelled"``, with the
   tokens generated until then); a batch whose every request is cancelled is not generated.
 * ``progress`` (optional) is called after every decoding step with ``(tokens, finished)``: the
   tokens the batch's running rows generated in that step and how many of its rows ended there (at
@@ -62,8 +77,6 @@ import numpy as np
 import torch
 from transformers import (
     GenerationConfig,
-    LogitsProcessor,
-    LogitsProcessorList,
     RepetitionPenaltyLogitsProcessor,
     StoppingCriteria,
     StoppingCriteriaList,
@@ -72,7 +85,9 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from recallm.decoding import Chain, RowStreams, decode, supports_speculation
 from recallm.errors import RecallmError
+from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
 
 __all__ = ["GREEDY_TEMPERATURE", "GenRequest", "GenResult", "generate", "generated_spans"]
 
@@ -139,30 +154,6 @@ def generated_spans(prompt_ids: Sequence[int], token_ids: Sequence[int], start_i
 
     n = len(prompt_ids)
     return [s for s in find_spans(list(prompt_ids) + list(token_ids), start_id, end_id, **kwargs) if s.start >= n]
-
-
-class _LogProbRecorder(LogitsProcessor):
-    """Records ``log_softmax`` of the scores it sees; the token chosen at a step is read from the
-    next step's ``input_ids`` (and, for the last step, from the finished sequences)."""
-
-    def __init__(self) -> None:
-        self._previous: torch.Tensor | None = None
-        self.steps: list[torch.Tensor] = []
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, input_ids[:, -1:]).squeeze(1))
-        self._previous = torch.log_softmax(scores.float(), dim=-1)
-        return scores
-
-    def finish(self, sequences: torch.LongTensor) -> torch.Tensor:
-        """(B, steps) log-probs of the generated tokens."""
-        if self._previous is not None:
-            self.steps.append(self._previous.gather(1, sequences[:, -1:]).squeeze(1))
-            self._previous = None
-        if not self.steps:
-            return torch.zeros(sequences.shape[0], 0)
-        return torch.stack(self.steps, dim=1)
 
 
 class _Progress(StoppingCriteria):
@@ -256,6 +247,7 @@ def generate(
     cancelled: Sequence[Callable[[], bool]] | None = None,
     wrap: Callable[..., contextlib.AbstractContextManager] | None = None,
     progress: Callable[[int, int], None] | None = None,
+    span_draft_tokens: int = DEFAULT_SPAN_DRAFT_TOKENS,
 ) -> list[GenResult]:
     """Generate every request with ``model`` (see the module doc); results in request order.
 
@@ -272,11 +264,15 @@ def generate(
         cancelled: one predicate per request (see the module doc).
         wrap: a context-manager factory around every ``generate`` call (see the module doc).
         progress: ``progress(tokens, finished)`` after every decoding step (see the module doc).
+        span_draft_tokens: most tokens drafted and verified in one forward pass inside a recall span
+            (speculative in-span decoding, see the module doc); 0 decodes one token per step.
     """
     from recallm import tokens
 
     if batch_size is not None and batch_size < 1:
         raise RecallmError(f"batch_size must be >= 1, got {batch_size}")
+    if isinstance(span_draft_tokens, bool) or not isinstance(span_draft_tokens, int) or span_draft_tokens < 0:
+        raise RecallmError(f"span_draft_tokens must be an integer >= 0, got {span_draft_tokens!r}")
     if cancelled is not None and len(cancelled) != len(requests):
         raise RecallmError(f"cancelled has {len(cancelled)} predicates for {len(requests)} requests")
     config = model.config
@@ -313,49 +309,45 @@ def generate(
                 stops=None if cancelled is None else [cancelled[i] for i in chunk],
                 wrap=wrap,
                 progress=progress,
+                span_draft_tokens=span_draft_tokens,
             )
             for i, result in zip(chunk, out, strict=True):
                 results[i] = result
     return results  # type: ignore[return-value]
 
 
-def _processors(
-    model, request: GenRequest, attention_mask: torch.Tensor, *, pad: int, recall: bool, force, log_probs: bool
-) -> tuple[LogitsProcessorList, _LogProbRecorder | None, _LogProbRecorder | None]:
-    """vLLM's order: recall mask, repetition penalty, temperature, top-k, top-p; the recorders;
-    then the forced spans (after the log-probs are recorded)."""
-    processors = LogitsProcessorList()
+def _chain(
+    model, requests: list[GenRequest], attention_mask: torch.Tensor, *, pad: int, recall: bool, force, log_probs: bool
+) -> Chain:
+    """The batch's processing (``recallm.decoding.Chain``, vLLM's order): recall mask, repetition
+    penalty, temperature, top-k, top-p, the log-prob recorders, the forced spans, the choice (greedy,
+    or each row's draw from its own stream)."""
+    request = requests[0]  # the batch's sampling parameters
+    chain = Chain(log_probs=log_probs)
     if recall:
         from recallm.recall.hf import RecallLogitsProcessor
 
-        processors.append(
-            RecallLogitsProcessor.from_config(model.config, prompt_attention_mask=attention_mask, pad_token_id=pad)
+        chain.recall = RecallLogitsProcessor.from_config(
+            model.config, prompt_attention_mask=attention_mask, pad_token_id=pad
         )
     if request.repetition_penalty != 1.0:
-        processors.append(RepetitionPenaltyLogitsProcessor(penalty=request.repetition_penalty))
-    truncated = None  # log-probs before top-k/top-p, for forced tokens they exclude
+        chain.penalty = RepetitionPenaltyLogitsProcessor(penalty=request.repetition_penalty)
     if not request.greedy:
         if request.temperature != 1.0:
-            processors.append(TemperatureLogitsWarper(request.temperature))
-        if log_probs and force is not None and (request.top_k > 0 or request.top_p < 1.0):
-            truncated = _LogProbRecorder()
-            processors.append(truncated)
+            chain.temperature = TemperatureLogitsWarper(request.temperature)
         if request.top_k > 0:
-            processors.append(TopKLogitsWarper(top_k=request.top_k))
+            chain.truncation.append(TopKLogitsWarper(top_k=request.top_k))
         if request.top_p < 1.0:
-            processors.append(TopPLogitsWarper(top_p=request.top_p))
-    recorder = None
-    if log_probs:
-        recorder = _LogProbRecorder()
-        processors.append(recorder)
+            chain.truncation.append(TopPLogitsWarper(top_p=request.top_p))
+        chain.streams = RowStreams([r.seed for r in requests])
     if force is not None:
         from recallm.recall.hf import ForceRecallSpans
         from recallm.tokens import RecallTokenIds
 
         ids = RecallTokenIds.from_config(model.config)
         every, length = force
-        processors.append(ForceRecallSpans(ids.start, ids.end, every=int(every), length=int(length)))
-    return processors, recorder, truncated
+        chain.force = ForceRecallSpans(ids.start, ids.end, every=int(every), length=int(length))
+    return chain
 
 
 def _cut(tokens: list[int], limit: int, eos: set[int]) -> tuple[list[int], str]:
@@ -386,12 +378,12 @@ def _generate_batch(
     stops: list[Callable[[], bool]] | None,
     wrap,
     progress: Callable[[int, int], None] | None = None,
+    span_draft_tokens: int = 0,
 ) -> list[GenResult]:
     if stops is not None and all(stop() for stop in stops):
         if progress is not None:
             progress(0, len(requests))
         return [GenResult([], "cancelled", [] if log_probs else None) for _ in requests]
-    request = requests[0]  # the batch's sampling parameters and seed
     device = _device(model)
     width = max(len(r.prompt_ids) for r in requests)
     input_ids = torch.full((len(requests), width), pad, dtype=torch.long)
@@ -401,23 +393,68 @@ def _generate_batch(
             input_ids[row, width - len(r.prompt_ids) :] = torch.tensor(r.prompt_ids, dtype=torch.long)
             attention_mask[row, width - len(r.prompt_ids) :] = 1
     input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+    chain = _chain(model, requests, attention_mask, pad=pad, recall=recall, force=force, log_probs=log_probs)
+    if span_draft_tokens > 0 and recall and wrap is None and supports_speculation(model):
+        generated, lps, stopped_at = decode(
+            model,
+            input_ids,
+            attention_mask,
+            chain,
+            budgets=[r.max_new_tokens for r in requests],
+            eos=set(eos),
+            pad=pad,
+            draft_tokens=span_draft_tokens,
+            stops=stops,
+            progress=progress,
+            prompts=[list(r.prompt_ids) for r in requests],
+        )
+    else:
+        generated, lps, stopped_at = _hf_generate(
+            model, requests, input_ids, attention_mask, chain, eos=eos, pad=pad, stops=stops, wrap=wrap, progress=progress
+        )
+    eos_set = set(eos)
+    results = []
+    for row, r in enumerate(requests):
+        token_ids, reason = _cut(generated[row], r.max_new_tokens, eos_set)
+        stopped = stopped_at[row]
+        # cut by its cancellation unless it would have ended on its own (end-of-sequence, or its own
+        # limit) within the `stopped` tokens it had; its batch may have run on (padding) or ended there
+        own_end = len(token_ids) if reason == "stop" else r.max_new_tokens
+        if stopped is not None and stopped < own_end:
+            token_ids, reason = token_ids[:stopped], "cancelled"
+        results.append(GenResult(token_ids, reason, lps[row][: len(token_ids)] if lps is not None else None))
+    return results
+
+
+def _hf_generate(
+    model,
+    requests: list[GenRequest],
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    chain: Chain,
+    *,
+    eos: list[int],
+    pad: int,
+    stops: list[Callable[[], bool]] | None,
+    wrap,
+    progress: Callable[[int, int], None] | None,
+) -> tuple[list[list[int]], list[list[float]] | None, list[int | None]]:
+    """One Hugging Face ``generate`` call over the batch, its choice made by the chain (greedy search
+    takes the one-hot row of a sampled step): each row's generated ids, log-probs and cancellation point."""
+    width = input_ids.shape[1]
     max_new = max(r.max_new_tokens for r in requests)
-    processors, recorder, truncated = _processors(
-        model, request, attention_mask, pad=pad, recall=recall, force=force, log_probs=log_probs
-    )
+    processors, recorder, truncated = chain.hf_processors()
     kwargs: dict[str, Any] = {
         "input_ids": input_ids,
         "attention_mask": attention_mask,
         "logits_processor": processors,
         "max_new_tokens": max_new,
-        "do_sample": not request.greedy,
+        "do_sample": False,  # a sampled step's draw is the chain's (RowSampler): generate takes its one-hot row
         "num_beams": 1,
         "repetition_penalty": 1.0,
         "pad_token_id": pad,
         "eos_token_id": eos or None,
     }
-    if not request.greedy:  # neutral values: generate() adds no warper of its own (ours are in `processors`)
-        kwargs.update(temperature=1.0, top_k=0, top_p=1.0)
     cancel_rows = _CancelledRows(stops, width) if stops is not None else None
     reporter = _Progress(progress, [r.max_new_tokens for r in requests], set(eos), width) if progress else None
     criteria = [c for c in (cancel_rows, reporter) if c is not None]
@@ -426,7 +463,7 @@ def _generate_batch(
     from recallm.modeling import RecallMaskMixin
 
     if isinstance(model, RecallMaskMixin):
-        kwargs["recall_constrained"] = recall  # ours is in `processors`; none added twice
+        kwargs["recall_constrained"] = chain.recall is not None  # ours is in `processors`; none added twice
     context = (
         wrap(
             input_ids=input_ids,
@@ -437,23 +474,14 @@ def _generate_batch(
         if wrap is not None
         else contextlib.nullcontext()
     )
-    devices = (
-        [device.index if device.index is not None else torch.cuda.current_device()] if device.type == "cuda" else []
-    )
-    with (
-        torch.inference_mode(),
-        torch.random.fork_rng(devices=devices, enabled=request.seed is not None and not request.greedy),
-    ):
-        if request.seed is not None and not request.greedy:
-            torch.manual_seed(request.seed)
-        with _plain_generation_config(model, eos, pad), context as extra:
-            if extra:
-                kwargs.update(extra)
-            try:
-                sequences = model.generate(**kwargs)
-            finally:
-                if reporter is not None:
-                    reporter.close()
+    with torch.inference_mode(), _plain_generation_config(model, eos, pad), context as extra:
+        if extra:
+            kwargs.update(extra)
+        try:
+            sequences = model.generate(**kwargs)
+        finally:
+            if reporter is not None:
+                reporter.close()
     lps = None
     if recorder is not None:
         lps = recorder.finish(sequences)
@@ -461,16 +489,5 @@ def _generate_batch(
             before = truncated.finish(sequences)
             lps = torch.where(torch.isfinite(lps), lps, before)
         lps = lps.tolist()
-    generated = sequences[:, width:].tolist()
-    eos_set = set(eos)
-    results = []
-    for row, r in enumerate(requests):
-        token_ids, reason = _cut(generated[row], r.max_new_tokens, eos_set)
-        stopped = cancel_rows.stopped_at[row] if cancel_rows is not None else None
-        # cut by its cancellation unless it would have ended on its own (end-of-sequence, or its own
-        # limit) within the `stopped` tokens it had; its batch may have run on (padding) or ended there
-        own_end = len(token_ids) if reason == "stop" else r.max_new_tokens
-        if stopped is not None and stopped < own_end:
-            token_ids, reason = token_ids[:stopped], "cancelled"
-        results.append(GenResult(token_ids, reason, lps[row][: len(token_ids)] if lps is not None else None))
-    return results
+    stopped_at = cancel_rows.stopped_at if cancel_rows is not None else [None] * len(requests)
+    return sequences[:, width:].tolist(), lps, stopped_at

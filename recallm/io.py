@@ -19,12 +19,23 @@ locks, what kind of path a setting names, and checksummed file manifests.
 * **Kinds of path.** ``check_out_dir`` / ``check_out_file`` / ``check_in_file``: a setting that
   names an output directory but points at a file (or under one), an input that is a directory or
   a parquet file where JSONL is read — a one-line error before anything is written.
+* **Special files** (``special_kind``: a character or block device, a FIFO, a socket). The atomic
+  writer never renames anything over one, nor over a directory or a symbolic link (``replace``
+  refuses; a link to a regular file is written through: the file it names is replaced). An input that
+  is one is refused (``check_in_file``: a FIFO blocks until someone writes, a device may never end).
+  An output where writing to one makes sense (``sink=True``: ``recallm-score output=/dev/null``) may
+  be the null device or a FIFO some process reads (``SINKS``): ``atomic_path(path, sink=True)``
+  then hands the path itself to a plain open, and no lock (``lock_output``) or manifest entry
+  (``record_files``) is written beside it.
 * **Manifests.** ``write_manifest(dir)`` records every file's size and CRC-32 in
   ``recallm_files.json`` (fsyncing each file on the way); ``verify_manifest(dir)`` checks them, so
   a truncated or overwritten file of a checkpoint is found before it is used. Artifacts written one
   at a time into a shared directory (data shards and outputs, score files) are added to it with
   ``record_files`` (serialised between processes) and checked where they are read with
   ``verify_file`` / ``file_problem``: the one checksum of every artifact we write and read back.
+  ``verify_manifest(dir, complete=True)`` counts a manifest that does not list every file as none (a GRPO
+  step's); ``verify_covered(dir)`` checks a directory against the manifest that covers it, its own or its
+  parent's entries under ``<name>/`` (a LoRA adapter inside a model's ``final``).
 
 Standard library only (no torch): ``data_gen`` and ``rewards`` may import it.
 """
@@ -40,6 +51,7 @@ import os
 import secrets
 import shutil
 import socket
+import stat
 import threading
 import time
 import zlib
@@ -68,12 +80,15 @@ __all__ = [
     "check_out_dir",
     "check_out_file",
     "check_in_file",
+    "special_kind",
+    "SINKS",
     "write_manifest",
     "verify_manifest",
     "record_files",
     "forget_files",
     "file_problem",
     "verify_file",
+    "verify_covered",
     "MANIFEST_FILE",
     "LOCK_FILE",
 ]
@@ -103,11 +118,39 @@ def _fsync_tree(path: Path) -> None:
         fsync_path(root)
 
 
-def replace(tmp: str | Path, path: str | Path) -> Path:
+def _replaceable(path: Path, directory: bool) -> None:
+    """Refuse to rename over ``path`` unless it is missing or what is written (a regular file, a
+    directory): never over a device, a FIFO, a socket or a symbolic link (module doc)."""
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        return
+    if stat.S_ISLNK(mode):
+        raise RecallmError(f"{path} is a symbolic link: it is not replaced; give the path it points to")
+    kind = special_kind(path) or ("a directory" if stat.S_ISDIR(mode) else "a file")
+    if (stat.S_ISDIR(mode) if directory else stat.S_ISREG(mode)) is False:
+        raise RecallmError(f"{path} is {kind}, not a {'directory' if directory else 'regular file'}: it is not replaced")
+
+
+def replace(tmp: str | Path, path: str | Path, *, overwrite: bool = True) -> Path:
     """Atomically put ``tmp`` (a file or a directory, completely written) at ``path``: fsync ``tmp``,
     rename it, fsync ``path``'s directory. A directory replaces an existing one through a rename
-    aside (the old one is deleted after the new one is in place)."""
+    aside (the old one is deleted after the new one is in place); with ``overwrite=False`` it takes
+    ``path`` only while that is missing or empty (another run's result there: a ``RecallmError``, and
+    ``tmp`` stays). ``path`` must be missing or of the same kind as ``tmp`` (a regular file, a
+    directory): a device, FIFO, socket or symbolic link there is a ``RecallmError``, and nothing is renamed."""
     tmp, path = Path(tmp), Path(path)
+    _replaceable(path, tmp.is_dir())
+    if tmp.is_dir() and not overwrite:
+        _fsync_tree(tmp)
+        try:
+            os.rename(tmp, path)  # (onto an empty directory it succeeds; onto a non-empty one it fails)
+        except OSError as exc:
+            if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                raise _taken(path) from None
+            raise
+        fsync_path(path.parent)
+        return path
     if tmp.is_dir():
         _fsync_tree(tmp)
         old = None
@@ -144,19 +187,33 @@ def _tmp_name(path: Path) -> Path:
 
 class atomic_path:
     """``with atomic_path(p) as tmp:`` write to ``tmp``; it replaces ``p`` (``replace``: fsync'd) only
-    if the block succeeds, and is removed if it fails."""
+    if the block succeeds, and is removed if it fails. ``p`` a symbolic link to a regular file: the
+    file it names is replaced. ``p`` a special file: a ``RecallmError`` — unless ``sink`` and it is
+    one of :data:`SINKS`: then ``tmp`` is ``p`` itself, written through a plain open (module doc)."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, *, sink: bool = False) -> None:
         self.path = Path(path)
+        if self.path.is_symlink() and self.path.is_file():  # write what the link names, keep the link
+            self.path = Path(os.path.realpath(self.path))
+        self.sink = sink
+        self.keeper: int | None = None  # a FIFO's write end, held open while the block writes
         self.tmp = _tmp_name(self.path)
         self.made: list[Path] = []
 
     def __enter__(self) -> Path:
+        if special_kind(self.path) is not None:
+            self.keeper = _open_sink(self.path, "output") if self.sink else _refuse_special(self.path, "output")
+            self.tmp = self.path
+            return self.tmp
         self.made = [p for p in self.path.parents if not p.exists()]
         self.path.parent.mkdir(parents=True, exist_ok=True)
         return self.tmp
 
     def __exit__(self, exc_type, exc, tb) -> None:
+        if self.tmp == self.path:  # a sink: written in place
+            if self.keeper is not None:
+                os.close(self.keeper)
+            return
         if exc_type is None:
             replace(self.tmp, self.path)
             return
@@ -168,12 +225,24 @@ class atomic_path:
                 break
 
 
+def _taken(path: Path) -> RecallmError:
+    return RecallmError(
+        f"{path} is not empty: another run wrote it (this run's result is discarded, nothing of theirs is touched); "
+        "choose another output directory"
+    )
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | Path) -> Iterator[Path]:
+def atomic_dir(path: str | Path, *, overwrite: bool = True) -> Iterator[Path]:
     """``with atomic_dir(d) as tmp:`` fill the directory ``tmp`` (a name of this process's own); it
-    replaces ``d`` whole if the block succeeds. Temporary directories left by killed earlier
+    replaces ``d`` whole if the block succeeds — with ``overwrite=False`` only a missing or empty ``d``
+    (refused before the block and again at the rename: two runs writing one new output directory, the
+    second's is discarded, the first's untouched). Temporary directories left by killed earlier
     attempts (their process gone) are removed first."""
     path = Path(path)
+    _replaceable(path, directory=True)  # (before anything is written)
+    if not overwrite and path.is_dir() and any(path.iterdir()):
+        raise _taken(path)
     for stale in path.parent.glob(f".{path.name}.tmp-*") if path.parent.is_dir() else ():
         if not _alive(stale.name.rsplit("-", 2)[-2]):
             shutil.rmtree(stale, ignore_errors=True)
@@ -181,10 +250,10 @@ def atomic_dir(path: str | Path) -> Iterator[Path]:
     tmp.mkdir(parents=True)
     try:
         yield tmp
+        replace(tmp, path, overwrite=overwrite)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    replace(tmp, path)
 
 
 def write_text_atomic(path: str | Path, text: str) -> Path:
@@ -216,6 +285,8 @@ def iter_jsonl(path: str | Path, what: str = "JSONL file") -> Iterator[tuple[int
                 yield number, json.loads(line)
             except json.JSONDecodeError as exc:
                 raise RecallmError(f"{path}:{number}: not valid JSON ({exc.msg})") from None
+            except ValueError as exc:  # an integer of more than 4,300 digits (Python's int conversion limit)
+                raise RecallmError(f"{path}:{number}: not readable JSON ({str(exc).split(';')[0]})") from None
             except RecursionError:
                 raise RecallmError(f"{path}:{number}: JSON nested too deeply") from None
 
@@ -241,11 +312,69 @@ def _file_above(path: Path) -> Path | None:
     return None
 
 
-def _out_path(path: str | Path | None, name: str, *, directory: bool) -> Path:
+_SPECIAL = {
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFIFO: "a FIFO (named pipe)",
+    stat.S_IFSOCK: "a socket",
+}
+#: the special files an output with ``sink=True`` may be (module doc): written through a plain open
+SINKS = ("the null device", "a FIFO some process reads")
+
+
+def special_kind(path: str | Path) -> str | None:
+    """What ``path`` is (through symbolic links) when it is neither a regular file nor a directory:
+    ``"a character device"``, ``"a block device"``, ``"a FIFO (named pipe)"``, ``"a socket"``; None for
+    a regular file, a directory or a path that does not exist."""
+    try:
+        mode = os.stat(path).st_mode
+    except (OSError, ValueError):
+        return None
+    return _SPECIAL.get(stat.S_IFMT(mode))
+
+
+def _is_null_device(path: Path) -> bool:
+    try:
+        st, null = os.stat(path), os.stat(os.devnull)
+    except OSError:
+        return False
+    return stat.S_ISCHR(st.st_mode) and st.st_rdev == null.st_rdev
+
+
+def _refuse_special(path: Path, name: str, *, sink: bool = False) -> None:
+    kind = special_kind(path)
+    hint = "; to discard the output give the null device (/dev/null)" if sink else ""
+    raise RecallmError(f"{name} {path} is {kind}, not a regular file: nothing is written to it{hint}")
+
+
+def _open_sink(path: Path, name: str) -> int | None:
+    """Check that ``path`` is one of :data:`SINKS` (else a ``RecallmError``); for a FIFO, open its write end
+    without blocking (no reader: a ``RecallmError``) and return it, to be held open while the output is
+    written (closing a probe would end the reader's input)."""
+    if _is_null_device(path):
+        return None
+    if special_kind(path) != _SPECIAL[stat.S_IFIFO]:
+        _refuse_special(path, name, sink=True)
+    try:
+        return os.open(path, os.O_WRONLY | os.O_NONBLOCK)
+    except OSError as exc:
+        if exc.errno == errno.ENXIO:
+            raise RecallmError(f"{name} {path} is a FIFO that no process reads: writing would block; start its reader first") from None
+        raise RecallmError(f"{name} {path} cannot be opened ({exc.strerror})") from None
+
+
+def _out_path(path: str | Path | None, name: str, *, directory: bool, sink: bool = False) -> Path:
     kind = "directory" if directory else "file"
     if path is None or str(path) == "":
         raise RecallmError(f"{name} must be a {kind} path, got {path!r}")
     path = Path(str(path))
+    special = special_kind(path)
+    if special is not None and directory:
+        raise RecallmError(f"{name} {path} is {special}, not a directory")
+    if special is not None:
+        if not (sink and (_is_null_device(path) or special == _SPECIAL[stat.S_IFIFO])):
+            _refuse_special(path, name, sink=sink)
+        return path  # (a FIFO's reader is checked when it is written: atomic_path)
     if path.exists() and path.is_dir() != directory:
         raise RecallmError(f"{name} {path} is a {'file' if directory else 'directory'}, not a {kind}")
     blocker = _file_above(path)
@@ -259,9 +388,10 @@ def check_out_dir(path: str | Path | None, name: str) -> Path:
     return _out_path(path, name, directory=True)
 
 
-def check_out_file(path: str | Path | None, name: str) -> Path:
-    """``path`` can be (or become) a file: not an existing directory, not under a file."""
-    return _out_path(path, name, directory=False)
+def check_out_file(path: str | Path | None, name: str, *, sink: bool = False) -> Path:
+    """``path`` can be (or become) a file: not an existing directory, not under a file, not a special
+    file — except, with ``sink``, one of :data:`SINKS` (module doc)."""
+    return _out_path(path, name, directory=False, sink=sink)
 
 
 _MAGIC = {b"PAR1": "a parquet file", b"PK\x03\x04": "a zip archive", b"\x1f\x8b": "a gzip file"}
@@ -277,6 +407,11 @@ def check_in_file(path: str | Path | None, name: str, *, kind: str | None = None
         raise RecallmError(f"{name} {path} does not exist{'; ' + hint if hint else ''}")
     if path.is_dir():
         raise RecallmError(f"{name} {path} is a directory, not a file")
+    special = special_kind(path)
+    if special is not None:  # (a FIFO blocks until someone writes; /dev/zero never ends)
+        raise RecallmError(
+            f"{name} {path} is {special}, not a regular file: reading it could block or never end; copy it to a file"
+        )
     if kind is None:
         return path
     try:
@@ -432,6 +567,9 @@ def lock_output(path: str | Path, what: str) -> Iterator[Path]:
     """One writer per output *file* (``path``): ``lock_dir``'s lock, on ``.<name>.recallm.lock``
     next to it, so that two runs writing different files of one directory both go on."""
     path = Path(path)
+    if special_kind(path) is not None:  # a sink (the null device, a FIFO): no lock file lands beside it
+        yield path
+        return
     with _made(path.parent), _flock(_output_lock(path), path, what):
         yield path
 
@@ -517,8 +655,8 @@ def _read_entries(path: Path) -> dict[str, dict]:
     try:
         files = json.loads(path.read_text())["files"]
         return {str(k): {"size": int(v["size"]), "crc32": str(v["crc32"])} for k, v in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError):
-        return {}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError):
+        return {}  # (a size of 1e999 is inf: int() overflows; 100k-deep JSON exhausts the recursion)
 
 
 def record_files(directory: str | Path, names: Iterable[str]) -> Path:
@@ -526,7 +664,9 @@ def record_files(directory: str | Path, names: Iterable[str]) -> Path:
     manifest, fsyncing each; other entries are kept. For artifacts written one at a time (data
     shards, outputs, score files); ``verify_file`` checks one when it is read."""
     directory = Path(directory)
-    names = sorted(set(names))
+    names = sorted(n for n in set(names) if special_kind(directory / n) is None)
+    if not names:  # (a sink, /dev/null or a FIFO, has no content to record: no manifest lands beside it)
+        return directory / MANIFEST_FILE
     sums = _checksums(directory, names, sync=True)
     with _manifest_lock(directory):
         entries = _read_entries(directory / MANIFEST_FILE)
@@ -554,6 +694,29 @@ def file_problem(path: str | Path, *, required: bool = False) -> str | None:
     entry = _read_entries(path.parent / MANIFEST_FILE).get(path.name)
     if entry is None:
         return f"{path} has no recorded checksum" if required else None
+    return _entry_problem(path, entry)
+
+
+def verify_covered(directory: str | Path) -> bool:
+    """Check the files of ``directory`` against the manifest that covers them: its own (every file listed:
+    ``verify_manifest(complete=True)``), else its parent's entries under ``<name>/`` (a model's ``final``
+    lists ``adapter/...``). True when one covers every file there and each matches; False when none does
+    (an empty or partial manifest is none); a ``RecallmError`` naming the first file that differs."""
+    directory = Path(directory)
+    if verify_manifest(directory, complete=True):
+        return True
+    prefix = directory.name + "/"
+    entries = {n[len(prefix) :]: e for n, e in _read_entries(directory.parent / MANIFEST_FILE).items() if n.startswith(prefix)}
+    if not entries or not set(_files(directory)) <= set(entries):
+        return False
+    for name, entry in sorted(entries.items()):
+        problem = _entry_problem(directory / name, entry)
+        if problem:
+            raise RecallmError(problem)
+    return True
+
+
+def _entry_problem(path: Path, entry: dict) -> str | None:
     if not path.is_file():
         return f"{path} is missing"
     size = path.stat().st_size
@@ -574,9 +737,11 @@ def verify_file(path: str | Path) -> Path:
     return Path(path)
 
 
-def verify_manifest(directory: str | Path) -> bool:
+def verify_manifest(directory: str | Path, *, complete: bool = False) -> bool:
     """Check ``directory`` against its manifest: False when it has none; True when every listed file
-    is there with its size and CRC-32; otherwise a ``RecallmError`` naming the first bad file."""
+    is there with its size and CRC-32; otherwise a ``RecallmError`` naming the first bad file.
+    ``complete``: the manifest must also list every file under ``directory``: an empty or partial one
+    vouches for nothing and counts as none (False) — a checkpoint whose manifest was rewritten or cut."""
     directory = Path(directory)
     path = directory / MANIFEST_FILE
     if not path.is_file():
@@ -584,8 +749,10 @@ def verify_manifest(directory: str | Path) -> bool:
     try:
         files = json.loads(path.read_text())["files"]
         expected = {str(name): (int(v["size"]), str(v["crc32"])) for name, v in files.items()}
-    except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, OverflowError, RecursionError) as exc:
         raise RecallmError(f"{MANIFEST_FILE} unreadable ({type(exc).__name__})") from None
+    if complete and not set(_files(directory)) <= set(expected):
+        return False
     for name, (size, _) in expected.items():
         file = directory / name
         if not file.is_file():

@@ -63,10 +63,15 @@ __all__ = [
     "load_causal_lm",
     "save_model_dir",
     "ADAPTER_CONFIG",
+    "ADAPTER_WEIGHTS",
     "adapter_base",
+    "adapter_problem",
+    "check_adapter",
+    "lora_rank_problem",
     "load_recallm_model",
     "merge_adapter",
     "vllm_lora_rank",
+    "VLLM_LORA_RANKS",
 ]
 
 log = logging.getLogger(__name__)
@@ -440,7 +445,10 @@ def check_recallm_model(path: str | Path, *, weights: bool = False) -> dict[str,
     tokenizer = load_tokenizer(path)
     ids = RecallTokenIds.from_pretrained(config, tokenizer)
     if weights:
-        check_weights(adapter_base(path) or path)  # a LoRA adapter: its base's weights
+        base = adapter_base(path)
+        check_weights(base or path)  # a LoRA adapter: its base's weights, and the adapter itself
+        if base is not None:
+            check_adapter(path)
     rendered = tokenizer.apply_chat_template(
         [{"role": "user", "content": "probe"}], tokenize=False, add_generation_prompt=True
     )
@@ -579,23 +587,36 @@ def save_model_dir(model, tokenizer, directory: str | Path, what: str = "the mod
 
 # ------------------------------------------------------------------------------- LoRA adapters
 ADAPTER_CONFIG = "adapter_config.json"
+ADAPTER_WEIGHTS = "adapter_model.safetensors"
+
+
+def _adapter_config(path: Path) -> dict:
+    """``adapter_config.json`` of an adapter directory: a JSON object, or a one-line ``RecallmError``."""
+    import json
+
+    file = path / ADAPTER_CONFIG
+    try:
+        config = json.loads(file.read_bytes().decode("utf-8"))
+    except (OSError, ValueError, RecursionError) as exc:  # (not UTF-8, not JSON, nested too deeply)
+        raise RecallmError(f"cannot read {file}: {_first_line(exc)}") from None
+    if not isinstance(config, dict):
+        raise RecallmError(f"{file} must be a JSON object (PEFT's LoRA config), got a {type(config).__name__}")
+    return config
 
 
 def adapter_base(path: str | Path) -> Path | None:
     """The base model directory of a PEFT LoRA adapter directory (``adapter_config.json`` without a
     ``config.json``: what ``recallm-sft`` writes to ``final/adapter``, ``recallm-export --keep-adapter``
-    writes), or None for anything else. A base that is not a model directory is a ``RecallmError``."""
-    import json
-
+    writes), or None for anything else. A config that does not read, or a base that is not a model
+    directory, is a ``RecallmError``."""
     path = Path(path)
     if (path / "config.json").is_file() or not (path / ADAPTER_CONFIG).is_file():
         return None
-    try:
-        base = json.loads((path / ADAPTER_CONFIG).read_text()).get("base_model_name_or_path")
-    except (OSError, ValueError) as exc:
-        raise RecallmError(f"cannot read {path / ADAPTER_CONFIG}: {exc}") from None
-    if not base:
-        raise RecallmError(f"{path / ADAPTER_CONFIG} names no base model (base_model_name_or_path)")
+    base = _adapter_config(path).get("base_model_name_or_path")
+    if not base or not isinstance(base, str):
+        raise RecallmError(
+            f"{path / ADAPTER_CONFIG} names no base model (base_model_name_or_path must be a path, got {base!r})"
+        )
     base_dir = Path(base) if Path(base).is_absolute() else path / base
     if not (base_dir / "config.json").is_file():
         raise RecallmError(
@@ -605,22 +626,138 @@ def adapter_base(path: str | Path) -> Path | None:
     return base_dir
 
 
+def _shapes(directory: Path) -> dict[str, list[int]]:
+    """Every tensor's shape in the safetensors files of ``directory`` (their headers: nothing is loaded)."""
+    from safetensors import safe_open
+
+    shapes: dict[str, list[int]] = {}
+    for file in sorted(directory.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            for name in f.keys():  # noqa: SIM118  (safe_open is not a mapping)
+                shapes[name] = list(f.get_slice(name).get_shape())
+    return shapes
+
+
+def _config_problem(config: dict) -> str | None:
+    """What is wrong with a LoRA adapter's config (the values a merge uses), or None."""
+    if str(config.get("peft_type", "LORA")).upper() != "LORA":
+        return f"is a {config.get('peft_type')} adapter, not LoRA"
+    rank, alpha = config.get("r"), config.get("lora_alpha", 8)
+    if isinstance(rank, bool) or not isinstance(rank, int) or rank < 1:
+        return f"has r={rank!r}: the LoRA rank must be a positive integer"
+    if isinstance(alpha, bool) or not isinstance(alpha, (int, float)) or not math.isfinite(alpha) or alpha <= 0:
+        return f"has lora_alpha={alpha!r}: a positive number (0 scales the adapter to nothing)"
+    targets = config.get("target_modules")
+    if not (isinstance(targets, str) and targets) and not (
+        isinstance(targets, list) and targets and all(isinstance(t, str) and t for t in targets)
+    ):
+        return f"has target_modules={targets!r}: the names of the modules the adapter changes"
+    return None
+
+
+def adapter_problem(path: str | Path) -> str | None:
+    """What is wrong with the LoRA adapter directory ``path``, or None: a config that does not read or
+    whose rank, scale or targets are not a LoRA adapter's (:func:`_config_problem`); files that differ from
+    the manifest covering them (``recallm.io.verify_covered``: its own, or its model directory's, as
+    ``recallm-sft``'s ``final`` lists ``adapter/...``); no weights, weights that do not read whole or hold a
+    NaN or an inf (``safetensors_problem``); a rank of the weights other than the config's; a tensor whose
+    module the base model lacks, or whose shape does not fit that module (an adapter of another model)."""
+    import re
+
+    from recallm.io import verify_covered
+
+    path = Path(path)
+    base = adapter_base(path)
+    if base is None:
+        return f"is not a LoRA adapter directory (no {ADAPTER_CONFIG} naming a base model)"
+    config = _adapter_config(path)
+    problem = _config_problem(config)
+    if problem:
+        return f"{ADAPTER_CONFIG} {problem}"
+    try:
+        verify_covered(path)
+    except RecallmError as exc:
+        return str(exc)
+    weights = path / ADAPTER_WEIGHTS
+    if not weights.is_file():
+        return f"has no adapter weights ({ADAPTER_WEIGHTS})"
+    problem = safetensors_problem(weights)
+    if problem:
+        return f"{ADAPTER_WEIGHTS} {problem}"
+    pattern = re.compile(r"(?:base_model\.model\.)?(.+)\.lora_([AB])(?:\.[^.]+)?\.weight")
+    pairs: dict[str, dict[str, list[int]]] = {}
+    for name, shape in _shapes(path).items():
+        match = pattern.fullmatch(name)
+        if match:
+            pairs.setdefault(match.group(1), {})[match.group(2)] = shape
+    if not pairs:
+        return f"{ADAPTER_WEIGHTS} holds no LoRA tensors (lora_A, lora_B)"
+    base_shapes = _shapes(base)
+    patterned = bool(config.get("rank_pattern"))
+    for module, ab in sorted(pairs.items()):
+        a, b = ab.get("A"), ab.get("B")
+        if a is None or b is None or len(a) != 2 or len(b) != 2 or a[0] != b[1]:
+            return f"{ADAPTER_WEIGHTS}: {module} has lora_A {a} and lora_B {b}, not a low-rank pair [r, in], [out, r]"
+        if not patterned and a[0] != config["r"]:
+            return (
+                f"{ADAPTER_CONFIG} says r={config['r']}, but its weights have rank {a[0]} ({module}): the config and "
+                "the weights are not of one adapter"
+            )
+        weight = base_shapes.get(f"{module}.weight")
+        if base_shapes and weight is None:
+            return f"{ADAPTER_WEIGHTS} adapts {module}, which the base model {base} does not have: an adapter of another model"
+        if weight is not None and [b[0], a[1]] != weight[:2]:
+            return (
+                f"{ADAPTER_WEIGHTS}: {module} is adapted as [out, in] = [{b[0]}, {a[1]}], but the base model's is "
+                f"{weight}: an adapter of another model"
+            )
+    return None
+
+
+def lora_rank_problem(rank: int, config, key: str) -> str | None:
+    """A LoRA rank above the model's width (``hidden_size``), as one line naming ``key``, or None. Such a rank
+    adds nothing (an update of a layer has at most the rank of its smaller side) and costs rank x (in + out)
+    weights per adapted layer: ``sft.lora.rank=100000000`` asked for 51 GB before anything was checked."""
+    width = getattr(config, "hidden_size", None)
+    if isinstance(width, int) and not 1 <= rank <= width:
+        return (
+            f"{key}={rank} is above the model's width (hidden_size {width}): a LoRA update of a layer has at most the "
+            f"rank of its smaller side, and each rank costs (in + out) weights per layer; use 1 to {width} (8 to 64 is usual)"
+        )
+    return None
+
+
+def check_adapter(path: str | Path) -> None:
+    """``adapter_problem`` as a one-line ``RecallmError`` (before a merge, a load, ``--check``, serving)."""
+    problem = adapter_problem(path)
+    if problem:
+        raise RecallmError(f"LoRA adapter {path}: {problem}")
+
+
 def load_recallm_model(path: str | Path, **kwargs):
     """``AutoModelForCausalLM.from_pretrained(path, **kwargs)`` for a model directory; for a LoRA adapter
-    directory (:func:`adapter_base`), its base with the adapter merged in (PEFT), a plain model again.
+    directory (:func:`adapter_base`), its base with the adapter merged in (PEFT), a plain model again:
+    the adapter checked first (:func:`check_adapter`), the merged weights checked finite.
     The one loader of "a model or an adapter" (eval's HF backend, export)."""
     base = adapter_base(path)
     if base is None:
         return load_causal_lm(path, **kwargs)
     from peft import PeftModel
 
+    check_adapter(path)
     model = load_causal_lm(base, **kwargs)
-    return PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    try:
+        merged = PeftModel.from_pretrained(model, str(path)).merge_and_unload()
+    except (OSError, ValueError, RuntimeError, KeyError) as exc:
+        raise RecallmError(f"cannot load the LoRA adapter {path}: {_first_line(exc)}") from None
+    check_finite(merged, f"the model merged with the LoRA adapter {path}")
+    return merged
 
 
 def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = None) -> Path:
     """Merge a LoRA adapter directory into its base and save a plain RecaLLM model directory at ``out``
-    (written next to it and renamed into place), tokenizer included (the adapter's own when it has one).
+    (written next to it and renamed into place; ``out`` must not exist or be empty: ``recallm.io.atomic_dir``
+    with ``overwrite=False``), tokenizer included (the adapter's own when it has one), its checksums recorded.
     ``dtype``: of the written weights (default: the base's)."""
     from recallm.io import atomic_dir
     from recallm.tokens import load_tokenizer
@@ -632,30 +769,42 @@ def merge_adapter(adapter: str | Path, out: str | Path, *, dtype: str | None = N
     kwargs = {"dtype": getattr(torch, dtype)} if dtype else {"dtype": "auto"}
     model = load_recallm_model(adapter, **kwargs)
     tokenizer = load_tokenizer(adapter if (adapter / "tokenizer_config.json").is_file() else base)
-    with atomic_dir(Path(out)) as tmp:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+    with atomic_dir(Path(out), overwrite=False) as tmp:
+        save_model_dir(model, tokenizer, tmp, f"the model merged with the LoRA adapter {adapter}")
     return Path(out)
 
 
-_VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+#: the ``max_lora_rank`` values vLLM 0.24 accepts (``vllm/config/lora.py``: ``MaxLoRARanks``); verl starts its
+#: rollout at the ``lora_rank`` rounded up to one of them (``verl/workers/rollout/vllm_rollout/utils.py``:
+#: ``get_vllm_max_lora_rank``)
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
-def vllm_lora_rank(adapter: str | Path) -> int:
-    """vLLM's ``max_lora_rank`` for serving a LoRA adapter directory (the smallest vLLM accepts that holds the
-    adapter's rank). vLLM cannot serve trained token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's
-    ``PEFTHelper`` takes no ``modules_to_save``): such an adapter is a ``RecallmError`` naming the merge."""
-    import json
+def _rounded_lora_rank(rank: int) -> int | None:
+    return next((allowed for allowed in VLLM_LORA_RANKS if allowed >= rank), None)
 
+
+def vllm_lora_rank(adapter: str | Path | int) -> int:
+    """vLLM's ``max_lora_rank`` for a LoRA rank: the smallest of :data:`VLLM_LORA_RANKS` that holds it.
+    ``adapter``: a rank (GRPO's ``actor_rollout_ref.model.lora_rank``, as verl rounds it; ``recallm.plan``),
+    or a LoRA adapter directory to serve (its ``adapter_config.json``'s ``r``). vLLM cannot serve trained
+    token rows (PEFT's ``trainable_token_indices``; vLLM 0.24's ``PEFTHelper`` takes no ``modules_to_save``):
+    such an adapter is a ``RecallmError`` naming the merge."""
+
+    if isinstance(adapter, int):
+        rounded = _rounded_lora_rank(adapter)
+        if rounded is None:
+            raise RecallmError(f"lora_rank {adapter} is above vLLM's largest max_lora_rank, {VLLM_LORA_RANKS[-1]}")
+        return rounded
     adapter = Path(adapter)
-    config = json.loads((adapter / ADAPTER_CONFIG).read_text())
+    config = _adapter_config(adapter)
     if config.get("trainable_token_indices") or config.get("modules_to_save"):
         raise RecallmError(
             f"{adapter} trains the recall token rows next to the adapter, which vLLM cannot serve: merge it "
             f"first (recallm-export --checkpoint {adapter} --out <dir>) and use that directory"
         )
-    rank = int(config.get("r") or 8)
-    for allowed in _VLLM_LORA_RANKS:
-        if allowed >= rank:
-            return allowed
-    raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {_VLLM_LORA_RANKS[-1]}")
+    rank = int(config.get("r") or 8)  # (PEFT's default rank)
+    rounded = _rounded_lora_rank(rank)
+    if rounded is None:
+        raise RecallmError(f"{adapter} has LoRA rank {rank}; vLLM serves ranks up to {VLLM_LORA_RANKS[-1]}")
+    return rounded

@@ -8,8 +8,10 @@ pipeline runs the project's own commands, in order, under one run directory::
     <run_dir>/model            recallm-create-model --tiny | --base PATH | --fetch NAME  (or a RecaLLM model directory)
     <run_dir>/base             recallm-create-model --plain  (GGUF bases, ``plain_base``: the untrained baseline)
     <run_dir>/data             recallm-data
-    <run_dir>/sft/<variant>    recallm-sft stage=embed, then stage=full      (variants in parallel)
-    <run_dir>/grpo/<variant>   recallm-grpo                                   (one at a time)
+    <run_dir>/sft/<variant>    recallm-sft stage=embed, then stage=full      (variants in parallel; under torchrun
+                               with ``sft_processes`` > 1; the traces: the data stage's, or ``sft_data``)
+    <run_dir>/grpo/<variant>   recallm-grpo                                   (one at a time; a GPU recipe's
+                               run is checked by ``recallm-plan grpo --require-fit`` first: stage ``plan``)
     <run_dir>/models/<variant> recallm-export (the GRPO checkpoint as a Hugging Face directory)
     <run_dir>/eval/<run>       recallm-eval (one run per evaluated model and decoding)
     <run_dir>/report           recallm-eval mode=report (every run side by side)
@@ -21,12 +23,18 @@ which continue from their own checkpoints (data shards, SFT checkpoints, GRPO ch
 results). Jobs whose command cannot resume (export) start from an empty output. Ctrl-C stops the
 running jobs; nothing done is lost. Jobs of one stage run side by side (``parallel``), each with
 its share of the CPU threads.
+
+The CPU experiments (``tiny_cpu``, ``toy_rl``, ``smollm2_cpu``) run here; the paper's runs
+(``paper_qwen2.5_7b``, ``paper_llama3.1_8b``) are the same stages on one node of GPUs, with what the
+user brings named once under ``experiment.inputs`` (``???`` until set: ``recallm-pipeline`` names every
+one still unset in one line) and their jobs listed without running anything (``--dry-run``).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 import shutil
 import signal
@@ -39,18 +47,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.config import typed
+from recallm.config import MAX_BATCH, MAX_SEED, MAX_WORKERS, typed
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
+from recallm.paths import METRICS_FILE
 
 __all__ = [
-    "Job",
+    "StageJob",
     "Stage",
     "Pipeline",
     "PipelineRun",
     "Experiment",
     "read_experiment",
-    "plan_experiment",
+    "experiment_stages",
+    "command_line",
     "result_line",
 ]
 
@@ -72,6 +81,27 @@ def _tool(name: str) -> list[str]:
     return [sys.executable, "-m", module]
 
 
+def _sft_tool(processes: int) -> list[str]:
+    """``recallm-sft``'s command line: one process, or ``processes`` under torchrun (one per GPU)."""
+    if processes <= 1:
+        return _tool("recallm-sft")
+    launcher = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={processes}"]
+    return [*launcher, "-m", "recallm.cli.sft"]
+
+
+def command_line(argv: Sequence[str]) -> str:
+    """A job's command as a person types it: our commands by their console-script names (``recallm-sft``
+    for ``python -m recallm.cli.sft``), ``torchrun`` for ``python -m torch.distributed.run``."""
+    args = list(argv)
+    if args[:2] == [sys.executable, "-m"] and len(args) > 2:
+        module = args[2]
+        if module == "torch.distributed.run":
+            args = ["torchrun", *args[3:]]
+        elif module.startswith("recallm.cli."):
+            args = ["recallm-" + module.rsplit(".", 1)[1].replace("_", "-"), *args[3:]]
+    return shlex.join(args)
+
+
 def _paper_scale(recipe: str) -> bool:
     """A GRPO recipe that runs on GPUs (its file chooses the ``gpu`` platform): planned before launch."""
     from recallm.paths import CONFIG_DIR
@@ -81,7 +111,7 @@ def _paper_scale(recipe: str) -> bool:
 
 
 @dataclass
-class Job:
+class StageJob:
     """One command and the paths it writes. ``fresh``: it cannot resume, so ``outputs`` left by an
     unfinished run are removed before it reruns; the others resume from their outputs. ``redo``
     moves every job's outputs aside first (``<path>.before-redo-<time>``: nothing a finished run
@@ -96,7 +126,7 @@ class Job:
 @dataclass
 class Stage:
     name: str
-    jobs: list[Job]
+    jobs: list[StageJob]
     parallel: int = 1
 
 
@@ -145,8 +175,18 @@ def _last_progress(log: Path) -> str:
             tail = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
-    pieces = [p.strip() for p in tail.replace("\r", "\n").split("\n") if p.strip()]
+    pieces = [p.strip() for p in _plain_text(tail).split("\n") if p.strip()]
     return pieces[-1][:120] if pieces else ""
+
+
+_ESCAPES = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)|[@-Z\\-_])")
+_CONTROLS = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f]")
+
+
+def _plain_text(text: str) -> str:
+    """A job's log as lines of plain text: carriage returns (progress bars redrawing) end lines, and the
+    terminal's escape sequences (colours, cursor moves: tqdm's ``ESC[A``) and other control characters go."""
+    return _CONTROLS.sub("", _ESCAPES.sub("", text.replace("\r", "\n")))
 
 
 class Pipeline:
@@ -163,6 +203,26 @@ class Pipeline:
     def status(self) -> dict[str, bool]:
         done = _state(self.run_dir)["jobs"]
         return {j.name: bool(done.get(j.name, {}).get("done")) for s in self.stages for j in s.jobs}
+
+    def states(self) -> dict[str, str]:
+        """Each job's state: ``done``; ``running`` (started, not finished, and a pipeline holds the run
+        directory now); ``todo`` (an interrupted start included)."""
+        from recallm.io import check_unlocked
+
+        jobs = _state(self.run_dir)["jobs"]
+        try:
+            check_unlocked(self.run_dir)
+            live = False
+        except RecallmError:  # a pipeline runs in this run directory now
+            live = True
+
+        def state(name: str) -> str:
+            entry = jobs.get(name, {})
+            if entry.get("done"):
+                return "done"
+            return "running" if live and entry.get("started") else "todo"
+
+        return {j.name: state(j.name) for s in self.stages for j in s.jobs}
 
     def run(self, *, redo: Sequence[str] = (), only: Sequence[str] | None = None, echo=print) -> dict[str, Any]:
         """Run what is not done yet. Ctrl-C or SIGTERM (a scheduler's stop, `kill`) stops the running
@@ -238,18 +298,20 @@ class Pipeline:
             )
         return state
 
-    def _run_stage(self, stage: Stage, todo: list[Job], state: dict[str, Any], echo) -> None:
+    def _run_stage(self, stage: Stage, todo: list[StageJob], state: dict[str, Any], echo) -> None:
         width = max(1, min(stage.parallel, len(todo)))
         threads = max(1, self.threads // width)
         queue = list(todo)
-        running: dict[str, tuple[subprocess.Popen, Job, float, Path]] = {}
-        failed: list[tuple[Job, int, Path]] = []
+        running: dict[str, tuple[subprocess.Popen, StageJob, float, Path]] = {}
+        failed: list[tuple[StageJob, int, Path]] = []
         last_beat = time.perf_counter()
         try:
             while queue or running:
                 while queue and len(running) < width and not failed:
                     job = queue.pop(0)
                     running[job.name] = self._start_entry(job, threads)
+                    state["jobs"][job.name] = {"started": time.time(), "log": str(running[job.name][3])}
+                    _save_state(self.run_dir, state)  # (--status says it runs)
                 for name, (proc, job, began, log) in list(running.items()):
                     code, cpu = _reap(proc)
                     if code is None:
@@ -266,6 +328,8 @@ class Pipeline:
                         _save_state(self.run_dir, state)
                         echo(f"  {name}: done in {_minutes(seconds)} ({cpu:.0f} CPU seconds)")
                     else:
+                        state["jobs"].pop(name, None)  # (not running any more: todo again)
+                        _save_state(self.run_dir, state)
                         failed.append((job, code, log))
                 if failed and not running:
                     break
@@ -276,18 +340,19 @@ class Pipeline:
                         echo(f"  {name} ({_minutes(now - began)}): {_last_progress(log)}")
                 time.sleep(0.5)
         except KeyboardInterrupt:
-            for proc, _, _, _ in running.values():
+            for name, (proc, _, _, _) in running.items():
                 _stop(proc)
+                state["jobs"].pop(name, None)  # stopped: todo again (the caller saves the state)
             raise
         if failed:
             job, code, log = failed[0]
             raise RecallmError(f"stage {stage.name}: {job.name} failed (exit {code}); see {log}: {_last_error(log)}")
 
-    def _start_entry(self, job: Job, threads: int) -> tuple[subprocess.Popen, Job, float, Path]:
+    def _start_entry(self, job: StageJob, threads: int) -> tuple[subprocess.Popen, StageJob, float, Path]:
         proc, log = self._start(job, threads)
         return proc, job, time.perf_counter(), log
 
-    def _start(self, job: Job, threads: int) -> tuple[subprocess.Popen, Path]:
+    def _start(self, job: StageJob, threads: int) -> tuple[subprocess.Popen, Path]:
         if job.fresh:
             for path in job.outputs:
                 if path.is_dir():
@@ -340,7 +405,7 @@ def _stop(proc: subprocess.Popen) -> None:
 
 def _last_error(log: Path) -> str:
     try:
-        lines = [ln.strip() for ln in log.read_text(errors="replace").replace("\r", "\n").splitlines() if ln.strip()]
+        lines = [ln.strip() for ln in _plain_text(log.read_text(errors="replace")).splitlines() if ln.strip()]
     except OSError:
         return "(no log)"
     for line in reversed(lines):
@@ -387,12 +452,12 @@ class PipelineRun:
 
     run_dir: str
     experiment: dict[str, Any]
-    """the ``experiment`` group (``recallm.pipeline.plan_experiment`` reads it)"""
+    """the ``experiment`` group (``recallm.pipeline.experiment_stages`` reads it)"""
     redo: Any = ()
     """stages to run again from scratch: a name or a list"""
     only: Any = None
     """run only these stages: a name or a list (None: all)"""
-    threads: int | None = field(default=None, metadata={"min": 1})
+    threads: int | None = field(default=None, metadata={"min": 1, "max": MAX_WORKERS})
     """CPU threads shared by the jobs of a stage (None: every core)"""
 
 
@@ -410,7 +475,12 @@ class ModelSpec:
     dtype: str = "auto"
     plain_base: bool = False
     """also build the plain base (variant ``base``: the untrained baseline)"""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
+    yarn_factor: float | None = field(default=None, metadata={"min": 1.0, "max": 128.0})
+    """with ``base`` or ``fetch``: YaRN rope scaling with this factor (``--yarn-factor``; the paper's Qwen2.5-7B: 4)"""
+    config: str | None = None
+    """the ``model`` option ``recallm-sft`` composes (``configs/model/<config>.yaml``, e.g. ``qwen2.5_7b``);
+    None: the SFT config's default"""
 
 
 @dataclass(frozen=True)
@@ -432,6 +502,8 @@ class GRPOStageSpec:
     recipe: str
     val_file: str
     overrides: list[Any] | None = None
+    export_step: int | None = field(default=None, metadata={"min": 1})
+    """the step exported and evaluated (``recallm-export --step``; the Llama recipe: 60); None: the newest"""
 
 
 @dataclass(frozen=True)
@@ -452,7 +524,7 @@ class EvalStageSpec:
     suite: str
     runs: dict[str, Any] | None = None
     """name -> an ``EvalRunSpec``"""
-    batch_size: int = field(default=8, metadata={"min": 1})
+    batch_size: int = field(default=8, metadata={"min": 1, "max": MAX_BATCH})
     overrides: list[Any] | None = None
 
 
@@ -492,13 +564,22 @@ class Experiment:
     variants: dict[str, Any]
     """name -> a ``VariantSpec``"""
     eval: EvalStageSpec
-    data_workers: int = field(default=1, metadata={"min": 1})
+    data_workers: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     data_overrides: list[Any] | None = None
     sft_overrides: list[Any] | None = None
-    parallel: int = field(default=2, metadata={"min": 1})
+    parallel: int = field(default=2, metadata={"min": 1, "max": MAX_WORKERS})
     """jobs of one stage side by side"""
     grpo: GRPOStageSpec | None = None
     result: ResultSpec = field(default_factory=ResultSpec)
+    sft_data: str | None = None
+    """a directory of SFT traces (``train.jsonl``, ``val.jsonl``: ``recallm-annotate``'s ``output_dir``); None:
+    the data stage's programmatic traces (``<run_dir>/data/sft``)"""
+    sft_processes: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
+    """processes of each SFT run, one per GPU: more than 1 runs ``recallm-sft`` under ``torchrun --standalone
+    --nproc_per_node N`` (the paper's runs: 4, with ``deepspeed=zero2`` among ``sft_overrides``)"""
+    inputs: dict[str, Any] | None = None
+    """what the user brings (model, data and traces directories), named once: the file's other values
+    interpolate them (``${experiment.inputs.<name>}``); a required one is ``???`` until set on the command line"""
 
 
 def read_experiment(exp: Mapping[str, Any]) -> Experiment:
@@ -520,7 +601,7 @@ def _overrides(value, where: str) -> list[str]:
     return list(value)
 
 
-def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
+def experiment_stages(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     """The stages of an experiment config (``configs/experiment/*.yaml``), checked up front."""
     run_dir = Path(run_dir).resolve()
     spec_ = read_experiment(exp)
@@ -536,6 +617,8 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     sources = [k for k in ("path", "base", "fetch") if getattr(model_cfg, k)]
     if len(sources) > 1:
         raise RecallmError(f"experiment.model: give one of path, base, fetch; got {', '.join(sources)}")
+    if model_cfg.yarn_factor is not None and not (model_cfg.base or model_cfg.fetch):
+        raise RecallmError("experiment.model.yarn_factor applies to a model created here: give base or fetch too")
     if model_cfg.path:
         model_dir = Path(model_cfg.path).resolve()
         if not (model_dir / "config.json").is_file():
@@ -545,11 +628,13 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             ["--fetch", model_cfg.fetch] if model_cfg.fetch else ["--base", str(Path(str(model_cfg.base)).resolve())]
         )
         dtype = ["--dtype", model_cfg.dtype]
-        jobs = [Job("model", [*_tool("recallm-create-model"), *source, *dtype, "--out", str(model_dir)], [model_dir], fresh=True)]
+        yarn = [] if model_cfg.yarn_factor is None else ["--yarn-factor", str(model_cfg.yarn_factor)]
+        argv = [*_tool("recallm-create-model"), *source, *dtype, *yarn, "--out", str(model_dir)]
+        jobs = [StageJob("model", argv, [model_dir], fresh=True)]
         if model_cfg.plain_base:
             base_dir = run_dir / "base"
             argv = [*_tool("recallm-create-model"), *source, *dtype, "--plain", "--out", str(base_dir)]
-            jobs.append(Job("model/base", argv, [base_dir], fresh=True))
+            jobs.append(StageJob("model/base", argv, [base_dir], fresh=True))
         stages.append(Stage("model", jobs, 1))
     else:
         argv = [
@@ -560,7 +645,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             "--seed",
             str(model_cfg.seed),
         ]
-        stages.append(Stage("model", [Job("model", argv, [model_dir], fresh=True)]))
+        stages.append(Stage("model", [StageJob("model", argv, [model_dir], fresh=True)]))
     data_dir = run_dir / "data"
     data_argv = [
         *_tool("recallm-data"),
@@ -570,13 +655,15 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         f"workers={spec_.data_workers}",
         *_overrides(spec_.data_overrides, "experiment.data_overrides"),
     ]
-    stages.append(Stage("data", [Job("data", data_argv, [data_dir])]))
+    stages.append(Stage("data", [StageJob("data", data_argv, [data_dir])]))
     parallel = spec_.parallel
+    traces = Path(spec_.sft_data).resolve() if spec_.sft_data else data_dir / "sft"
     sft_common = [
         f"sft={spec_.sft}",
+        *([f"model={model_cfg.config}"] if model_cfg.config else []),
         f"model.path={model_dir}",
-        f"train_file={data_dir / 'sft' / 'train.jsonl'}",
-        f"val_file={data_dir / 'sft' / 'val.jsonl'}",
+        f"train_file={traces / 'train.jsonl'}",
+        f"val_file={traces / 'val.jsonl'}",
         *_overrides(spec_.sft_overrides, "experiment.sft_overrides"),
     ]
     shared = _shared_sft(variants)
@@ -586,8 +673,9 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             if name in shared:
                 continue
             extra = _overrides(variant.sft, f"experiment.variants.{name}.sft")
-            argv = [*_tool("recallm-sft"), *sft_common, f"stage={stage}", f"out_dir={run_dir / 'sft' / name}", *extra]
-            jobs.append(Job(f"sft_{stage}/{name}", argv, [run_dir / "sft" / name / stage]))
+            out = f"out_dir={run_dir / 'sft' / name}"
+            argv = [*_sft_tool(spec_.sft_processes), *sft_common, f"stage={stage}", out, *extra]
+            jobs.append(StageJob(f"sft_{stage}/{name}", argv, [run_dir / "sft" / name / stage]))
         stages.append(Stage(f"sft_{stage}", jobs, parallel))
     final = {name: run_dir / "sft" / shared.get(name, name) / "full" / "final" for name in variants}
     sft_final = dict(final)
@@ -595,6 +683,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     metrics_logs: dict[str, Path] = {}
     if grpo:
         jobs, exports, plans = [], [], []
+        step = ["--step", str(grpo.export_step)] if grpo.export_step is not None else []
         for name, variant in variants.items():
             ckpt = run_dir / "grpo" / name
             argv = [
@@ -609,15 +698,15 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
                 *_overrides(grpo.overrides, "experiment.grpo.overrides"),
                 *_overrides(variant.grpo, f"experiment.variants.{name}.grpo"),
             ]
-            jobs.append(Job(f"grpo/{name}", argv, [ckpt]))
+            jobs.append(StageJob(f"grpo/{name}", argv, [ckpt]))
             if _paper_scale(grpo.recipe):  # recallm-plan --require-fit before a GPU launch: it stops here if it cannot fit
-                plans.append(Job(f"plan/{name}", [*_tool("recallm-plan"), "grpo", "--require-fit", *argv[3:]]))
+                plans.append(StageJob(f"plan/{name}", [*_tool("recallm-plan"), "grpo", "--require-fit", *argv[3:]]))
             metrics_logs[name] = ckpt / METRICS_FILE
             out = run_dir / "models" / name
             exports.append(
-                Job(
+                StageJob(
                     f"export/{name}",
-                    [*_tool("recallm-export"), "--checkpoint", str(ckpt), "--out", str(out)],
+                    [*_tool("recallm-export"), "--checkpoint", str(ckpt), *step, "--out", str(out)],
                     [out],
                     True,
                 )
@@ -662,7 +751,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
             *_overrides(ev.overrides, "experiment.eval.overrides"),
             *_overrides(spec.overrides, f"experiment.eval.runs.{run_name}.overrides"),
         ]
-        eval_jobs.append(Job(f"eval/{run_name}", argv, [run_dir / "eval" / run_name]))
+        eval_jobs.append(StageJob(f"eval/{run_name}", argv, [run_dir / "eval" / run_name]))
     stages.append(Stage("eval", eval_jobs, parallel))
     report_argv = [
         *_tool("recallm-eval"),
@@ -672,7 +761,7 @@ def plan_experiment(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
     ]
     if metrics_logs:  # the GRPO runs' training curves (Figure 10's panels) in the same report
         report_argv.append("curves={" + ",".join(f"{name}:{path}" for name, path in metrics_logs.items()) + "}")
-    stages.append(Stage("report", [Job("report", report_argv, [run_dir / "report"], True)]))
+    stages.append(Stage("report", [StageJob("report", report_argv, [run_dir / "report"], True)]))
     return stages
 
 

@@ -3,28 +3,53 @@
 A RecaLLM checkpoint names its own architecture (``Recall<Base>ForCausalLM``, ``recallm_<base>``),
 which vLLM does not know: vLLM serves it as its base architecture (``hf_overrides`` from
 :func:`recallm.modeling.vllm_hf_overrides`) and the recall logits processor
-(``recallm.recall.vllm:RecallLogitsProcessorV1``) keeps every recall span a verbatim copy of its
-context, reading the recall token ids from the same config (``recallm.modeling.served_hf_overrides``
+(``recallm.recall.vllm:RecallLogitsProcessor``, for either of vLLM's model runners) keeps every recall
+span a verbatim copy of its context, reading the recall token ids from the same config (``recallm.modeling.served_hf_overrides``
 merges a user's own overrides with those: one place, used by ``recallm-serve`` and ``recallm-grpo``);
 :func:`serve_command` builds the ``vllm serve`` command line ``recallm-serve`` runs: vLLM's
 OpenAI-compatible server, which ``recallm-eval backend.name=openai`` and the RLM scaffold point
 at (``base_url=http://HOST:PORT/v1``, ``served_model=<name>``). A LoRA adapter directory
 (``recallm-sft``'s ``final/adapter``, ``recallm-export --keep-adapter``'s ``<out>/adapter``) is served
 with vLLM's LoRA support: its base model plus the adapter under the served name (``_lora_args``).
+
+In front of vLLM's routes, :class:`RequestGuard` (vLLM's ``--middleware``, an ASGI middleware) answers a
+completion or chat request that vLLM would fail on or that would run for hours with a 400 and one line,
+in OpenAI's error format: a body that is not a JSON object (vLLM's server answered a JSON array or
+string with a 500), ``n`` or ``best_of`` above the server's limit (``recallm-serve --max-n``, default
+:data:`DEFAULT_MAX_N`: ``n=10000`` queued ten thousand generations), a body over :data:`MAX_BODY_BYTES`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from recallm.errors import RecallmError
 
-__all__ = ["serve_command", "ServeSettings"]
+__all__ = ["serve_command", "serve_env", "ServeSettings", "RequestGuard", "request_problem", "DEFAULT_MAX_N", "MAX_N_ENV"]
 
-PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessorV1"
+#: ``recallm.recall.vllm.PROCESSOR_FQCN`` (named here: importing that module loads torch)
+PROCESSOR = "recallm.recall.vllm:RecallLogitsProcessor"
+#: every name of the recall processor (one interface each, or both): a user's own is kept, not doubled
+RECALL_PROCESSORS = (
+    PROCESSOR,
+    "recallm.recall.vllm:RecallLogitsProcessorV1",
+    "recallm.recall.vllm:RecallLogitsProcessorV2",
+)
+GUARD = "recallm.serve.RequestGuard"  # (vLLM imports a middleware by its dotted path)
+#: completions per request (``n``, ``best_of``) a server answers by default; ``recallm-serve --max-n`` sets it
+DEFAULT_MAX_N = 16
+#: the most ``--max-n`` may be
+MAX_N_LIMIT = 1024
+#: the environment variable that carries ``--max-n`` into the server's process (vLLM imports the guard by name)
+MAX_N_ENV = "RECALLM_SERVE_MAX_N"
+#: the largest request body the guard reads (a 1M-token prompt is ~4 MB of text)
+MAX_BODY_BYTES = 64 << 20
+#: the routes the guard checks (vLLM's OpenAI-compatible generation endpoints)
+GUARDED_PATHS = ("/v1/completions", "/v1/chat/completions")
 
 
 class ServeSettings:
@@ -39,9 +64,13 @@ class ServeSettings:
         port: int = 8000,
         served_model_name: str | None = None,
         recall_constrained: bool = True,
+        max_n: int = DEFAULT_MAX_N,
     ) -> None:
         if not 0 < int(port) < 65536:
             raise RecallmError(f"--port must be in 1..65535, got {port}")
+        if not 1 <= int(max_n) <= MAX_N_LIMIT:
+            raise RecallmError(f"--max-n must be in 1..{MAX_N_LIMIT}, got {max_n}")
+        self.max_n = int(max_n)
         self.model = Path(model)
         self.host = host
         self.port = int(port)
@@ -100,9 +129,9 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
     )
     extra, processors = _pop_option(extra, "--logits-processors")
     if settings.recall_constrained:
-        processors = [*processors, PROCESSOR] if PROCESSOR not in processors else processors
+        processors = processors if any(p in RECALL_PROCESSORS for p in processors) else [*processors, PROCESSOR]
     else:
-        processors = [p for p in processors if p != PROCESSOR]
+        processors = [p for p in processors if p not in RECALL_PROCESSORS]
     command = [
         python or sys.executable,
         "-m",
@@ -122,8 +151,91 @@ def serve_command(settings: ServeSettings, extra: Sequence[str] = (), python: st
         command += _lora_args(settings)
     if processors:
         command += ["--logits-processors", *processors]
+    command += ["--middleware", GUARD]  # (RequestGuard: 400 for a body vLLM fails on, n above --max-n)
     command += extra
     return command
+
+
+def serve_env(settings: ServeSettings) -> dict[str, str]:
+    """The environment the server's process needs besides the caller's: ``--max-n`` for :class:`RequestGuard`."""
+    return {MAX_N_ENV: str(settings.max_n)}
+
+
+def request_problem(body: bytes, max_n: int) -> str | None:
+    """What makes a completion request's body one vLLM fails on or should not run, or None (module doc)."""
+    if len(body) > MAX_BODY_BYTES:
+        return f"the request body has {len(body):,} bytes; this server reads at most {MAX_BODY_BYTES:,}"
+    try:
+        request = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "the request body is not JSON (a JSON object of the OpenAI API is expected)"
+    if not isinstance(request, dict):
+        return f"the request body must be a JSON object of the OpenAI API, got a JSON {type(request).__name__}"
+    for key in ("n", "best_of"):
+        value = request.get(key)
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= max_n:
+            return f"{key}={value!r}: this server answers 1 to {max_n} completions per request (recallm-serve --max-n)"
+    return None
+
+
+class RequestGuard:
+    """ASGI middleware in front of vLLM's OpenAI server (module doc): reads a generation request's body,
+    answers a bad one with a 400 (OpenAI's error format), and hands a good one on unchanged."""
+
+    def __init__(self, app, max_n: int | None = None) -> None:
+        self.app = app
+        try:
+            self.max_n = int(max_n if max_n is not None else os.environ.get(MAX_N_ENV, DEFAULT_MAX_N))
+        except ValueError:
+            self.max_n = DEFAULT_MAX_N
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in GUARDED_PATHS:
+            await self.app(scope, receive, send)
+            return
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > MAX_BODY_BYTES:  # (stop reading: the size is the problem)
+                await _reply(send, 400, request_problem(b" " * size, self.max_n))
+                return
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body = b"".join(chunks)
+        problem = request_problem(body, self.max_n)
+        if problem:
+            await _reply(send, 400, problem)
+            return
+        replayed = False
+
+        async def replay():
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+async def _reply(send, status: int, message: str | None) -> None:
+    payload = json.dumps(
+        {"error": {"message": message, "type": "BadRequestError", "param": None, "code": status}}
+    ).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
 
 
 def _lora_args(settings: ServeSettings) -> list[str]:

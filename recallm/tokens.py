@@ -47,6 +47,7 @@ __all__ = [
     "RECALLM_TOKENS",
     "CONFIG_KEYS",
     "DEFAULT_MAX_RECALL_TOKENS",
+    "DEFAULT_SPAN_DRAFT_TOKENS",
     "RecallTokenIds",
     "add_recall_tokens",
     "ensure_think_generation_prompt",
@@ -73,6 +74,10 @@ CONFIG_KEYS = {
     THINK_END: "think_end_token_id",
 }
 DEFAULT_MAX_RECALL_TOKENS = 128
+#: most tokens drafted and verified in one forward pass inside a recall span (speculative in-span
+#: decoding, ``recallm.decoding``): the default of ``recallm.generation.generate`` and of the settings
+#: that pass it on (eval's ``backend.span_draft_tokens``, the CPU rollout's ``hf_cpu.span_draft_tokens``)
+DEFAULT_SPAN_DRAFT_TOKENS = 8
 
 # Appended to a chat template whose generation prompt does not already open the think block.
 _TEMPLATE_MARK = "{#- recallm: the generation prompt opens the think block #}"

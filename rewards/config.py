@@ -30,6 +30,7 @@ from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from pathlib import Path
 
+from recallm.config import MAX_CHARS, MAX_COUNT, MAX_TOKENS
 from recallm.errors import RecallmError
 
 try:  # numpy's bool is no numbers.Integral, but guard anyway: a grade of True is no grade
@@ -68,11 +69,11 @@ class CategoryReward:
     answer: str
     recall: str
     tau: float | None = None
-    top_k: int | None = None
-    free_spans: int = 2
-    min_span_chars: int = 5
-    ndcg_k: int = 10
-    citation_k: int = 5
+    top_k: int | None = field(default=None, metadata={"max": MAX_COUNT})
+    free_spans: int = field(default=2, metadata={"max": MAX_COUNT})
+    min_span_chars: int = field(default=5, metadata={"max": MAX_CHARS})
+    ndcg_k: int = field(default=10, metadata={"max": MAX_COUNT})
+    citation_k: int = field(default=5, metadata={"max": MAX_COUNT})
     ndcg_gain: str = "linear"  # NDCG gains: the grade (linear) or 2**grade - 1 (exponential)
     citation_mode: str = "ids"  # citation F1 over exact document ids, or per matched entity
     citation_coverage_weight: float = 0.2  # answer = (1 - w) * citation F1 + w * coverage
@@ -113,16 +114,16 @@ class DataSourceOverride:
     """required: the category whose row this changes (``RewardConfig`` checks it)"""
     answer: str | None = None
     recall: str | None = None
-    tau: float | None = None
-    top_k: int | None = None
-    free_spans: int | None = None
-    min_span_chars: int | None = None
-    ndcg_k: int | None = None
-    citation_k: int | None = None
+    tau: float | None = field(default=None, metadata={"min": 0, "max": 1})
+    top_k: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
+    free_spans: int | None = field(default=None, metadata={"min": 0, "max": MAX_COUNT})
+    min_span_chars: int | None = field(default=None, metadata={"min": 0, "max": MAX_CHARS})
+    ndcg_k: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
+    citation_k: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     ndcg_gain: str | None = None
     citation_mode: str | None = None
-    citation_coverage_weight: float | None = None
-    citation_unrecalled_credit: float | None = None
+    citation_coverage_weight: float | None = field(default=None, metadata={"min": 0, "max": 1})
+    citation_unrecalled_credit: float | None = field(default=None, metadata={"min": 0, "max": 1})
 
     def changes(self) -> dict[str, object]:
         """The keys this override sets (``category`` aside)."""
@@ -141,7 +142,7 @@ class WeightsSection:
     format: float
     additive: float
     multiplicative: float
-    epsilon: float
+    epsilon: float = field(metadata={"max": 1})
 
     def __post_init__(self) -> None:
         weights = (self.format, self.additive, self.multiplicative)
@@ -169,9 +170,9 @@ class FormatSection:
 class DensitySection:
     """``density``: P_density (eq. 6-7)."""
 
-    delta: float
-    half_life: float
-    per_tokens: int
+    delta: float = field(metadata={"min": 0, "max": MAX_COUNT})
+    half_life: float = field(metadata={"max": MAX_COUNT})
+    per_tokens: int = field(metadata={"max": MAX_TOKENS})
 
     def __post_init__(self) -> None:
         if self.half_life <= 0 or self.per_tokens <= 0:
@@ -188,7 +189,7 @@ class OverlongSection:
     is refused)."""
 
     enable: bool
-    max_response_length: int
+    max_response_length: int = field(metadata={"max": MAX_TOKENS})
     """the generation cap: no response is longer (DAPO's L_max)"""
     buffer: int
     """the tokens before the cap over which the factor falls from 1 to 0 (DAPO's overlong buffer)"""

@@ -1,4 +1,5 @@
-"""Tiny plain base checkpoints of several architectures, built locally for the tests."""
+"""Tiny plain base checkpoints of several architectures, and LoRA adapters of a tiny model (sound and
+damaged in every way the adapter checks name), built locally for the tests."""
 
 from __future__ import annotations
 
@@ -94,3 +95,103 @@ def save_llama31_style_base(path: Path) -> Path:
     eos = [tokenizer.convert_tokens_to_ids("<|end_of_text|>"), tokenizer.convert_tokens_to_ids("<|eot_id|>")]
     GenerationConfig(bos_token_id=tokenizer.bos_token_id, eos_token_id=eos).save_pretrained(path)
     return path
+
+
+def save_adapter(base_dir: Path, out: Path, *, token_rows: bool = False, std: float = 0.05) -> Path:
+    """A LoRA adapter of ``base_dir`` with non-zero weights, saved as recallm-sft saves one."""
+    from recallm.modeling import load_recallm_model
+    from recallm.sft.lora import apply_lora
+    from recallm.sft.settings import LoraSettings
+    from recallm.tokens import RecallTokenIds, load_tokenizer
+
+    model = load_recallm_model(base_dir)
+    rows = list(RecallTokenIds.from_config(model.config).as_config().values())
+    peft = apply_lora(
+        model, LoraSettings(rank=4, token_rows=token_rows), rows, base_dir=base_dir, gradient_checkpointing=False
+    )
+    with torch.no_grad():
+        for name, p in peft.named_parameters():
+            if "lora_B" in name:
+                p.normal_(std=std)
+    peft.save_pretrained(out)
+    load_tokenizer(base_dir).save_pretrained(out)
+    return out
+
+
+#: damaged LoRA adapters (``damaged_adapters``): name -> what is wrong with it
+DAMAGED_ADAPTERS = {
+    "a_nan": "a NaN in its weights",
+    "a_trunc": "its weights cut in half",
+    "a_empty": "empty weights",
+    "a_noweights": "no weights file",
+    "a_shape": "a tensor whose shape is another model's",
+    "a_rank": "r in its config not the rank of its weights",
+    "a_basenum": "a base_model_name_or_path that is a number",
+    "a_list": "a JSON list as its config",
+    "a_notargets": "no target_modules",
+    "a_alpha0": "lora_alpha 0 (an update scaled to nothing)",
+    "a_binconfig": "a config that is not UTF-8",
+    "a_deepconfig": "a config nested 100k deep",
+    "f_flip/adapter": "a flipped byte in the weights its model's manifest lists (recallm-sft's final/adapter)",
+}
+
+
+def damaged_adapters(sound: Path, root: Path) -> dict[str, Path]:
+    """Copies of the adapter ``sound`` under ``root``, each damaged as :data:`DAMAGED_ADAPTERS` says; none
+    carries a manifest of its own (``f_flip/adapter``'s is its model directory's)."""
+    import json
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from recallm.io import write_manifest
+
+    out = {}
+    for name in DAMAGED_ADAPTERS:
+        path = root / name
+        shutil.copytree(sound, path)
+        out[name] = path
+    weights = "adapter_model.safetensors"
+
+    def edit_weights(name, fn):
+        tensors = load_file(str(root / name / weights))
+        fn(tensors)
+        save_file(tensors, str(root / name / weights), metadata={"format": "pt"})
+
+    def edit_config(name, fn):
+        file = root / name / "adapter_config.json"
+        config = json.loads(file.read_text())
+        file.write_text(json.dumps(fn(config)))
+
+    def nan(tensors):
+        key = sorted(k for k in tensors if "lora_B" in k)[0]
+        tensors[key] = torch.full_like(tensors[key], float("nan"))
+
+    def shape(tensors):
+        key = sorted(k for k in tensors if "lora_A" in k)[0]
+        tensors[key] = torch.zeros(tensors[key].shape[0], tensors[key].shape[1] // 2)
+
+    edit_weights("a_nan", nan)
+    data = (root / "a_trunc" / weights).read_bytes()
+    (root / "a_trunc" / weights).write_bytes(data[: len(data) // 2])
+    (root / "a_empty" / weights).write_bytes(b"")
+    (root / "a_noweights" / weights).unlink()
+    edit_weights("a_shape", shape)
+    edit_config("a_rank", lambda c: {**c, "r": c["r"] * 2})
+    edit_config("a_basenum", lambda c: {**c, "base_model_name_or_path": 5})
+    edit_config("a_list", lambda c: [c])
+    edit_config("a_notargets", lambda c: {k: v for k, v in c.items() if k != "target_modules"})
+    edit_config("a_alpha0", lambda c: {**c, "lora_alpha": 0})
+    (root / "a_binconfig" / "adapter_config.json").write_bytes(b"\xff\xfe{}")
+    (root / "a_deepconfig" / "adapter_config.json").write_text("[" * 100000 + "]" * 100000)
+    # recallm-sft's final: the merged model's files and adapter/, one manifest over both; then a flipped byte
+    final = root / "f_flip"
+    base = Path(json.loads((sound / "adapter_config.json").read_text())["base_model_name_or_path"])
+    for file in base.iterdir():
+        if file.is_file() and file.name != "recallm_files.json":
+            shutil.copy(file, final / file.name)
+    write_manifest(final)
+    blob = bytearray((final / "adapter" / weights).read_bytes())
+    blob[-7] ^= 0x01  # inside the last tensor's data: still a readable, finite float
+    (final / "adapter" / weights).write_bytes(bytes(blob))
+    return out

@@ -10,6 +10,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,35 @@ def run_grpo(cmd: list[str], cwd: Path, timeout: float = 600) -> subprocess.Comp
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
+
+
+def run_grpo_stopped(cmd: list[str], cwd: Path, after_step: int, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``run_grpo``, with SIGTERM sent to ``recallm-grpo`` (what SLURM's warning makes the sbatch scripts
+    send) once verl has logged step ``after_step``: the run saves the step under way and stops."""
+    env = {**os.environ, **cpu_env(), "HF_HUB_OFFLINE": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("RAY_ADDRESS", None)
+    proc = subprocess.Popen(
+        cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True
+    )
+    lines: list[str] = []
+    timer = threading.Timer(timeout, lambda: os.killpg(proc.pid, signal.SIGKILL))
+    timer.start()
+    try:
+        signalled = False
+        for line in proc.stdout:
+            lines.append(line)
+            if not signalled and re.search(rf"(?:^|\s)step:{after_step} - ", line):
+                proc.send_signal(signal.SIGTERM)
+                signalled = True
+        proc.wait()
+    finally:
+        timer.cancel()
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    out = "".join(lines)
+    if not signalled:
+        pytest.fail(f"verl never logged step {after_step}:\n{out[-5000:]}")
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
 
 

@@ -9,7 +9,9 @@ What every such command does, in this order:
 2. A first word in ``modes`` becomes the override ``mode=WORD`` (``recallm-rlm show``); ``positional``
    names the setting a mode's next bare word sets (``recallm-rlm show PATH`` -> ``trajectory=PATH``).
 3. The command's own ``flags`` (``--status``) are taken off the line and passed to ``run`` as
-   keyword arguments (``status=True``); they are not settings.
+   keyword arguments (``status=True``); they are not settings. A flag of ``looking`` (``--status``,
+   ``--dry-run``: the command only looks) runs ``run`` without Hydra's output directory (step 5), so it
+   writes nothing.
 4. The overrides are composed the way Hydra will and checked (``recallm.config.check_overrides``:
    the type of each override against the default it replaces, settings nothing reads), then the
    command's own ``check(cfg)`` (required values, ranges, kinds of path). A mistake is one
@@ -66,6 +68,10 @@ def precheck(
             with open_dict(task):
                 task.pop("hydra", None)
         check(task)
+    if job_name is not None:  # Hydra's run directory (after the command's own checks: it is often under out_dir)
+        from recallm.io import check_out_dir
+
+        check_out_dir(str(cfg.hydra.run.dir), "hydra.run.dir")
     return cfg
 
 
@@ -103,10 +109,12 @@ def hydra_command(
     quiet: Sequence[str] = ("transformers",),
     quiet_level: int = logging.WARNING,
     hydra_run: bool = True,
+    looking: Sequence[str] = (),
 ) -> Callable[[list[str] | None], int | None]:
     """The ``main`` of a console script that runs ``configs/<config_name>.yaml`` (module doc).
 
-    ``flags``: the command's own ``--flag``s (name -> help), passed to ``run`` as booleans;
+    ``flags``: the command's own ``--flag``s (name -> help), passed to ``run`` as booleans; ``looking``: those of
+    them with which the command only looks (no Hydra output directory is written);
     ``quiet``: loggers turned down to ``quiet_level`` while it runs."""
     flags = dict(flags or {})
     command = sys._getframe(1).f_globals.get("__name__", run.__module__)  # the recallm.cli module defining main
@@ -123,7 +131,7 @@ def hydra_command(
             return _exit(_help(config_name, [a for a in args if a not in ("--help", "-h")], command, flags, subcommands))
         given = {name[2:].replace("-", "_"): name in args for name in flags}
         args = [a for a in args if a not in flags]
-        if not hydra_run:  # the composed and checked config is what runs: composed once
+        if not hydra_run or any(given[name[2:].replace("-", "_")] for name in looking):  # composed once, run as is
             return _exit(run(precheck(config_name, args, check, open_keys=open_keys, closed=closed), **given))
         if any(arg.startswith("-") for arg in args):  # Hydra's own flags: Hydra's own run
             return _run_hydra(config_name, args, run, given, quiet, quiet_level, command)
@@ -354,6 +362,7 @@ def _run_composed(
 
     result: dict[str, Any] = {}
     task = _task(run, given, quiet, level, result)
+    _make_run_dir(str(cfg.hydra.run.dir))
     with open_dict(cfg.hydra):
         cfg.hydra.mode = RunMode.RUN
     configure_log(cfg.hydra.hydra_logging, cfg.hydra.verbose)
@@ -366,6 +375,21 @@ def _run_composed(
         callbacks.on_run_end(config=cfg, config_name=cfg.hydra.job.config_name, job_return=ret)
         _ = ret.return_value  # the run's exception, if it raised one
     return _exit(result.get("code"))
+
+
+@cli_errors
+def _make_run_dir(run_dir: str) -> None:
+    """Create Hydra's run directory (Hydra would, with a traceback where it cannot: under ``/proc``, in a
+    read-only place): one line naming ``hydra.run.dir`` instead."""
+    from recallm.errors import RecallmError
+
+    try:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise RecallmError(
+            f"hydra.run.dir={run_dir} cannot be created ({exc.strerror}): give a directory you can write, or "
+            "leave hydra.run.dir at its default"
+        ) from None
 
 
 def _remove_hydra_dir() -> None:

@@ -80,6 +80,10 @@ def main(argv: list[str] | None = None) -> int:
             math.isfinite(args.yarn_factor) and 1 < args.yarn_factor <= MAX_YARN_FACTOR
         ):
             raise RecallmError(f"--yarn-factor must be a number in (1, {MAX_YARN_FACTOR}], got {args.yarn_factor}")
+        from recallm.config import MAX_SEED
+
+        if not 0 <= args.seed <= MAX_SEED:
+            raise RecallmError(f"--seed must be in [0, {MAX_SEED}] (a 63-bit integer), got {args.seed}")
         if args.tiny:
             from recallm.tiny import create_tiny
 
@@ -112,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote {out}")
     for key, value in summary.items():
         print(f"  {key}: {value}")
+    if args.check:  # the verdict, last
+        from recallm.modeling import adapter_base
+
+        what = "a LoRA adapter of a RecaLLM model" if adapter_base(args.check) else "a RecaLLM model directory"
+        print(f"ok: {args.check} is {what}: config, recall tokens, tokenizer, chat template and weights (whole, finite) checked")
     return 0
 
 

@@ -45,7 +45,7 @@ def resolve_tokenizer(spec: str, out_dir: Path) -> Path:
 def check(cfg: DictConfig) -> None:
     """The command's settings, before anything is written (``recallm.cli.common``): every problem of the
     output directory, the tokenizer and the mixture at once (``recallm.errors.collect``)."""
-    from data_gen.generate import plan_from_config
+    from data_gen.generate import schedule_from_config
 
     settings = typed(DataRun, cfg, "")
 
@@ -65,34 +65,51 @@ def check(cfg: DictConfig) -> None:
             )
 
     def mixture() -> None:
-        plan_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+        schedule = schedule_from_config(OmegaConf.to_container(cfg.data, resolve=True))
+        _check_disk(schedule, Path(settings.out_dir))
 
     raise_problems(collect(output, tokenizer, mixture))
 
 
+def _check_disk(schedule, out_dir: Path) -> None:
+    """The schedule's rows fit the free space of ``out_dir``'s disk (``data_gen.generate.schedule_bytes``, a floor)."""
+    import shutil
+
+    from data_gen.generate import schedule_bytes
+
+    there = next((p for p in (out_dir, *out_dir.parents) if p.exists()), Path("."))
+    need, free = schedule_bytes(schedule), shutil.disk_usage(there).free
+    if need > free:
+        rows = sum(job.count for job in schedule.jobs)
+        raise RecallmError(
+            f"the mixture makes {rows:,} rows, at least {need / 2**30:,.1f} GiB, and {there} has {free / 2**30:,.1f} GiB "
+            "free: lower the counts (data.train.entries[*].count, data.val.per_cell, data.sft.count) or choose another out_dir"
+        )
+
+
 @cli_errors
 def run(cfg: DictConfig) -> dict:
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tokens import RecallTokenIds, load_tokenizer
 
     check(cfg)
     data_cfg = OmegaConf.to_container(cfg.data, resolve=True)
-    plan = plan_from_config(data_cfg)  # every check happens here, before any generation
+    schedule = schedule_from_config(data_cfg)  # every check happens here, before any generation
     out_dir = Path(cfg.out_dir)
     with lock_dir(out_dir, "recallm-data"):  # from before the tiny tokenizer is built into it
         tokenizer_dir = resolve_tokenizer(str(cfg.tokenizer), out_dir)
-        if any(job.split == "sft" for job in plan.jobs):
+        if any(job.split == "sft" for job in schedule.jobs):
             RecallTokenIds.from_tokenizer(load_tokenizer(tokenizer_dir))  # traces need the recall tokens
-        n_rows = sum(job.count for job in plan.jobs)
-        print(f"generating {n_rows} rows ({len(plan.jobs)} jobs) into {out_dir} with tokenizer {tokenizer_dir}")
-        result = run_plan(plan, out_dir, tokenizer_dir, workers=cfg.workers, progress=cfg.progress)
+        n_rows = sum(job.count for job in schedule.jobs)
+        print(f"generating {n_rows} rows ({len(schedule.jobs)} jobs) into {out_dir} with tokenizer {tokenizer_dir}")
+        result = run_schedule(schedule, out_dir, tokenizer_dir, workers=cfg.workers, progress=cfg.progress)
     print((out_dir / "summary.md").read_text())
     for name, path in result["files"].items():
         print(f"{name}: {path}")
     return result
 
 
-main = hydra_command("data_gen", run, check=check, quiet_level=logging.ERROR)
+main = hydra_command("data", run, check=check, quiet_level=logging.ERROR)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from recallm.errors import cli_errors
+from recallm.errors import RecallmError, cli_errors
 from recallm.grpo.export import DTYPES
 from recallm.io import check_out_dir
 
@@ -52,27 +52,39 @@ def main(argv: list[str] | None = None) -> int:
         help="a LoRA run: write the base model and the adapter alone (<out>/adapter) instead of merging them",
     )
     args = parser.parse_args(argv)
-    from recallm.grpo.export import ADAPTER_SUBDIR, export_checkpoint, find_actor_dir, trained_dtype
+    from recallm.grpo.export import ADAPTER_SUBDIR, check_source, export_checkpoint, find_actor_dir, trained_dtype
+    from recallm.io import lock_output
     from recallm.modeling import adapter_base, check_recallm_model, merge_adapter
 
-    check_out_dir(args.out, "--out")
+    out = check_out_dir(args.out, "--out")
+    if out.is_dir() and any(out.iterdir()):
+        raise RecallmError(f"--out {out} is not empty: an export writes a new directory; choose another one")
     if args.step is not None and args.step < 1:
         parser.error(f"--step must be a positive step number, got {args.step}")
     base = adapter_base(args.checkpoint)
-    if base is not None:  # a LoRA adapter directory
-        if args.keep_adapter or args.step is not None:
-            parser.error("--keep-adapter and --step take a GRPO checkpoint; the adapter directory is merged as it is")
-        out = merge_adapter(args.checkpoint, args.out, dtype=args.dtype)
-        print(f"wrote {out}: the adapter {args.checkpoint} merged into {base}, {_weights(out)}")
-    else:
-        actor = find_actor_dir(args.checkpoint, args.step)
-        trained = trained_dtype(actor)
-        out = export_checkpoint(actor, args.out, dtype=args.dtype, keep_adapter=args.keep_adapter)
-        dtype = args.dtype or trained
-        how = "as trained" if dtype == trained else f"converted from the trained {trained} by --dtype"
-        print(f"wrote {out} from {actor}: {_weights(out)} in {dtype} ({how})")
-        if args.keep_adapter:
-            print(f"  the adapter alone: {out / ADAPTER_SUBDIR} (its base: {out})")
+    if base is not None and (args.keep_adapter or args.step is not None):
+        parser.error("--keep-adapter and --step take a GRPO checkpoint; the adapter directory is merged as it is")
+    # one export per --out (a second is refused at once); each writes a directory of its own, renamed at the end
+    with lock_output(out, "recallm-export"):
+        if base is not None:  # a LoRA adapter directory
+            merge_adapter(args.checkpoint, out, dtype=args.dtype)
+            print(f"wrote {out}: the adapter {args.checkpoint} merged into {base}, {_weights(out)}")
+        else:
+            actor = find_actor_dir(args.checkpoint, args.step)
+            trained = trained_dtype(actor)
+            verified = check_source(actor)
+            export_checkpoint(actor, out, dtype=args.dtype, keep_adapter=args.keep_adapter, checked=True)
+            dtype = args.dtype or trained
+            how = "as trained" if dtype == trained else f"converted from the trained {trained} by --dtype"
+            print(f"wrote {out} from {actor}: {_weights(out)} in {dtype} ({how})")
+            if not verified:
+                print(
+                    f"warning: {actor} has no checksums (saved before recallm recorded them, or not in a run directory): "
+                    f"its files were read unverified; {out}/recallm_files.json records what was read",
+                    file=sys.stderr,
+                )
+            if args.keep_adapter:
+                print(f"  the adapter alone: {out / ADAPTER_SUBDIR} (its base: {out})")
     for key, value in check_recallm_model(out).items():
         print(f"  {key}: {value}")
     return 0

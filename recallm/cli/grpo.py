@@ -46,6 +46,9 @@ def plot(argv: list[str]) -> int:
     parser.add_argument("runs", nargs="+", metavar="[NAME=]METRICS", help="a run's metrics log, optionally named")
     parser.add_argument("--out", required=True, type=Path, help="output directory (curves.png, curves.md)")
     args = parser.parse_args(argv)
+    from recallm.io import check_out_dir
+
+    check_out_dir(args.out, "--out")
     runs: dict[str, str] = {}
     for item in args.runs:
         name, sep, path = item.partition("=")

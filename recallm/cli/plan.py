@@ -34,10 +34,9 @@ ASSUMED = {
 }
 
 
-def _parser(prog: str, app: bool) -> argparse.ArgumentParser:
+def _parser(prog: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    if app:
-        p.add_argument("app", choices=["grpo", "sft"], help="the command whose config is planned")
+    p.add_argument("app", choices=["grpo", "sft"], help="the command whose config is planned")
     p.add_argument("--gpus", type=int, help="GPUs per node (default: this node's, else 4)")
     p.add_argument("--nodes", type=int, help="nodes (default: the config's trainer.nnodes, or 1)")
     p.add_argument("--gpu-mem-gib", type=float, help="memory per GPU in GiB (default: this node's)")
@@ -184,15 +183,10 @@ def show(app: str, cfg: Any, args: argparse.Namespace) -> int:
     return 0
 
 
-def node_args() -> argparse.Namespace:
-    """The flags' defaults: what ``recallm-grpo --plan`` / ``recallm-sft --plan`` use."""
-    return _parser("recallm-plan", app=False).parse_args([])
-
-
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    parser = _parser("recallm-plan", app=True)
+    parser = _parser("recallm-plan")
     args, overrides = parser.parse_known_args(argv)
     bad = [o for o in overrides if o.startswith("-")]
     if bad:

@@ -1,4 +1,4 @@
-"""`recallm-rlm`: Recursive Language Models - run a task set, write it, show a trajectory, export SFT data.
+"""`recallm-rlm`: Recursive Language Models - run a task set, write it, show a trajectory, turn runs into SFT data.
 
     recallm-rlm                                   # the tiny task set on the tiny default model (CPU, offline)
     recallm-rlm tasks.lengths=[8K,128K,1M] root.name=openai root.served_model=gpt-5 \\
@@ -6,27 +6,30 @@
         sub.base_url=https://api.openai.com/v1 out_dir=outputs/rlm/gpt5
     recallm-rlm generate out_dir=outputs/rlm/tasks                     # tasks.jsonl only
     recallm-rlm show outputs/rlm/tiny/trajectories/oolong-8192-0.jsonl # an HTML page next to it
-    recallm-rlm export export.tokenizer_path=/models/recallm-qwen      # successful runs -> SFT jsonl
+    recallm-rlm to-sft sft_data.tokenizer_path=/models/recallm-qwen    # successful runs -> SFT jsonl
     recallm-rlm train                                                  # GRPO of the root (configs/rlm_train.yaml)
 
-The first argument may name the mode (``run``, ``generate``, ``show``, ``export``, ``train``); ``show``
+The first argument may name the mode (``run``, ``generate``, ``show``, ``to-sft``, ``train``); ``show``
 takes the trajectory as the next argument; ``train`` composes its own config (``recallm.rlm.train``). Everything else is a Hydra override of
 ``configs/rlm.yaml`` (the command line is read by ``recallm.cli.common.hydra_command``, which turns
 the mode word into ``mode=...``). Settings, task names and lengths are checked before any model is
-loaded; mistakes are one ``error: ...`` line and exit code 2. A rerun of ``run`` resumes.
+loaded; mistakes are one ``error: ...`` line and exit code 2. A rerun of ``run`` resumes. The names ``to-sft``
+had before 0.2.0 (``export``, ``mode=export``, ``export.<key>=...``) still work, with a one-line notice
+(``old_names``; MIGRATION.md).
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import sys
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.cli import common
+from recallm.cli import common, renamed
 from recallm.errors import RecallmError, cli_errors
 from recallm.grpo.settings import closed as grpo_keys_closed
 from recallm.rlm.settings import MODES, RLMRun
@@ -150,19 +153,19 @@ def show_mode(cfg: DictConfig) -> Path:
     return page
 
 
-def export_mode(cfg: DictConfig) -> dict[str, int]:
+def to_sft_mode(cfg: DictConfig) -> dict[str, int]:
     from recallm.config import typed
-    from recallm.rlm.export import ExportSettings, export_sft
+    from recallm.rlm.sft_data import SFTDataSettings, write_sft_data
     from recallm.tiny import resolve_model
     from recallm.tokens import load_tokenizer
 
-    ex = typed(ExportSettings, _container(cfg.export), "export")
+    ex = typed(SFTDataSettings, _container(cfg.sft_data), "sft_data")
     tokenizer_path = ex.tokenizer_path
     if not tokenizer_path:
         if not cfg.root.model_path:
-            raise RecallmError("export needs export.tokenizer_path (the tokenizer of the model to train)")
+            raise RecallmError("to-sft needs sft_data.tokenizer_path (the tokenizer of the model to train)")
         tokenizer_path = resolve_model(str(cfg.root.model_path), Path(cfg.models_dir))
-    counts = export_sft(
+    counts = write_sft_data(
         ex.paths(),
         load_tokenizer(Path(tokenizer_path)),
         ex.out_file,
@@ -183,8 +186,8 @@ def run(cfg: DictConfig):
         return generate_mode(cfg)
     if mode == "show":
         return show_mode(cfg)
-    if mode == "export":
-        return export_mode(cfg)
+    if mode == "to-sft":
+        return to_sft_mode(cfg)
     raise RecallmError(f"mode must be one of {', '.join(MODES)}, got {mode!r}")
 
 
@@ -214,7 +217,30 @@ train = common.hydra_command(
 )
 
 
-main = common.hydra_command(
+_OLD_KEY = re.compile(r"^(~|\+{0,2})export(?=[.=])")
+
+
+def old_names(argv: list[str]) -> list[str]:
+    """The names of ``to-sft`` before 0.2.0, rewritten to today's with one notice on stderr (MIGRATION.md):
+    the mode word ``export`` and ``mode=export`` become ``to-sft``, the section ``export.<key>=...``
+    ``sft_data.<key>=...``. ``recallm-rlm train``'s line is not touched."""
+    args = list(argv)
+    if args[:1] == ["train"]:
+        return args
+    old = False
+    if args[:1] == ["export"]:
+        args[0], old = "to-sft", True
+    for i, arg in enumerate(args):
+        if arg == "mode=export":
+            args[i], old = "mode=to-sft", True
+        elif match := _OLD_KEY.match(arg):
+            args[i], old = f"{match.group(1)}sft_data{arg[match.end():]}", True
+    if old:
+        renamed.notice("recallm-rlm export", "recallm-rlm to-sft, and sft_data.<key> for export.<key>")
+    return args
+
+
+_main = common.hydra_command(
     "rlm",
     run,
     check=check,
@@ -223,6 +249,11 @@ main = common.hydra_command(
     subcommands={"train": train},
     quiet=("transformers", "httpx", "httpcore"),
 )
+
+
+def main(argv: list[str] | None = None) -> int | None:
+    """``recallm-rlm``: its command line (``old_names`` rewritten), then ``recallm.cli.common.hydra_command``'s."""
+    return _main(old_names(list(sys.argv[1:] if argv is None else argv)))
 
 
 if __name__ == "__main__":

@@ -35,11 +35,11 @@ def register() -> None:
     from recallm.eval.backends import BackendSettings
     from recallm.pipeline import PipelineRun
     from recallm.rlm.budget import BudgetLimits
-    from recallm.rlm.export import ExportSettings
     from recallm.rlm.models import ModelSection
     from recallm.rlm.runner import RLMSettings
     from recallm.rlm.sandbox import SandboxLimits
     from recallm.rlm.settings import RLMRun
+    from recallm.rlm.sft_data import SFTDataSettings
     from recallm.rlm.subcalls import SubCallSettings
     from recallm.rlm.tasks import TaskRun
     from recallm.rlm.train import RLMTrainSettings
@@ -52,7 +52,7 @@ def register() -> None:
     register_schema("eval_run", EvalRun, sections=("eval", "backend", "reward", "curves"))
     register_schema("data_run", DataRun, sections=("data",))
     register_schema("pipeline_run", PipelineRun, sections=("experiment",))
-    rlm_sections = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "export")
+    rlm_sections = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "sft_data")
     register_schema("rlm_run", RLMRun, sections=rlm_sections)
     # sections
     register_schema("eval_backend", BackendSettings)
@@ -63,7 +63,7 @@ def register() -> None:
     register_schema("rlm_sandbox", SandboxLimits)
     register_schema("rlm_budget", BudgetLimits)
     register_schema("rlm_tasks", TaskRun)
-    register_schema("rlm_export", ExportSettings)
+    register_schema("rlm_sft_data", SFTDataSettings)
     register_schema("rlm_train", RLMTrainSettings)  # recallm.rlm of rlm_train.yaml, with the four above inside
     register_resolvers()
     _registered = True

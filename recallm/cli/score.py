@@ -4,7 +4,8 @@
 
 Writes one breakdown per input line (same order, atomically: a temporary file of this run's own
 renamed at the end, its checksum recorded; a second run writing the same output meanwhile is
-refused, and so is an output that is the input) and prints the mean of every component per category. ``ground_truth`` may be a mapping or
+refused, and so is an output that is the input; ``output=/dev/null`` discards them, and a FIFO some process reads
+is written in place: any other special file is refused) and prints the mean of every component per category. ``ground_truth`` may be a mapping or
 its JSON string (the way ``recallm-data`` stores it); a bad line stops the run with one line
 naming it and its problem, and the output is not written.
 """
@@ -48,7 +49,8 @@ def score_file(input_path: Path, output_path: Path, reward_cfg) -> dict[str, dic
     counts: dict[str, int] = defaultdict(int)
     # one writer per output file (a second run with the same output= is refused, not interleaved);
     # a temporary name of this run's own, renamed over the output only when every line is scored
-    with lock_output(output_path, "recallm-score"), atomic_path(output_path) as tmp, tmp.open("w") as out:
+    # (output=/dev/null or a FIFO some process reads: written in place, no lock or manifest beside it)
+    with lock_output(output_path, "recallm-score"), atomic_path(output_path, sink=True) as tmp, tmp.open("w") as out:
         rows = iter_jsonl(input_path, "input")
         for number, row in tqdm(rows, desc="scoring", unit="resp", disable=None):  # (a bar on a terminal)
             try:
@@ -100,7 +102,7 @@ def check(cfg: DictConfig) -> None:
         raise RecallmError("input=<file.jsonl> is required")
     check_in_file(str(cfg.input), "input", kind="jsonl")
     if cfg.output is not None:
-        check_out_file(str(cfg.output), "output")
+        check_out_file(str(cfg.output), "output", sink=True)  # /dev/null discards the lines (the means print)
     _check_distinct(Path(str(cfg.input)), _output(cfg))
     check_output_unlocked(_output(cfg))
 

@@ -20,6 +20,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import shlex
 import sys
 
 from recallm.errors import RecallmError, cli_errors
@@ -38,6 +39,12 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="recall_constrained=false: serve without the recall processor (unconstrained)",
     )
+    p.add_argument(
+        "--max-n",
+        type=int,
+        default=None,
+        help="completions one request may ask for (n, best_of); more is answered with a 400 (default 16)",
+    )
     p.add_argument("--print-command", action="store_true", help="print the vllm serve command and exit")
     return p
 
@@ -46,7 +53,7 @@ def _parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args, extra = _parser().parse_known_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="[recallm-serve] %(message)s")
-    from recallm.serve import ServeSettings, serve_command
+    from recallm.serve import DEFAULT_MAX_N, ServeSettings, serve_command, serve_env
 
     settings = ServeSettings(
         args.model,
@@ -54,16 +61,21 @@ def main(argv: list[str] | None = None) -> int:
         port=args.port,
         served_model_name=args.served_model_name,
         recall_constrained=not args.no_recall,
+        max_n=DEFAULT_MAX_N if args.max_n is None else args.max_n,
     )
     command = serve_command(settings, extra)
+    env = serve_env(settings)
     if args.print_command:
-        print(" ".join(command))
+        print(" ".join([*(f"{k}={v}" for k, v in env.items()), *map(shlex.quote, command)]))
         return 0
     if importlib.util.find_spec("vllm") is None:
         raise RecallmError(
             "recallm-serve needs vLLM, which is not installed here: on a GPU node `pip install -e '.[gpu]'` "
             "(scripts/install_gpu.sh); on a CPU, scripts/test_vllm.sh builds an environment with vLLM's CPU build"
         )
+    from recallm.engines import check_engines
+
+    check_engines("serve")  # one line for a vLLM no tier tests (RECALLM_ALLOW_UNTESTED_ENGINES=1 overrides)
     log.info(
         "serving %s as %r on http://%s:%d/v1 (recall processor %s)",
         settings.model,
@@ -73,6 +85,7 @@ def main(argv: list[str] | None = None) -> int:
         "on" if settings.recall_constrained else "OFF",
     )
     sys.stdout.flush()
+    os.environ.update(env)
     os.execv(command[0], command)  # vLLM's own server from here on (signals, logs, exit code)
     return 0  # pragma: no cover
 

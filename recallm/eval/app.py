@@ -18,7 +18,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from recallm.config import typed
+from recallm.config import MAX_COUNT, typed
 from recallm.errors import RecallmError
 from recallm.io import check_out_dir, check_unlocked, lock_dir
 from recallm.tiny import resolve_model
@@ -89,7 +89,7 @@ class EvalRun:
     paper_model: str | None = None
     benchmarks: Any = None
     """None: the suite's enabled benchmarks; or a name or list of names"""
-    limit: int | None = field(default=None, metadata={"min": 1})
+    limit: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     overwrite: bool = False
     progress: bool = True
     report: bool = True
@@ -153,6 +153,13 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
                 f"bad length {longest}: the model has {positions} positions (use shorter lengths or a "
                 "backend.length_extension)"
             )
+        for b in benchmarks:  # tokens a generation may take: within the model's positions (it ran until killed)
+            wanted = b.generation.max_new_tokens
+            if positions and wanted > positions and not backend_settings.length_extension:
+                raise RecallmError(
+                    f"eval.benchmarks.{b.name}: max_new_tokens={wanted} is more than the model's {positions} positions "
+                    f"(max_position_embeddings of {model_path}): use at most {positions} (eval.generation.max_new_tokens)"
+                )
     tokenizer = load_tokenizer(Path(settings.tokenizer_path) if settings.tokenizer_path else model_path)
     renderer = PromptRenderer(tokenizer, suite_settings.system_prompt)
     if judge is not None:

@@ -11,7 +11,7 @@ recall spans judged by the matcher (``recallm.recall.find_spans``: verbatim or n
   RecaLLM model; ``recall_constrained=False`` turns it off (the "no logit masking" ablation). A
   ``length_extension`` hook (below) can wrap every ``generate`` call.
 * ``VLLMBackend`` - ``vllm.LLM`` with the V1 recall processor
-  (``recallm.recall.vllm.V1_PROCESSOR_FQCN``) and ``hf_overrides`` from
+  (``recallm.recall.vllm.PROCESSOR_FQCN``) and ``hf_overrides`` from
   ``recallm.modeling.vllm_hf_overrides``; per-request opt-out when unconstrained. GPU nodes only;
   vLLM is imported when the backend is built. It drives ``LLM.llm_engine`` (vLLM's
   ``LLMEngine``: ``add_request`` / ``step`` / ``abort_request``) itself rather than calling
@@ -49,8 +49,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from recallm.config import MAX_BATCH, MAX_RETRIES, MAX_SECONDS, MAX_SEED, MAX_TOKENS, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.eval.types import Generation, GenerationSettings, SpanStats, TextRequest
+from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
 
 __all__ = [
     "BACKENDS",
@@ -83,7 +85,7 @@ class EngineSettings:
 
     recall_constrained: bool = True
     """false: recall spans are not constrained (the paper's "no logit masking" ablation)"""
-    batch_size: int = field(default=4, metadata={"min": 1})
+    batch_size: int = field(default=4, metadata={"min": 1, "max": MAX_BATCH})
     """examples per generation batch; results are flushed once per batch"""
     # hf
     dtype: str = "auto"
@@ -93,13 +95,16 @@ class EngineSettings:
     length_extension: str | None = None
     """``pkg.module:factory``: an inference-time length-extension hook (module doc)"""
     length_extension_kwargs: dict[str, Any] = field(default_factory=dict)
-    force_recall_every: int | None = field(default=None, metadata={"min": 1})
+    force_recall_every: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
-    force_recall_length: int = field(default=8, metadata={"min": 1})
+    force_recall_length: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
+    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0, "max": MAX_TOKENS})
+    """most tokens drafted and verified in one forward pass inside a recall span (speculative in-span
+    decoding: the same tokens as plain decoding; 0: off; ``docs/guide/generation.md``)"""
     # vllm
-    tensor_parallel_size: int = field(default=1, metadata={"min": 1})
+    tensor_parallel_size: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     gpu_memory_utilization: float = field(default=0.9, metadata={"min": 0, "max": 1})
-    max_model_len: int | None = field(default=None, metadata={"min": 1})
+    max_model_len: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     engine_kwargs: dict[str, Any] = field(default_factory=dict)
     """more ``vllm.LLM(...)`` arguments"""
     # openai
@@ -110,10 +115,10 @@ class EngineSettings:
     """chat (chat completions of the messages) | completions (the rendered prompt)"""
     api_key_env: str | None = "OPENAI_API_KEY"
     """NAME of the environment variable holding the key (not needed for a local server)"""
-    timeout: float = field(default=3600.0, metadata={"min": 0})
-    concurrency: int = field(default=16, metadata={"min": 1})
-    retries: int = field(default=4, metadata={"min": 0})
-    backoff: float = field(default=2.0, metadata={"min": 0})
+    timeout: float = field(default=3600.0, metadata={"min": 0, "max": MAX_SECONDS})
+    concurrency: int = field(default=16, metadata={"min": 1, "max": MAX_WORKERS})
+    retries: int = field(default=4, metadata={"min": 0, "max": MAX_RETRIES})
+    backoff: float = field(default=2.0, metadata={"min": 0, "max": MAX_SECONDS})
     extra_body: dict[str, Any] = field(default_factory=dict)
     """more request fields"""
 
@@ -125,7 +130,7 @@ class BackendSettings(EngineSettings):
 
     name: str = "hf"
     """hf (transformers generate) | vllm (GPU nodes) | openai (any OpenAI-compatible server) | rlm"""
-    seed: int = 0
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
     """vllm: the engine's seed"""
     rlm: dict[str, Any] = field(default_factory=dict)
     """backend=rlm: the RLM's own sections (``recallm.rlm.eval_backend.RLMBackendSection``; set with
@@ -190,10 +195,10 @@ def load_object(spec: str, what: str) -> Any:
 
 
 def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
-    """Cheap checks of a model directory before anything is generated (no weights are loaded):
-    it exists and holds a config; with ``constrained`` it must be a RecaLLM model whose config
-    and tokenizer carry the recall tokens. Returns ``{"model_type", "max_position_embeddings",
-    "recall": bool}``."""
+    """Cheap checks of a model directory before anything is generated (no weights are loaded; a LoRA
+    adapter's are read and checked, ``recallm.modeling.check_adapter``): it exists and holds a config;
+    with ``constrained`` it must be a RecaLLM model whose config and tokenizer carry the recall tokens.
+    Returns ``{"model_type", "max_position_embeddings", "recall": bool}``."""
     from recallm.modeling import read_model_config  # (registers recallm_<base>)
     from recallm.tokens import RecallTokenIds
 
@@ -201,6 +206,10 @@ def check_model_dir(path: str | Path, *, constrained: bool) -> dict[str, Any]:
     if not path.is_dir():
         raise RecallmError(f"model directory {path} does not exist")
     config = read_model_config(path)
+    from recallm.modeling import adapter_base, check_adapter
+
+    if adapter_base(path) is not None:  # a LoRA adapter: whole, finite, its base's shapes (before anything is written)
+        check_adapter(path)
     has_recall = getattr(config, "recall_start_token_id", None) is not None
     if constrained:
         if not has_recall:
@@ -259,6 +268,7 @@ class HFBackend(Backend):
         length_extension_kwargs: Mapping[str, Any] | None = None,
         force_recall_every: int | None = None,
         force_recall_length: int = 8,
+        span_draft_tokens: int = DEFAULT_SPAN_DRAFT_TOKENS,
         model=None,
     ) -> None:
         import torch
@@ -306,6 +316,7 @@ class HFBackend(Backend):
         if force_recall_every is not None and self.recall is None:
             raise RecallmError("backend.force_recall_every needs a model with recall tokens")
         self.force = (int(force_recall_every), int(force_recall_length)) if force_recall_every is not None else None
+        self.span_draft_tokens = int(span_draft_tokens)
         self._warned_room = False
 
     def describe(self) -> dict[str, Any]:
@@ -394,6 +405,7 @@ class HFBackend(Backend):
             cancelled=stops,
             wrap=self.extension,
             progress=progress,
+            span_draft_tokens=self.span_draft_tokens,
         )
         results = []
         for ids, output in zip(prompts, outputs, strict=True):
@@ -439,7 +451,7 @@ class VLLMBackend(Backend):
                 "elsewhere use backend=hf or backend=openai"
             ) from None
         from recallm.modeling import adapter_base, read_model_config, vllm_hf_overrides, vllm_lora_rank
-        from recallm.recall.vllm import V1_PROCESSOR_FQCN
+        from recallm.recall.vllm import PROCESSOR_FQCN
         from recallm.tokens import DEFAULT_MAX_RECALL_TOKENS, RecallTokenIds
 
         config = read_model_config(model_path)  # (a LoRA adapter directory: its base's)
@@ -462,7 +474,7 @@ class VLLMBackend(Backend):
             ids = RecallTokenIds.from_config(config)
             self.recall = (ids.start, ids.end, getattr(config, "max_recall_tokens", None) or DEFAULT_MAX_RECALL_TOKENS)
             kwargs["hf_overrides"] = vllm_hf_overrides(config)
-            kwargs["logits_processors"] = [V1_PROCESSOR_FQCN]
+            kwargs["logits_processors"] = [PROCESSOR_FQCN]
         elif self.recall_constrained:
             raise RecallmError(
                 f"model {model_path} has no recall tokens: constrained recall is impossible "
@@ -723,6 +735,7 @@ def make_backend(cfg: Mapping[str, Any] | BackendSettings, model_path: str | Pat
             length_extension_kwargs=settings.length_extension_kwargs,
             force_recall_every=settings.force_recall_every,
             force_recall_length=settings.force_recall_length,
+            span_draft_tokens=settings.span_draft_tokens,
         )
     if name == "vllm":
         return VLLMBackend(

@@ -4,7 +4,7 @@ verl logs one record of metrics per training step. Two of its loggers are read h
 
 * ``file`` (``trainer.logger=[console,file]``): JSON lines ``{"step": N, "data": {...}}``;
   ``recallm-grpo`` writes them to ``<trainer.default_local_dir>/metrics.jsonl`` and appends across
-  resumed runs (``recallm.grpo.runtime``);
+  resumed runs (``recallm.grpo.worker_hooks``);
 * ``console``: lines ``step:N - key:value - ...`` in a run's output (a pipeline job's log, say).
 
 A resumed run logs again from its checkpoint's step (a validation record, then the steps after
@@ -31,9 +31,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo import METRICS_FILE
 from recallm.grpo.console import number as _metric_number
 from recallm.grpo.console import step_record
+from recallm.paths import METRICS_FILE
 
 __all__ = [
     "PANELS",
@@ -83,7 +83,10 @@ def _records(path: Path) -> list[tuple[int, dict[str, float]]]:
                 if number == len(text.splitlines()):  # a run killed while writing its last line
                     continue
                 raise RecallmError(f"{path}:{number}: not a JSON metrics record") from None
-            if not isinstance(row, dict) or not isinstance(row.get("data"), dict) or "step" not in row:
+            except (ValueError, RecursionError):  # an integer of over 4,300 digits; nesting too deep
+                raise RecallmError(f"{path}:{number}: not a readable JSON metrics record") from None
+            step = row.get("step") if isinstance(row, dict) else None
+            if not isinstance(row.get("data") if isinstance(row, dict) else None, dict) or not _is_step(step):
                 raise RecallmError(f"{path}:{number}: not a verl metrics record ({{'step': N, 'data': {{...}}}})")
             data = {k: n for k, v in row["data"].items() if (n := _number(v)) is not None}
             records.append((int(row["step"]), data))
@@ -92,6 +95,11 @@ def _records(path: Path) -> list[tuple[int, dict[str, float]]]:
             if record is not None:
                 records.append(record)
     return records
+
+
+def _is_step(step: object) -> bool:
+    """A training step number: a non-negative integer of at most 18 digits (not a bool, a float or a string)."""
+    return isinstance(step, int) and not isinstance(step, bool) and 0 <= step < 10**18
 
 
 def read_metrics(path: str | Path) -> dict[int, dict[str, float]]:

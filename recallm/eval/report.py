@@ -125,10 +125,6 @@ def _count(value: Any, n: int | None) -> str:
     return _pct(value) if n is None or value is None else f"{_pct(value)} ({n})"
 
 
-def _na_lengths(lengths: Sequence[int]) -> str:
-    return f"n/a (lengths {', '.join(_length_label(n) for n in lengths)})" if lengths else "n/a"
-
-
 #: the paper's buckets (Tables 4 and 7): short = 4K-32K, long = 64K-128K
 BUCKETS = (("S", 4096, 32768), ("L", 65536, 131072))
 

@@ -6,20 +6,34 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_SEED, MAX_TOKENS
 from recallm.errors import RecallmError
 
-__all__ = ["GenerationSettings", "TextRequest", "Generation", "SpanStats", "Spec", "Example", "Score", "parse_length"]
+__all__ = [
+    "GenerationSettings",
+    "TextRequest",
+    "Generation",
+    "SpanStats",
+    "Spec",
+    "Example",
+    "Score",
+    "parse_length",
+]
 
 
 @dataclass(frozen=True)
 class GenerationSettings:
     """Sampling settings of one benchmark. ``temperature == 0`` is greedy decoding."""
 
-    max_new_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0  # 0: off
-    seed: int = 0  # base of the per-example sampling seeds
+    max_new_tokens: int = field(metadata={"min": 1, "max": MAX_TOKENS})
+    """at most this many tokens per generation; within the model's positions too (``recallm.eval.app``)"""
+    temperature: float = field(default=0.0, metadata={"min": 0.0, "max": 2.0})
+    top_p: float = field(default=1.0, metadata={"min": 0.0, "max": 1.0})
+    """(0, 1]"""
+    top_k: int = field(default=0, metadata={"min": 0, "max": 1_000_000})
+    """0: off"""
+    seed: int = field(default=0, metadata={"min": 0, "max": MAX_SEED})
+    """base of the per-example sampling seeds"""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -3,10 +3,10 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
 (``recallm.grpo.retention``).
 
 * **Save.** verl's ``RayPPOTrainer._save_checkpoint`` is wrapped in the trainer's process
-  (``recallm.grpo.runtime``). Before verl writes a step, that step's old manifest is removed (a save
+  (``recallm.grpo.worker_hooks``). Before verl writes a step, that step's old manifest is removed (a save
   into an existing directory, after a resume from an earlier step, must not leave a manifest that
   would vouch for a mix of files). After verl has written the actor's shards, ``data.pt`` and the
-  tracker (``latest_checkpointed_iteration.txt``), the size and CRC-32 of every file of the step
+  tracker (``recallm.paths.TRACKER``), the size and CRC-32 of every file of the step
   go into its ``recallm_files.json`` (``recallm.io.write_manifest``: each file fsynced, the
   manifest written atomically), then the retention prunes. The manifest is written last, so a step
   without one was cut short. With ``actor_rollout_ref.actor.checkpoint.async_save`` the shards are
@@ -22,6 +22,13 @@ verified before a run resumes from one or ``recallm-export`` reads one, then pru
   is verified and a damaged one refused.
 * Steps saved before this existed (no step of the directory has a manifest) are resumed from as
   they are, with one line saying they are unverified.
+* A manifest vouches only for a whole step: one that does not list every file of the step (empty, or cut)
+  counts as none; a step directory that is a link, or resolves outside its run directory, is refused (a link
+  to another step verified as that step); a tracker that is not a file is one line; ``trainer.resume_mode``
+  must be one of :data:`RESUME_MODES` (verl resumed as ``auto`` on a typo).
+* One launch per run directory (:func:`hold_run_dir`, the lock data, SFT, eval and the pipeline take on
+  theirs): held from the resume check to the end of training; :func:`check_run_dir`, one of the launch's
+  checks, refuses a directory another launch holds before Ray starts.
 
 Model weights are not re-checked for non-finite values here: verl's actor skips an update whose
 gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with non-finite weights
@@ -30,27 +37,43 @@ gradient norm is not finite, and ``recallm-grpo`` refuses a starting model with 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from recallm.errors import RecallmError
-from recallm.grpo.retention import prune, saved_steps, settings, step_of
+from recallm.grpo.retention import prune, settings
 from recallm.io import MANIFEST_FILE, move_aside, verify_manifest, write_manifest, write_text_atomic
+from recallm.paths import TRACKER, saved_steps, step_name, step_of, tracked_step
+from recallm.paths import step_dir as _step_dir
 
-__all__ = ["TRACKER", "Resume", "step_problem", "check_step", "prepare_resume", "install"]
+__all__ = [
+    "TRACKER",
+    "RESUME_MODES",
+    "Resume",
+    "step_problem",
+    "check_step",
+    "prepare_resume",
+    "check_run_dir",
+    "hold_run_dir",
+    "install",
+]
 
-TRACKER = "latest_checkpointed_iteration.txt"
+#: ``trainer.resume_mode``: verl 0.9.1's values (``RayPPOTrainer._load_checkpoint``); it resumed as auto on any other
+RESUME_MODES = ("auto", "disable", "resume_path")
 
 
 def _tracked(root: Path) -> int | None:
-    """The step the tracker names; None when there is no tracker; -1 when it does not read."""
+    """The step the tracker names (``recallm.paths.tracked_step``: None when there is none, -1 when it does not
+    read), refusing a tracker that is not a regular file (a directory, a link) in one line."""
     tracker = root / TRACKER
-    if not tracker.exists():
-        return None
-    try:
-        return int(tracker.read_text().strip())
-    except (OSError, ValueError, UnicodeDecodeError):
-        return -1
+    if (tracker.exists() or tracker.is_symlink()) and (not tracker.is_file() or tracker.is_symlink()):
+        raise RecallmError(
+            f"{tracker} is not a file (verl's tracker of the newest step, which it rewrites after each save): "
+            "remove it, or set trainer.resume_mode=disable"
+        )
+    return tracked_step(root)
 
 
 def _checksummed(steps: dict[int, Path]) -> bool:
@@ -59,17 +82,24 @@ def _checksummed(steps: dict[int, Path]) -> bool:
 
 
 def step_problem(step_dir: str | Path, *, need_manifest: bool = True) -> str | None:
-    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a file missing,
-    truncated or changed since the save; no manifest (with ``need_manifest``); no actor directory."""
+    """What is wrong with one ``global_step_N`` directory, or None if it is intact: a symbolic link, or a
+    directory that resolves outside its run directory (another step's files would be vouched for under
+    this step's name); a file missing, truncated or changed since the save; no manifest listing every
+    file of the step (with ``need_manifest``: an empty or partial one counts as none); no actor directory."""
     step_dir = Path(step_dir)
+    if step_dir.is_symlink() or (step_dir.is_dir() and step_dir.resolve() != step_dir.parent.resolve() / step_dir.name):
+        return f"not a directory of its run: it resolves to {step_dir.resolve()}; a step is never a link"
     if not step_dir.is_dir():
         return "missing"
     try:
-        verified = verify_manifest(step_dir)
+        verified = verify_manifest(step_dir, complete=True)
     except RecallmError as exc:
         return f"damaged: {exc}"
     if not verified and need_manifest:
-        return f"incomplete: no {MANIFEST_FILE} (the checksums written after a save ends): the save was cut short"
+        return (
+            f"incomplete: no {MANIFEST_FILE} listing every file of the step (the checksums written after a save "
+            "ends): the save was cut short, or the manifest was cut"
+        )
     if not (step_dir / "actor").is_dir():
         return "incomplete: no actor directory"
     return None
@@ -104,13 +134,15 @@ class Resume:
         if self.step is None:
             return "from scratch (no checkpoint)"
         how = "checksums verified" if self.verified else "saved without checksums: unverified"
-        return f"global_step_{self.step} ({how})"
+        return f"{step_name(self.step)} ({how})"
 
 
 def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path: str | None = None) -> Resume:
     """Verify what a launch will resume from and make verl's tracker name the newest intact step
     (module doc). Raises ``RecallmError`` (one line) when no intact step is left; then nothing moves."""
     root = Path(root)
+    if resume_mode not in RESUME_MODES:
+        raise RecallmError(_resume_mode_problem(resume_mode))
     if resume_mode == "disable":
         return Resume(None)
     if resume_mode == "resume_path":
@@ -128,7 +160,7 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     newest = tracked if tracked >= 0 else max(steps, default=-1)
     candidates = sorted((s for s in steps if s <= newest), reverse=True)
     if tracked >= 0 and tracked not in steps:
-        damaged = [(root / f"global_step_{tracked}", "missing")]
+        damaged = [(_step_dir(root, tracked), "missing")]
     else:
         damaged = []
     for step in candidates:
@@ -154,6 +186,42 @@ def prepare_resume(root: str | Path, resume_mode: str = "auto", resume_from_path
     return Resume(step, need, tuple(moved))
 
 
+def _resume_mode_problem(mode: object) -> str:
+    return (
+        f"trainer.resume_mode={mode} is not one of {', '.join(RESUME_MODES)} (verl would resume as auto): auto "
+        "resumes the newest step, disable starts afresh, resume_path takes trainer.resume_from_path"
+    )
+
+
+def check_run_dir(cfg) -> Iterator[str]:
+    """One of ``recallm.grpo.app``'s checks: ``trainer.resume_mode`` is one of :data:`RESUME_MODES`; no other
+    launch writes ``trainer.default_local_dir`` now (:func:`hold_run_dir`); its tracker, if any, is a file."""
+    from omegaconf import OmegaConf
+
+    from recallm.io import check_unlocked
+
+    mode = OmegaConf.select(cfg, "trainer.resume_mode", default="auto")
+    if str(mode) not in RESUME_MODES:
+        yield _resume_mode_problem(mode)
+    root = OmegaConf.select(cfg, "trainer.default_local_dir", default=None)
+    if root:
+        check_unlocked(Path(str(root)))  # (a RecallmError: the checks collect it as one line)
+        if str(mode) == "auto":
+            _tracked(Path(str(root)))
+
+
+@contextmanager
+def hold_run_dir(cfg) -> Iterator[None]:
+    """One writer per GRPO run directory: ``trainer.default_local_dir`` locked (``recallm.io.lock_dir``) from
+    the resume's check to the end of training, as SFT, eval, data and the pipeline lock theirs. A second
+    launch on the same directory is refused with one line naming the holder (two trainers saving into one
+    directory would interleave steps, tracker and manifests); a killed launch leaves no stale lock."""
+    from recallm.io import lock_dir
+
+    with lock_dir(Path(str(cfg.trainer.default_local_dir)), "recallm-grpo"):
+        yield
+
+
 # --------------------------------------------------------------------------- in verl's trainer
 def _async_save(config) -> bool:
     try:
@@ -169,16 +237,16 @@ def _wrap_trainer(module) -> None:
         return
 
     def _save_checkpoint(self, *args, **kwargs):
-        step_dir = Path(str(self.config.trainer.default_local_dir)) / f"global_step_{self.global_steps}"
-        (step_dir / MANIFEST_FILE).unlink(missing_ok=True)  # a re-save must not keep the old step's checksums
+        saved = _step_dir(str(self.config.trainer.default_local_dir), self.global_steps)
+        (saved / MANIFEST_FILE).unlink(missing_ok=True)  # a re-save must not keep the old step's checksums
         result = original(self, *args, **kwargs)
         if _async_save(self.config):
-            print(f"[recallm] async_save: {step_dir.name} is written in the background, without checksums", flush=True)
+            print(f"[recallm] async_save: {saved.name} is written in the background, without checksums", flush=True)
         else:
-            write_manifest(step_dir)
+            write_manifest(saved)
         keep, eval_step = settings()
         if keep:
-            removed = prune(step_dir.parent, keep, eval_step)
+            removed = prune(saved.parent, keep, eval_step)
             if removed:
                 print(f"[recallm] checkpoint retention (keep {keep}): removed {len(removed)} path(s)", flush=True)
         return result
@@ -188,7 +256,7 @@ def _wrap_trainer(module) -> None:
 
 
 def install() -> None:
-    """Wrap verl's trainer's save (``recallm.grpo.runtime``, in every verl process)."""
+    """Wrap verl's trainer's save (``recallm.grpo.worker_hooks``, in every verl process)."""
     from recallm.grpo.cpu.patches import after_import
 
     after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

@@ -29,10 +29,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LOG_FILE", "STEP_LINE", "number", "step_record", "summary_line", "console_to_log"]
+from recallm.paths import GRPO_LOG
 
-#: the log file under ``trainer.default_local_dir``
-LOG_FILE = "grpo.log"
+__all__ = ["STEP_LINE", "number", "step_record", "summary_line", "console_to_log"]
+
 #: verl's console logger: ``step:N - key:value - key:value ...`` (Ray prefixes ``(TaskRunner pid=...)``)
 STEP_LINE = re.compile(r"\bstep:(\d+) - (.*)$")
 _SUMMARY = (
@@ -70,7 +70,7 @@ def number(value: Any) -> float | None:
 def step_record(line: str) -> tuple[int, dict[str, float]] | None:
     """``(step, {metric: value})`` of one of verl's console lines, or None for any other line."""
     match = STEP_LINE.search(line)
-    if not match:
+    if not match or len(match.group(1)) > 18:  # (a step of thousands of digits is no step: int() refuses it)
         return None
     data: dict[str, float] = {}
     for item in match.group(2).split(" - "):
@@ -144,7 +144,7 @@ def console_to_log(cfg: Any, *, mode: str = "summary", heartbeat: float = HEARTB
         return
     folder = Path(str(cfg.trainer.default_local_dir))
     folder.mkdir(parents=True, exist_ok=True)
-    path = folder / LOG_FILE
+    path = folder / GRPO_LOG
     total = cfg.trainer.get("total_training_steps")
     sys.stdout.flush()
     sys.stderr.flush()

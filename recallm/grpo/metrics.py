@@ -14,7 +14,7 @@
   ``old_log_probs``), over response tokens inside and outside recall spans — near zero when the
   rollout and the masked actor see the same distribution (each left out when there is no such token).
 
-``recall_batch_metrics`` is a pure function of the batch; ``recallm.grpo.runtime`` adds it to the
+``recall_batch_metrics`` is a pure function of the batch; ``recallm.grpo.worker_hooks`` adds it to the
 metrics verl computes every step.
 """
 

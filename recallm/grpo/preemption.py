@@ -6,15 +6,15 @@ sends SIGTERM too. verl's trainer runs in a Ray actor, not in ``recallm-grpo``'s
 request travels through a file:
 
 1. ``recallm-grpo`` (:func:`stop_on_signals`, around the run) turns SIGTERM and SIGUSR1 into the
-   stop file ``<trainer.default_local_dir>/.recallm-stop`` (its path reaches verl's processes as
-   :data:`STOP_ENV`; the checkpoint directory is the one place every node of a run shares; a launch
+   stop file ``<trainer.default_local_dir>/.recallm-stop`` (``recallm.paths.STOP_FILE``; its path
+   reaches verl's processes as :data:`STOP_ENV`; the checkpoint directory is the one place every node of a run shares; a launch
    removes a stale one before it starts). A second signal ends it at once, as it would have without
    us. ``ray.init`` in the driver installs two SIGTERM handlers of Ray's own, which would replace
    ours: a Python one (``sys.exit``), kept out by making Ray's ``set_sigterm_handler`` do nothing
    while the run goes on, and its C++ crash handler (a stack trace, then abort: seen under SLURM),
    kept out of this process by ``RAY_DISABLE_FAILURE_SIGNAL_HANDLER``, which Ray reads when the driver
    connects (Ray's workers keep theirs).
-2. In the trainer (``recallm.grpo.runtime`` installs :func:`install`): verl asks, after every actor
+2. In the trainer (``recallm.grpo.worker_hooks`` installs :func:`install`): verl asks, after every actor
    update, whether its deadline is near (``should_save_ckpt_esi``); the wrapped question also says yes
    once the stop file exists, so verl saves that step whatever ``trainer.save_freq`` says (it must be
    > 0: verl saves nothing otherwise), and ``recallm.grpo.checkpoints`` checksums it. The step ends as
@@ -37,6 +37,8 @@ import signal
 from collections.abc import Iterator
 from pathlib import Path
 
+from recallm.paths import STOP_FILE, step_name
+
 __all__ = ["STOP_ENV", "SIGNALS", "Stopped", "stop_file", "stop_requested", "stop_on_signals", "stopped_by", "install"]
 
 STOP_ENV = "RECALLM_STOP_FILE"
@@ -49,7 +51,7 @@ class Stopped(Exception):
 
     def __init__(self, step: int) -> None:
         self.step = step
-        super().__init__(f"stopped after step {step}: checkpoint global_step_{step} saved")
+        super().__init__(f"stopped after step {step}: checkpoint {step_name(step)} saved")
 
     def __reduce__(self):  # (crosses from the Ray actor to the driver)
         return (Stopped, (self.step,))
@@ -57,7 +59,7 @@ class Stopped(Exception):
 
 def stop_file(checkpoint_dir: str | Path) -> Path:
     """The stop file of the run that writes ``checkpoint_dir``."""
-    return Path(checkpoint_dir) / ".recallm-stop"
+    return Path(checkpoint_dir) / STOP_FILE
 
 
 def stop_requested() -> bool:
@@ -155,7 +157,7 @@ def _wrap_trainer(module) -> None:
 
 
 def install() -> None:
-    """Wrap verl's trainer (``recallm.grpo.runtime``, in every verl process; acts where ``STOP_ENV`` is set)."""
+    """Wrap verl's trainer (``recallm.grpo.worker_hooks``, in every verl process; acts where ``STOP_ENV`` is set)."""
     from recallm.grpo.cpu.patches import after_import
 
     after_import("verl.trainer.ppo.ray_trainer", _wrap_trainer)

@@ -9,7 +9,7 @@ at. :func:`prune` scans ``trainer.default_local_dir`` instead, after every save 
 
 * the ``keep`` newest ``global_step_N`` directories stay whole (model, optimizer, extra, data.pt: any of
   them can be resumed from);
-* the one ``latest_checkpointed_iteration.txt`` names is never touched (verl resumes from it);
+* the one verl's tracker names (``recallm.paths.TRACKER``) is never touched (verl resumes from it);
 * the ``eval_step`` directory, once older than those, keeps its model shards and Hugging Face config
   (``recallm-export --step N`` reads them) and loses its optimizer state (two thirds of its size:
   ``optim_world_size_*`` files, dropped from its manifest too), which only a resume would need;
@@ -27,38 +27,13 @@ import shutil
 from pathlib import Path
 
 from recallm.io import forget_files
+from recallm.paths import saved_steps, step_of, tracked_step
 
 __all__ = ["KEEP_ENV", "EVAL_STEP_ENV", "prune", "saved_steps", "settings", "step_of"]
 
 KEEP_ENV = "RECALLM_KEEP_CHECKPOINTS"
 EVAL_STEP_ENV = "RECALLM_EVAL_STEP"
-_STEP_DIR = re.compile(r"global_step_(\d+)")
 _OPTIMIZER_FILE = re.compile(r"optim_world_size_\d+_rank_\d+\.pt")
-
-
-def step_of(path: str | Path) -> int | None:
-    """N of a ``global_step_N`` path, else None."""
-    match = _STEP_DIR.fullmatch(Path(path).name)
-    return int(match.group(1)) if match else None
-
-
-def saved_steps(root: Path) -> dict[int, Path]:
-    """``global_step_N`` directories under ``root``, by step."""
-    if not root.is_dir():
-        return {}
-    found = {}
-    for child in root.iterdir():
-        step = step_of(child)
-        if step is not None and child.is_dir():
-            found[step] = child
-    return found
-
-
-def _latest(root: Path) -> int | None:
-    try:
-        return int((root / "latest_checkpointed_iteration.txt").read_text().strip())
-    except (OSError, ValueError):
-        return None
 
 
 def prune(root: str | Path, keep: int, eval_step: int | None = None) -> list[str]:
@@ -66,7 +41,7 @@ def prune(root: str | Path, keep: int, eval_step: int | None = None) -> list[str
     root = Path(root)
     steps = saved_steps(root)
     newest = sorted(steps, reverse=True)[:keep]
-    latest = _latest(root)
+    latest = tracked_step(root)  # (-1, unreadable: names no step)
     removed: list[str] = []
     for step, path in sorted(steps.items()):
         if step in newest or step == latest:

@@ -12,6 +12,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_COUNT
+
 __all__ = ["GRPOSettings", "settings_of", "closed", "PLATFORMS"]
 
 
@@ -36,9 +38,9 @@ class GRPOSettings:
     ``vllm_cpu`` also vLLM's CPU build's"""
     reward: dict[str, Any] = field(default_factory=dict)
     """the composite reward's table (``configs/reward/``; ``rewards.config.RewardConfig`` is its schema)"""
-    eval_step: int | None = field(default=None, metadata={"min": 1})
+    eval_step: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """the step whose checkpoint the paper evaluates: it must be saved and kept"""
-    keep_checkpoints: int | None = field(default=None, metadata={"min": 1})
+    keep_checkpoints: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """how many of the newest checkpoints stay on disk (``recallm.grpo.retention``, after every save, across
     requeues); the ``eval_step`` one is kept too, as weights only. null: every save is kept"""
     model_name: str | None = None

@@ -16,7 +16,7 @@ stops it on a CPU, and what this module does about each, from outside:
    ``vllm/model_executor/layers/utils.py:303-305``; the tied/untied LM head keeps its parameter
    but computes from a packed copy), so verl's weight update fails
    (``Attempted to load weight (torch.Size([128, 128])) into parameter (torch.Size([0]))``) or
-   would be ignored. :func:`activate` (in every verl process, through ``recallm.grpo.runtime``
+   would be ignored. :func:`activate` (in every verl process, through ``recallm.grpo.worker_hooks``
    when ``RECALLM_VLLM_CPU=1``) replaces ``dispatch_cpu_unquantized_gemm`` for 2-D weights with
    the backend's own fallback, ``torch.nn.functional.linear`` on the live parameter: loaded
    weights are used as they arrive. (Slower than oneDNN; the CPU path is for tests.)

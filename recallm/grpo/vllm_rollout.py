@@ -8,7 +8,7 @@ its own (``_apply_quantization``: FP8 / QAT ``quantization_config``) and then sp
 ``engine_kwargs.vllm`` over its arguments, so a value there *replaces* verl's dict. Instead,
 ``recallm-grpo`` puts the merged overrides (the user's, then the architecture) in the
 environment (:data:`recallm.grpo.app.HF_OVERRIDES_ENV`), and every verl process of the run
-(``recallm.grpo.runtime``) wraps ``vLLMHttpServer._apply_quantization`` once, so that what it
+(``recallm.grpo.worker_hooks``) wraps ``vLLMHttpServer._apply_quantization`` once, so that what it
 returns is verl's dict with ours merged in. Nothing else of verl changes.
 """
 

@@ -121,6 +121,28 @@ class RecallLogitsProcessor(LogitsProcessor):
         self._seen = input_ids.shape[1]
         self._last_col = tail[:, -1].copy()
 
+    def start(self, input_ids: torch.LongTensor, vocab_size: int) -> None:
+        """One matcher per row of ``input_ids`` (the prompts; padding left out), for a caller that feeds
+        the matchers itself (``self.matchers[row].feed_one``) and masks with :meth:`mask_rows` — a
+        decoder that verifies several tokens of a row per step (``recallm.decoding``)."""
+        self._start(input_ids, vocab_size)
+
+    def mask_rows(self, scores: torch.FloatTensor, rows: list[int]) -> torch.FloatTensor:
+        """Mask ``scores`` (one row per entry of ``rows``) with those rows' matchers as they stand."""
+        inside = [i for i, b in enumerate(rows) if self.matchers[b].in_span]
+        if not inside:
+            return scores
+        keep = np.zeros((len(inside), scores.shape[-1]), dtype=bool)
+        for i, row in zip(inside, keep, strict=True):
+            self.matchers[rows[i]].fill_mask_row(row)
+        allowed = torch.from_numpy(keep).to(scores.device)
+        if len(inside) == len(rows):
+            return scores.masked_fill(~allowed, self.mask_value)
+        index = torch.tensor(inside, device=scores.device)
+        scores = scores.clone()
+        scores[index] = scores[index].masked_fill(~allowed, self.mask_value)
+        return scores
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         B, L = input_ids.shape
         if not self.matchers or B != len(self.matchers) or L <= self._seen:
@@ -185,29 +207,41 @@ class ForceRecallSpans(LogitsProcessor):
         self._in_span: list[bool] = []
         self._count: list[int] = []  # tokens inside the open span, or outside since the last span
 
+    def start(self, last_tokens: list[int]) -> None:
+        """A new batch whose prompts end with ``last_tokens`` (a prompt ends outside spans unless its
+        last token opens one)."""
+        self._in_span = [tok == self.start_id for tok in last_tokens]
+        self._count = [0] * len(last_tokens)
+
+    def observe(self, row: int, token: int) -> None:
+        """``token`` was generated in ``row``."""
+        if self._in_span[row]:
+            if token == self.end_id:
+                self._in_span[row], self._count[row] = False, 0
+            else:
+                self._count[row] += 1
+        elif token == self.start_id:
+            self._in_span[row], self._count[row] = True, 0
+        else:
+            self._count[row] += 1
+
+    def forced(self, row: int) -> int | None:
+        """The token ``row`` must generate next, or None."""
+        inside = self._in_span[row]
+        if self._count[row] >= (self.length if inside else self.every):
+            return self.end_id if inside else self.start_id
+        return None
+
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         B, L = input_ids.shape
         last = input_ids[:, -1].tolist()
         if len(self._in_span) != B or L != self._seen + 1:  # a new batch: the prompt ends outside spans
-            self._in_span = [tok == self.start_id for tok in last]
-            self._count = [0] * B
+            self.start(last)
         else:
             for b, tok in enumerate(last):
-                if self._in_span[b]:
-                    if tok == self.end_id:
-                        self._in_span[b], self._count[b] = False, 0
-                    else:
-                        self._count[b] += 1
-                elif tok == self.start_id:
-                    self._in_span[b], self._count[b] = True, 0
-                else:
-                    self._count[b] += 1
+                self.observe(b, tok)
         self._seen = L
-        force = [
-            (b, self.end_id if inside else self.start_id)
-            for b, (inside, count) in enumerate(zip(self._in_span, self._count, strict=True))
-            if count >= (self.length if inside else self.every)
-        ]
+        force = [(b, tok) for b in range(B) if (tok := self.forced(b)) is not None]
         if force:
             scores = scores.clone()
             for b, tok in force:

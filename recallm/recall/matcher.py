@@ -294,6 +294,39 @@ class RecallMatcher:
             ids = ids[ids != self.start_id]
         return np.append(ids, self.end_id)
 
+    def continuation(self, limit: int) -> list[int]:
+        """The tokens decoding inside the open span must produce next unless it closes the span: the
+        continuation every surviving occurrence shares (at most ``limit`` tokens; a speculative
+        decoder's draft). Where only the end token remains allowed (``max_recall_tokens`` reached, no
+        occurrence left to continue, or every occurrence continues with the start token) the draft ends
+        with the end token. Empty outside spans and right after the start token (the first token of a
+        span may be any token of the context). The matcher is not changed."""
+        if self._span_start < 0 or limit < 1:
+            return []
+        if self._only_end():
+            return [self.end_id]
+        if self._cand is None:
+            return []
+        out: list[int] = []
+        ctx, length = self._span_start, self._span_len
+        alive, tokens = self._cand, self._cand_tokens
+        while len(out) < limit:
+            if length + len(out) >= self.max_recall_tokens or alive.size == 0:
+                out.append(self.end_id)
+                break
+            first = int(tokens[0])
+            if tokens.size > 1 and not (tokens == first).all():
+                break  # the occurrences part: which one the model continues is its choice
+            if first == self.start_id:
+                out.append(self.end_id)
+                break
+            out.append(first)
+            alive = alive + 1
+            if alive[-1] >= ctx:  # ascending: only the last can run off the context
+                alive = alive[:-1]
+            tokens = self._buf[alive]
+        return out
+
     def fill_mask_row(self, row: np.ndarray) -> bool:
         """Write the allowed set into a vocab-sized boolean ``row`` (True = allowed).
 

@@ -1,25 +1,36 @@
-"""Constrained recall inside vLLM: a batch-state core over ``RecallMatcher`` and a V1 adapter.
+"""Constrained recall inside vLLM: a batch-state core over ``RecallMatcher`` and one adapter per
+vLLM processor interface.
 
 Layers
 ------
 * :class:`RecallBatchState` (no vLLM import): one :class:`~recallm.recall.matcher.RecallMatcher`
-  per request, keyed by an integer *slot* (vLLM V1: the persistent-batch index). ``add`` /
-  ``remove`` / ``move`` follow the batch; ``apply(logits)`` first feeds every request the
-  tokens appended to its live output list since the last call, then masks the logits rows of
-  requests inside a recall span to ``-inf`` outside their allowed set. The allowed sets come
-  from the matcher only (never re-implemented here).
-* ``RecallLogitsProcessorV1``: the vLLM V1 logits processor (a subclass of
-  ``vllm.v1.sample.logits_processor.LogitsProcessor``). vLLM is imported only when this name
-  is first looked up on the module, so ``import recallm.recall.vllm`` works without vLLM;
-  :func:`make_v1_processor_class` builds (once) and returns the same class.
+  per request, keyed by an integer *slot* (V1: the persistent-batch index; Model Runner V2: the
+  request's ``req_idx``). ``add`` / ``remove`` / ``move`` follow the batch; ``apply(logits)`` first
+  feeds every request the tokens appended to its live output list since the last call, then masks
+  the logits rows of requests inside a recall span to ``-inf`` outside their allowed set. The
+  allowed sets come from the matcher only (never re-implemented here).
+* Two thin adapters over it, one per interface vLLM has had (``docs/guide/vllm-versions.md``):
+  ``_V1Adapter`` (``vllm.v1.sample.logits_processor``: vLLM 0.24-0.33, removed in 0.34) and
+  ``_V2Adapter`` (Model Runner V2's ``vllm.v1.worker.gpu.sample.logits_processor``, vLLM PR #56497:
+  vLLM >= 0.32, whose MRV2 loader rejects V1-interface classes).
+* The classes vLLM loads by name, built (once) by :func:`make_processor_class` when the name is
+  first looked up on this module (so ``import recallm.recall.vllm`` works without vLLM), after
+  ``recallm.engines.check_engines`` has refused an untested vLLM in one line:
 
-Loading it in vLLM (the V1 engine, vLLM 0.24.0 as pinned by ``verl[vllm]==0.9.1``)::
+  ``RecallLogitsProcessor`` (:data:`PROCESSOR_FQCN`, the one name to pass): a subclass of every
+  interface the installed vLLM has. Both model runners load it, and each constructs it its own way
+  (``(vllm_config, device, is_pin_memory)`` / ``(vllm_config, req_states)``), which selects the
+  adapter. ``RecallLogitsProcessorV1`` / ``RecallLogitsProcessorV2``: one interface each (verl 0.9.1's
+  rollout passes the V1 name; it keeps working wherever vLLM has the V1 interface).
+
+Loading it in vLLM::
 
     from recallm.modeling import vllm_hf_overrides
     LLM(model=path, hf_overrides=vllm_hf_overrides(config),
-        logits_processors=["recallm.recall.vllm:RecallLogitsProcessorV1"])
+        logits_processors=["recallm.recall.vllm:RecallLogitsProcessor"])
 
-``vllm serve``: ``--logits-processors recallm.recall.vllm:RecallLogitsProcessorV1``. In verl::
+``vllm serve``: ``--logits-processors recallm.recall.vllm:RecallLogitsProcessor`` (``recallm-serve``
+adds it). In verl (0.9.1 with vLLM 0.24: ``recallm-grpo`` adds it)::
 
     +actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=[recallm.recall.vllm:RecallLogitsProcessorV1]
     +actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides='{"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2"}'
@@ -34,8 +45,8 @@ renormalised over the allowed set, which is what the masked trainer forward comp
 Every request is constrained, unless its ``SamplingParams.extra_args`` carries
 ``{"recall_constrained": False}`` or the model config has ``recall_constrained = False``.
 
-Per engine step (``apply``)
----------------------------
+Per engine step, V1
+-------------------
 * A Python loop over the tracked requests reads ``len(output)``; a request with a new token
   feeds it to its matcher (one array write outside spans, a survivor filter inside). Trailing
   ``-1`` placeholders (async scheduling) are never fed: feeding stops at the first negative id
@@ -53,25 +64,20 @@ Per engine step (``apply``)
   per step, and nothing is read back from the device. (On a CPU the ``-inf`` fill of the rows
   is memory-bound and dominates: ``bench/vllm_mask_batch.py``.)
 
-Tested against the real engine by ``scripts/test_vllm.sh`` (the CPU build of vLLM 0.24.0:
-sampled spans verbatim, greedy outputs equal to HF ``generate``, the per-request opt-out).
+Per engine step, Model Runner V2
+--------------------------------
+MRV2 keeps each request's token history on the device (``req_states.all_token_ids``, one row per
+slot) and gives ``apply`` the step's layout (``ctx``: row -> slot, each row's sequence length on the
+host). The adapter keeps, per slot, the prefill it read at admission and a host list of the tokens
+after it; per step it copies the tokens it has not seen (one per decoding request) to the host in
+one gather, appends them, and hands the core the row -> slot mapping (``state.apply(logits,
+keys=...)``). Everything else is the core's, as above. Details: ``_V2Adapter``.
 
-Model Runner V2 (vLLM >= 0.31)
-------------------------------
-MRV2's processor interface (``__init__(vllm_config, req_states)``, ``add_request(req_idx,
-sampling_params)``, ``apply_staged_writes()``, ``apply(logits, ctx)``) fits the same core with a
-thin adapter and no change here or in the matcher:
-
-* slot = MRV2's ``req_idx``; ``add_request`` calls ``state.add(req_idx, prompt_ids, history)``
-  where ``history`` is a host list the adapter owns (any sequence with ``len`` and slicing);
-  a finished request is ``state.remove(req_idx)``; MRV2 does not move requests between slots,
-  so ``move`` is unused;
-* token history lives on the device (``req_states.all_token_ids``): once per step the adapter
-  copies the newly sampled ids of all requests to the host in one transfer and appends them to
-  the ``history`` lists (the core then feeds them in ``apply``);
-* logits rows map to slots through ``ctx.expanded_idx_mapping``: the adapter passes it (as a
-  host sequence) to ``state.apply(logits, keys=mapping)``; row ``r`` is masked with the state
-  of slot ``keys[r]`` (a slot may own several rows).
+Tested: ``tests/unit/test_vllm_processor.py`` and ``test_vllm_mrv2.py`` (both adapters over stand-in
+interfaces, driven by simulated engines: V1's persistent batch; MRV2's slots, device history, chunked
+prefill, preemption), ``tests/vllm_tier`` on vLLM's CPU builds (``scripts/test_vllm.sh``): 0.24.0
+(the V1 runner) and 0.32.0 (the V1 runner, which its CPU build runs without a Triton CPU backend; the
+MRV2 adapter there against MRV2's own classes and loader, not in a running MRV2 engine).
 """
 
 from __future__ import annotations
@@ -84,10 +90,24 @@ import torch
 
 from recallm.recall.matcher import RecallMatcher
 
-__all__ = ["RecallBatchState", "make_v1_processor_class", "wants_recall_mask", "V1_PROCESSOR_FQCN", "EXTRA_ARG"]
+__all__ = [
+    "RecallBatchState",
+    "make_processor_class",
+    "make_v1_processor_class",
+    "wants_recall_mask",
+    "PROCESSOR_FQCN",
+    "V1_PROCESSOR_FQCN",
+    "V2_PROCESSOR_FQCN",
+    "EXTRA_ARG",
+]
 
-#: What to pass to vLLM's ``logits_processors`` (``LLM(...)``, ``--logits-processors``, verl).
+#: What to pass to vLLM's ``logits_processors`` (``LLM(...)``, ``--logits-processors``): the class of
+#: every processor interface the installed vLLM has, so the V1 runner and Model Runner V2 both load it.
+PROCESSOR_FQCN = "recallm.recall.vllm:RecallLogitsProcessor"
+#: The V1 interface only (vLLM 0.24-0.33; what verl 0.9.1's rollout passes to vLLM 0.24).
 V1_PROCESSOR_FQCN = "recallm.recall.vllm:RecallLogitsProcessorV1"
+#: Model Runner V2's interface only (vLLM >= 0.32).
+V2_PROCESSOR_FQCN = "recallm.recall.vllm:RecallLogitsProcessorV2"
 
 #: ``SamplingParams.extra_args`` key: False leaves that request unconstrained.
 EXTRA_ARG = "recall_constrained"
@@ -367,67 +387,244 @@ class RecallBatchState:
 _NUMPY_DTYPES = (torch.float32, torch.float64, torch.float16)
 
 
-# ------------------------------------------------------------------ vLLM V1
-_V1_CLASS: type | None = None
+# ------------------------------------------------------- vLLM's two processor interfaces
+class _V1Adapter:
+    """vLLM's V1 interface (``vllm.v1.sample.logits_processor.LogitsProcessor``, vLLM 0.24-0.33) over
+    :class:`RecallBatchState`: slot = persistent-batch index, the core follows vLLM's ``BatchUpdate``
+    records and reads each request's live output list."""
+
+    def _setup_v1(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
+        hf_config = vllm_config.model_config.hf_config
+        self.interface = "V1"
+        self.enabled = bool(getattr(hf_config, "recall_constrained", True))
+        self.state = RecallBatchState.from_config(hf_config, pin_memory=bool(is_pin_memory))
+
+    @classmethod
+    def validate_params(cls, sampling_params) -> None:
+        return None  # every request is accepted
+
+    def is_argmax_invariant(self) -> bool:
+        return False  # the mask changes the argmax
+
+    def needs_output_token_ids(self) -> bool:
+        return True  # versions that know this hook then keep output lists free of placeholders
+
+    def update_state(self, batch_update) -> None:
+        if self.enabled:
+            self.state.update(batch_update, accept=wants_recall_mask)
+
+    def _apply_v1(self, logits: torch.Tensor) -> torch.Tensor:
+        if not self.enabled:
+            return logits
+        return self.state.apply(logits)
+
+
+def _host(values) -> np.ndarray:
+    """A host array of one of MRV2's per-slot buffers (``UvaBackedTensor``: its ``.np``, the source of
+    truth; a plain tensor or array otherwise)."""
+    arr = getattr(values, "np", values)
+    return arr.numpy() if isinstance(arr, torch.Tensor) else np.asarray(arr)
+
+
+def _device(values) -> torch.Tensor:
+    """The device tensor of one of MRV2's per-slot buffers (``StagedWriteTensor``: its ``.gpu``)."""
+    return getattr(values, "gpu", values)
+
+
+class _V2Adapter:
+    """Model Runner V2's interface (``vllm.v1.worker.gpu.sample.logits_processor.LogitsProcessor``,
+    vLLM >= 0.32, vLLM PR #56497) over :class:`RecallBatchState`.
+
+    * slot = MRV2's ``req_idx``. ``add_request`` resets the slot (a slot keeps its last occupant's
+      state until it is reused: MRV2 has no removal hook and never indexes a freed slot) and returns
+      whether the request is constrained (vLLM then runs ``apply`` for its row);
+    * ``apply_staged_writes`` (after the runner flushed ``req_states``) reads the prefill of every
+      request added since: ``all_token_ids[slot, :prefill_len]`` (the prompt, plus the output so far
+      after a preemption), in one device->host copy, and tracks it as the core's prompt with an
+      empty host list for what follows;
+    * ``apply(logits, ctx)``: the tokens each row sees are ``all_token_ids[slot, :seq_len]``
+      (``seq_len`` = ``ctx.seq_lens_upper_bound_np``, exact without speculative decoding); the ones
+      not yet on the host (in decoding, the token sampled last step) are gathered from the device in
+      one copy and appended to the lists, then the core feeds them and masks row ``r`` with the state
+      of slot ``ctx.idx_mapping_np[r]``. A partial prefill row (``seq_len < prefill_len``) adds
+      nothing; its sample is discarded by vLLM. A history that became shorter is cut and replayed.
+
+    Speculative decoding (one row per draft token) is refused when the processor is built.
+    """
+
+    def _setup_v2(self, vllm_config, req_states) -> None:
+        if getattr(vllm_config, "speculative_config", None) is not None:
+            raise ValueError(
+                "the recall logits processor does not support speculative decoding (Model Runner V2 gives "
+                "it a row per draft token); serve without --speculative-config"
+            )
+        hf_config = vllm_config.model_config.hf_config
+        self.interface = "V2"
+        self.enabled = bool(getattr(hf_config, "recall_constrained", True))
+        self.req_states = req_states
+        device = torch.device(getattr(req_states, "device", "cpu"))
+        self.state = RecallBatchState.from_config(hf_config, pin_memory=device.type == "cuda")
+        self._pending: set[int] = set()  # added, prefill not read yet
+        self._base: dict[int, int] = {}  # slot -> prefill length (fed as the core's prompt)
+        self._out: dict[int, list[int]] = {}  # slot -> the tokens after the prefill (the core's live list)
+
+    def add_request(self, req_idx: int, sampling_params) -> bool:
+        slot = int(req_idx)
+        self.state.remove(slot)
+        self._base.pop(slot, None)
+        self._out.pop(slot, None)
+        if not (self.enabled and wants_recall_mask(sampling_params)):
+            self._pending.discard(slot)
+            return False
+        self._pending.add(slot)
+        return True
+
+    def apply_staged_writes(self) -> None:
+        if not self._pending:
+            return
+        slots = sorted(self._pending)
+        self._pending.clear()
+        lengths = [int(n) for n in _host(self.req_states.prefill_len)[slots]]
+        tokens = _device(self.req_states.all_token_ids)
+        index = torch.as_tensor(slots, dtype=torch.int64).to(tokens.device)
+        rows = tokens[index, : max(lengths)].cpu().numpy()  # one device->host copy for all of them
+        for slot, n, row in zip(slots, lengths, rows, strict=True):
+            out: list[int] = []
+            self.state.add(slot, row[:n].astype(np.int64), out)
+            self._base[slot] = n
+            self._out[slot] = out
+
+    def _apply_v2(self, logits: torch.Tensor, ctx) -> torch.Tensor:
+        if not self.enabled:
+            return logits
+        self.apply_staged_writes()  # (already done by vLLM before the forward pass of an admitting step)
+        slots = np.asarray(ctx.idx_mapping_np)[: logits.shape[0]]
+        seq_lens = np.asarray(ctx.seq_lens_upper_bound_np)
+        want_slot: list[int] = []
+        want_pos: list[int] = []
+        grow: list[tuple[list[int], int]] = []
+        for i, slot in enumerate(slots.tolist()):
+            out = self._out.get(slot)
+            if out is None:
+                continue  # not constrained
+            base, n = self._base[slot], int(seq_lens[i])
+            have = base + len(out)
+            if n > have:  # tokens on the device the host has not seen (decoding: the last sampled one)
+                want_slot += [slot] * (n - have)
+                want_pos += range(have, n)
+                grow.append((out, n - have))
+            elif base <= n < have:  # the history became shorter: the core replays it
+                del out[n - base :]
+        if want_slot:
+            tokens = _device(self.req_states.all_token_ids)
+            index = torch.as_tensor(np.asarray([want_slot, want_pos], dtype=np.int64)).to(tokens.device)
+            new = tokens[index[0], index[1]].cpu().tolist()  # one device->host copy per step
+            at = 0
+            for out, k in grow:
+                out += new[at : at + k]
+                at += k
+        return self.state.apply(logits, keys=slots)
+
+
+#: vLLM's module of each interface, and the name of its base class there
+_INTERFACES = {
+    "V1": "vllm.v1.sample.logits_processor",
+    "V2": "vllm.v1.worker.gpu.sample.logits_processor",
+}
+_CLASSES: dict[str, type] = {}
+
+
+def _interface_base(interface: str) -> type | None:
+    import importlib
+
+    try:
+        return importlib.import_module(_INTERFACES[interface]).LogitsProcessor
+    except (ImportError, AttributeError):
+        return None
+
+
+def _no_vllm(name: str, want: str) -> ImportError:
+    return ImportError(
+        f"{name} needs vLLM with {want} ({' or '.join(_INTERFACES[i] for i in want.split(' or '))}); "
+        "install the GPU extra (pip install -e '.[gpu]'). RecallBatchState works without it."
+    )
+
+
+def make_processor_class(interface: str = "any") -> type:
+    """Build (once) and return a recall logits processor class for the installed vLLM.
+
+    ``interface``: ``"V1"`` (``RecallLogitsProcessorV1``), ``"V2"`` (``RecallLogitsProcessorV2``, Model
+    Runner V2's interface), or ``"any"`` (``RecallLogitsProcessor``: a subclass of every interface this
+    vLLM has, so either model runner loads it, and it takes the runner's interface from how the runner
+    constructs it). Checks the vLLM version first (``recallm.engines``: an untested vLLM is refused in
+    one line unless ``RECALLM_ALLOW_UNTESTED_ENGINES=1``). Raises ImportError without vLLM."""
+    if interface in _CLASSES:
+        return _CLASSES[interface]
+    from recallm.engines import check_engines
+
+    names = {"V1": "RecallLogitsProcessorV1", "V2": "RecallLogitsProcessorV2", "any": "RecallLogitsProcessor"}
+    if interface not in names:
+        raise ValueError(f"interface must be one of {sorted(names)}, got {interface!r}")
+    name = names[interface]
+    if interface == "any":
+        bases = {i: b for i in ("V1", "V2") if (b := _interface_base(i)) is not None}
+        if not bases:
+            raise _no_vllm(name, "V1 or V2")
+    else:
+        base = _interface_base(interface)
+        if base is None:
+            raise _no_vllm(name, interface)
+        bases = {interface: base}
+    check_engines("processor")
+    if set(bases) == {"V1"}:
+        cls = type(name, (_V1Adapter, bases["V1"]), {"__init__": _V1Adapter._setup_v1, "apply": _V1Adapter._apply_v1})
+    elif set(bases) == {"V2"}:
+        cls = type(name, (_V2Adapter, bases["V2"]), {"__init__": _V2Adapter._setup_v2, "apply": _V2Adapter._apply_v2})
+    else:
+        cls = type(name, (_EitherRunner, bases["V1"], bases["V2"]), {})
+    cls.__module__ = __name__
+    cls.__qualname__ = name
+    cls.__doc__ = _PROCESSOR_DOC.format(name=name, interfaces=" and ".join(_INTERFACES[i] for i in bases))
+    _CLASSES[interface] = cls
+    return cls
+
+
+class _EitherRunner(_V1Adapter, _V2Adapter):
+    """Both interfaces: the V1 runner constructs it with ``(vllm_config, device, is_pin_memory)`` and
+    calls ``apply(logits)``; Model Runner V2 with ``(vllm_config, req_states)`` and ``apply(logits, ctx)``."""
+
+    def __init__(self, vllm_config, *args) -> None:
+        if len(args) == 2:
+            self._setup_v1(vllm_config, *args)
+        elif len(args) == 1:
+            self._setup_v2(vllm_config, *args)
+        else:
+            raise TypeError(
+                "a recall logits processor is built with (vllm_config, device, is_pin_memory) by vLLM's V1 model "
+                f"runner or (vllm_config, req_states) by Model Runner V2, not with {1 + len(args)} arguments"
+            )
+
+    def apply(self, logits: torch.Tensor, ctx=None) -> torch.Tensor:
+        return self._apply_v1(logits) if ctx is None else self._apply_v2(logits, ctx)
+
+
+_PROCESSOR_DOC = """vLLM logits processor ({interfaces}): recall spans are verbatim copies of their context.
+
+Reads the recall token ids, ``max_recall_tokens``, ``vocab_size`` and ``recall_constrained`` from
+``vllm_config.model_config.hf_config`` (a RecaLLM config, served as its base architecture through
+``recallm.modeling.vllm_hf_overrides``). Load with ``logits_processors=["recallm.recall.vllm:{name}"]``.
+A request opts out with ``SamplingParams(extra_args={{"recall_constrained": False}})``.
+"""
 
 
 def make_v1_processor_class() -> type:
-    """Build (once) and return ``RecallLogitsProcessorV1``; raises ImportError without vLLM."""
-    global _V1_CLASS
-    if _V1_CLASS is not None:
-        return _V1_CLASS
-    try:
-        from vllm.v1.sample.logits_processor import LogitsProcessor
-    except ImportError as exc:  # pragma: no cover - depends on the environment
-        raise ImportError(
-            "RecallLogitsProcessorV1 needs vLLM (vllm.v1.sample.logits_processor); "
-            "install the GPU extra (pip install -e '.[gpu]'). RecallBatchState works without it."
-        ) from exc
-
-    class RecallLogitsProcessorV1(LogitsProcessor):
-        """vLLM V1 logits processor: recall spans are verbatim copies of their context.
-
-        Reads the recall token ids, ``max_recall_tokens``, ``vocab_size`` and
-        ``recall_constrained`` from ``vllm_config.model_config.hf_config`` (a RecaLLM config,
-        served as its base architecture through ``recallm.modeling.vllm_hf_overrides``). Load
-        with ``logits_processors=["recallm.recall.vllm:RecallLogitsProcessorV1"]``; in verl with
-        ``+actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors=[recallm.recall.vllm:RecallLogitsProcessorV1]``
-        plus ``+actor_rollout_ref.rollout.engine_kwargs.vllm.hf_overrides=<vllm_hf_overrides(config) as JSON>``.
-        A request opts out with ``SamplingParams(extra_args={"recall_constrained": False})``.
-        """
-
-        def __init__(self, vllm_config, device: torch.device, is_pin_memory: bool) -> None:
-            hf_config = vllm_config.model_config.hf_config
-            self.enabled = bool(getattr(hf_config, "recall_constrained", True))
-            self.state = RecallBatchState.from_config(hf_config, pin_memory=bool(is_pin_memory))
-
-        @classmethod
-        def validate_params(cls, sampling_params) -> None:
-            return None  # every request is accepted
-
-        def is_argmax_invariant(self) -> bool:
-            return False  # the mask changes the argmax
-
-        def needs_output_token_ids(self) -> bool:
-            return True  # versions that know this hook then keep output lists free of placeholders
-
-        def update_state(self, batch_update) -> None:
-            if self.enabled:
-                self.state.update(batch_update, accept=wants_recall_mask)
-
-        def apply(self, logits: torch.Tensor) -> torch.Tensor:
-            if not self.enabled:
-                return logits
-            return self.state.apply(logits)
-
-    RecallLogitsProcessorV1.__module__ = __name__
-    RecallLogitsProcessorV1.__qualname__ = "RecallLogitsProcessorV1"
-    _V1_CLASS = RecallLogitsProcessorV1
-    return _V1_CLASS
+    """``RecallLogitsProcessorV1`` (:func:`make_processor_class` ``("V1")``); raises ImportError without vLLM."""
+    return make_processor_class("V1")
 
 
 def __getattr__(name: str):
-    # vLLM resolves "recallm.recall.vllm:RecallLogitsProcessorV1" with getattr: build it then.
-    if name == "RecallLogitsProcessorV1":
-        return make_v1_processor_class()
+    # vLLM resolves "recallm.recall.vllm:RecallLogitsProcessor" with getattr: build it then.
+    interface = {"RecallLogitsProcessor": "any", "RecallLogitsProcessorV1": "V1", "RecallLogitsProcessorV2": "V2"}
+    if name in interface:
+        return make_processor_class(interface[name])
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

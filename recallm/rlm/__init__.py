@@ -13,7 +13,7 @@ Python REPL; a root model explores it with code and calls sub-models from that c
 * ``trajectory`` / ``show`` / ``export`` - JSONL trajectories, their HTML pages, SFT data;
 * ``tasks`` / ``evaluate`` - S-NIAH, OOLONG-like, OOLONG-Pairs-like and MRCR-like tasks with
   scorers, and a resumable task-set runner; ``eval_backend`` - ``recallm-eval backend.name=rlm``;
-* ``train`` + ``agent_loop`` + ``runtime`` - GRPO of the root through verl's multi-turn agent loop.
+* ``train`` + ``agent_loop`` + ``worker_hooks`` - GRPO of the root through verl's multi-turn agent loop.
 
 CLI: ``recallm-rlm`` (``recallm.cli.rlm``).
 """

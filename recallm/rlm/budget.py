@@ -23,10 +23,10 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-from recallm.config import dataclass_values
+from recallm.config import MAX_COUNT, MAX_SECONDS, typed
 from recallm.errors import RecallmError
 from recallm.rlm.sandbox import BudgetSpent
 
@@ -46,16 +46,16 @@ class BudgetExhausted(BudgetSpent):
 class BudgetLimits:
     """Caps per task (``None``: no cap)."""
 
-    max_tokens: int | None = 2_000_000
+    max_tokens: int | None = field(default=2_000_000, metadata={"max": MAX_COUNT})
     """prompt + completion tokens of every model call of the task (root and sub-calls)"""
-    max_subcalls: int | None = 1000
+    max_subcalls: int | None = field(default=1000, metadata={"max": MAX_COUNT})
     """sub-calls of the task, all depths together"""
-    max_wall_s: float | None = 3600.0
+    max_wall_s: float | None = field(default=3600.0, metadata={"max": MAX_SECONDS})
     """wall-clock seconds of the task"""
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "budget") -> BudgetLimits:
-        limits = cls(**dataclass_values(cls, cfg, where))
+        limits = typed(cls, cfg, where)  # (the fields' metadata ranges too)
         for name in ("max_tokens", "max_subcalls", "max_wall_s"):
             value = getattr(limits, name)
             if value is not None and (value <= 0 if name != "max_subcalls" else value < 0):

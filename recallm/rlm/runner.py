@@ -59,7 +59,7 @@ from typing import Any
 
 from recallm import cancel as _cancel
 from recallm.cancel import Cancelled, CancelToken
-from recallm.config import dataclass_values
+from recallm.config import MAX_CHARS, MAX_COUNT, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS, typed
 from recallm.errors import RecallmError
 from recallm.rlm import prompts
 from recallm.rlm.budget import Budget, BudgetExhausted, BudgetLimits
@@ -82,17 +82,17 @@ class RLMSettings:
 
     max_depth: int = 1
     """0: REPL only; 1: llm_query sub-calls; 2-3: rlm_query recursion"""
-    max_iterations: int = 20
+    max_iterations: int = field(default=20, metadata={"max": MAX_COUNT})
     """root turns per RLM instance (the paper's runs: 20)"""
-    max_observation_chars: int = 20_000
+    max_observation_chars: int = field(default=20_000, metadata={"max": MAX_CHARS})
     """characters of each block's output the root reads (the paper's implementation: 20,000)"""
-    preview_chars: int = 400
+    preview_chars: int = field(default=400, metadata={"max": MAX_CHARS})
     """characters of the context shown to the root"""
-    root_max_new_tokens: int | None = 2048
+    root_max_new_tokens: int | None = field(default=2048, metadata={"max": MAX_TOKENS})
     """tokens per root turn (null: no limit sent to a server; a local engine's max_new_tokens)"""
-    root_timeout_s: float | None = None
+    root_timeout_s: float | None = field(default=None, metadata={"max": MAX_SECONDS})
     """seconds one root turn may take (None: only the task's wall budget)"""
-    plain_text_retries: int = 1
+    plain_text_retries: int = field(default=1, metadata={"max": MAX_RETRIES})
     """plain-text replies (no code, no FINAL) nudged before one is taken as the answer"""
     answer_var: str = "answer"
     """the REPL variable returned when nothing else answers"""
@@ -102,12 +102,12 @@ class RLMSettings:
     """bwrap (required) | auto | namespaces | none (see recallm.rlm.sandbox)"""
     site_packages: bool = True
     """let REPL code import the host's installed packages (read-only)"""
-    trajectory_text_chars: int = 4000
+    trajectory_text_chars: int = field(default=4000, metadata={"min": 0, "max": MAX_CHARS})
     """longest sub-call prompt / answer kept in a trajectory"""
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "rlm") -> RLMSettings:
-        settings = cls(**dataclass_values(cls, cfg, where))
+        settings = typed(cls, cfg, where)  # (the fields' metadata ranges too)
         settings.check(where)
         return settings
 

@@ -7,16 +7,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_COUNT, MAX_WORKERS
+
 __all__ = ["MODES", "RLMRun"]
 
-MODES = ("run", "generate", "show", "export")
+MODES = ("run", "generate", "show", "to-sft")
 
 
 @dataclass(frozen=True)
 class RLMRun:
     """The schema of ``configs/rlm.yaml``'s own keys, ``recallm-rlm``'s (``recallm.config.typed``;
     registered with Hydra by ``recallm.cli.schemas``). Its sections have
-    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``export`` ``recallm.rlm.export.ExportSettings``,
+    theirs: ``tasks`` ``recallm.rlm.tasks.TaskRun``, ``sft_data`` ``recallm.rlm.sft_data.SFTDataSettings``,
     ``rlm``/``subcalls``/``sandbox``/``budget`` the settings classes of ``recallm.rlm``, ``root``/``sub``
     ``recallm.rlm.models.make_model``."""
 
@@ -24,8 +26,8 @@ class RLMRun:
     mode: str = field(default="run", metadata={"choices": MODES})
     models_dir: str = "outputs/models"
     overwrite: bool = False
-    limit: int | None = field(default=None, metadata={"min": 1})
-    parallel: int = field(default=1, metadata={"min": 1})
+    limit: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
+    parallel: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     progress: bool = True
     tasks: dict[str, Any] = field(default_factory=dict)
     root: dict[str, Any] = field(default_factory=dict)
@@ -38,4 +40,5 @@ class RLMRun:
     """mode=show: the trajectory file"""
     html: str | None = None
     """mode=show: the page to write (None: next to the trajectory)"""
-    export: dict[str, Any] = field(default_factory=dict)
+    sft_data: dict[str, Any] = field(default_factory=dict)
+    """mode=to-sft: which trajectories, the file to write (``SFTDataSettings``)"""

@@ -43,11 +43,11 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from recallm.cancel import Cancelled, CancelToken
-from recallm.config import dataclass_values
+from recallm.config import MAX_CHARS, MAX_RETRIES, MAX_SECONDS, MAX_TOKENS, MAX_WORKERS, typed
 from recallm.errors import RecallmError
 from recallm.rlm.budget import Budget, BudgetExhausted
 from recallm.rlm.models import ChatModel, Reply
@@ -66,25 +66,25 @@ class SubCallError(Exception):
 class SubCallSettings:
     """How sub-calls run."""
 
-    pool_size: int = 16
+    pool_size: int = field(default=16, metadata={"max": MAX_WORKERS})
     """model calls of a task at once (root turns and sub-calls, all depths together)"""
-    timeout_s: float = 300.0
+    timeout_s: float = field(default=300.0, metadata={"max": MAX_SECONDS})
     """seconds one attempt may take (waiting for a pool slot included)"""
-    retries: int = 2
+    retries: int = field(default=2, metadata={"max": MAX_RETRIES})
     """further attempts after a timeout or a transient error"""
-    backoff_s: float = 0.5
+    backoff_s: float = field(default=0.5, metadata={"max": MAX_SECONDS})
     """first retry delay; doubles per retry"""
-    max_new_tokens: int | None = 1024
+    max_new_tokens: int | None = field(default=1024, metadata={"max": MAX_TOKENS})
     """tokens a sub-call may write (model code may ask for fewer); null: no limit is sent"""
-    max_prompt_chars: int = 400_000
+    max_prompt_chars: int = field(default=400_000, metadata={"max": MAX_CHARS})
     """longest prompt a sub-call accepts (the sub-model's window, in characters)"""
-    max_repls: int = 16
+    max_repls: int = field(default=16, metadata={"max": MAX_WORKERS})
     """live REPL processes of a task (the root's included); a recursive call that finds none free
     while every live one waits on its own recursive calls is answered by a plain sub-call"""
 
     @classmethod
     def from_mapping(cls, cfg: Mapping[str, Any] | None, where: str = "subcalls") -> SubCallSettings:
-        settings = cls(**dataclass_values(cls, cfg, where))
+        settings = typed(cls, cfg, where)  # (the fields' metadata ranges too)
         for name in ("pool_size", "timeout_s", "max_new_tokens", "max_prompt_chars", "max_repls"):
             value = getattr(settings, name)
             if value is not None and value <= 0:

@@ -19,7 +19,7 @@ the paper's RL run). Any verl key can be overridden on the command line. The lau
    rollout's recall processor (``recallm.recall_constrained``), a plain one runs without; the
    platform is the recipe's (``grpo/platform=cpu``: the CPU plugin and its ``hf_cpu`` rollout;
    ``vllm_cpu``: verl's vLLM rollout on vLLM's CPU build); no reward manager (the agent loop sets each
-   rollout's reward, the task's score); ``recallm.rlm.runtime`` adds the metrics of the masking
+   rollout's reward, the task's score); ``recallm.rlm.worker_hooks`` adds the metrics of the masking
    (``rlm/...``);
 4. checks the config (grpo's checks: platform, mask, batch sizes, lengths, files; verl's
    ``validate_config``) and runs verl's trainer. Checkpoints and resume are verl's
@@ -54,7 +54,7 @@ __all__ = [
     "prepare",
     "PREPARE_STEPS",
     "main",
-    "RUNTIME_MODULE",
+    "WORKER_HOOKS",
     "trajectory_tokens",
     "train_settings",
 ]
@@ -98,7 +98,8 @@ def train_settings(section: Any) -> RLMTrainSettings:
 
 
 log = logging.getLogger(__name__)
-RUNTIME_MODULE = "recallm.rlm.runtime"
+#: the RLM's hooks into verl, imported by every verl process of the run (after grpo's)
+WORKER_HOOKS = "recallm.rlm.worker_hooks"
 #: the file verl's ``agent_loop_config_path`` reads (``recallm.rlm.agent_loop``)
 AGENT_LOOPS = [{"name": "rlm", "_target_": "recallm.rlm.agent_loop.RLMAgentLoop"}]
 
@@ -212,10 +213,10 @@ def agent_loop(cfg: DictConfig, run: Prepared) -> None:
     _set(cfg, "recallm.reward_manager", False)  # the agent loop sets each rollout's reward
 
 
-def rlm_runtime(cfg: DictConfig, run: Prepared) -> None:
-    """``recallm.rlm.runtime`` in every verl process (the metrics of the masking); a warning when the
+def rlm_worker_hooks(cfg: DictConfig, run: Prepared) -> None:
+    """``recallm.rlm.worker_hooks`` in every verl process (the metrics of the masking); a warning when the
     longest trajectory would not fit ``data.max_response_length``."""
-    run.add_module(RUNTIME_MODULE)
+    run.add_module(WORKER_HOOKS)
     section = cfg.recallm.rlm
     needed = trajectory_tokens(section.rlm)
     if needed > int(cfg.data.max_response_length):
@@ -229,7 +230,7 @@ def rlm_runtime(cfg: DictConfig, run: Prepared) -> None:
 
 #: the RLM's prepare steps (module doc, steps 2-3): the agent loop, every step of grpo's launch (a plain
 #: model is accepted, with ``recallm.recall_constrained=false``), the RLM's metrics
-PREPARE_STEPS = (agent_loop, *GRPO_STEPS, rlm_runtime)
+PREPARE_STEPS = (agent_loop, *GRPO_STEPS, rlm_worker_hooks)
 
 
 def prepare(cfg: DictConfig) -> dict[str, str]:

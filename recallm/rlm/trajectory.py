@@ -23,7 +23,7 @@ Events (every one has ``event``, ``rlm`` - the instance id: ``0`` for the root, 
   ``metrics``, ``reference``.
 
 ``load_trajectory`` reads one back (a partial last line, from a crash, is ignored);
-``root_conversation`` rebuilds the root's messages turn by turn (``recallm.rlm.export``).
+``root_conversation`` rebuilds the root's messages turn by turn (``recallm.rlm.sft_data``).
 """
 
 from __future__ import annotations

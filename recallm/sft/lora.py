@@ -20,7 +20,7 @@ from pathlib import Path
 
 from recallm.sft.settings import LoraSettings
 
-__all__ = ["apply_lora", "save_merged", "load_adapter_weights", "ADAPTER_SUBDIR"]
+__all__ = ["apply_lora", "describe", "save_merged", "load_adapter_weights", "ADAPTER_SUBDIR"]
 
 ADAPTER_SUBDIR = "adapter"
 
@@ -59,6 +59,16 @@ def apply_lora(
     # the adapter names its base by an absolute path (loaders find it from anywhere)
     peft_model.peft_config["default"].base_model_name_or_path = str(Path(base_dir).resolve())
     return peft_model
+
+
+def describe(lora: LoraSettings) -> str:
+    """The console line of a LoRA stage: that LoRA is on, and its settings."""
+    rows = "the recall token rows train too" if lora.token_rows else "the recall token rows stay frozen"
+    return (
+        f"LoRA on (sft.lora.rank={lora.rank}, alpha={lora.alpha:g}, dropout={lora.dropout:g}, "
+        f"target_modules={lora.target_modules}): stage full trains an adapter, {rows}; final/ is the merged model, "
+        "final/adapter the adapter alone"
+    )
 
 
 def _token_rows(model, token_ids: list[int]) -> dict[str, list[int]]:

@@ -180,14 +180,6 @@ def _prepare_cpu_distributed(deepspeed: bool) -> dict[str, Any]:
     return {"accelerator_config": {"use_configured_state": True}}
 
 
-def stage_settings(cfg: Any) -> SFTRun:
-    """The run's settings (``recallm.sft.settings``: types, ranges, unknown keys), with the global batch
-    checked against the processes."""
-    run = typed(SFTRun, cfg, "")
-    raise_problems(list(_batch_problems(run)))
-    return run
-
-
 def _batch_problems(run: SFTRun):
     recipe = run.sft
     per_device, global_batch, world = recipe.per_device_batch_size, recipe.global_batch_size, _world_size()
@@ -224,6 +216,8 @@ def _stage_steps(run: SFTRun) -> int | None:
     settings = run.sft.stage(run.stage)
     if settings.steps is not None:
         return settings.steps
+    if not Path(run.train_file).is_file():  # (missing, or a FIFO that would block: the data check says which)
+        return None
     try:
         with open(run.train_file, "rb") as f:
             records = sum(1 for line in f if line.strip())
@@ -243,15 +237,35 @@ def _warmup_problems(run: SFTRun):
         )
 
 
-def _model_positions(run: SFTRun) -> int | None:
-    """``max_position_embeddings`` of the model the stage starts from (None: unknown, or the tiny default)."""
+def _model_config(run: SFTRun) -> dict[str, Any]:
+    """The ``config.json`` of the model the stage starts from, as written ({}: unknown, or the tiny default)."""
     path = run.model.get("path") if run.stage == "embed" or run.init_from is None else run.init_from
     try:
         config = json.loads((Path(str(path)) / "config.json").read_text()) if path else {}
     except (OSError, ValueError):
-        return None
-    value = config.get("max_position_embeddings")
+        return {}
+    return config if isinstance(config, dict) else {}
+
+
+def _model_positions(run: SFTRun) -> int | None:
+    """``max_position_embeddings`` of the model the stage starts from (None: unknown, or the tiny default)."""
+    value = _model_config(run).get("max_position_embeddings")
     return int(value) if isinstance(value, int) else None
+
+
+def _lora_problems(run: SFTRun):
+    """``sft.lora.rank`` within the model's width (``recallm.modeling.lora_rank_problem``), before the
+    adapter is allocated."""
+    if run.stage != "full" or not run.sft.lora.enabled:
+        return
+    import types
+
+    from recallm.modeling import lora_rank_problem
+
+    config = types.SimpleNamespace(**(_model_config(run) or run.model))  # (the tiny default: its spec)
+    problem = lora_rank_problem(run.sft.lora.rank, config, "sft.lora.rank")
+    if problem:
+        yield problem
 
 
 def _max_length(run: SFTRun) -> SFTRun:
@@ -318,6 +332,7 @@ def check_config(cfg: Any) -> SFTRun:
         model_dirs,
         resume,
         lambda: _warmup_problems(run),
+        lambda: _lora_problems(run),
     )
     if not found:  # the data files are there and readable: the lengths can be read from them
         sized: list[SFTRun] = []
@@ -406,20 +421,82 @@ def run_sft(cfg: dict[str, Any]) -> Path:
 
 
 def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
+    """One stage, in its steps: the model and tokenizer, the data, what trains (the token rows, all weights or
+    a LoRA adapter), the schedule (a curriculum's order), the Trainer, where it resumes, then the training
+    and the final model (:func:`_train_and_save`)."""
     from recallm.modeling import check_recallm_model, load_causal_lm
-    from recallm.sft.data import SFTCollator, load_sft_file
-    from recallm.sft.freeze import freeze_all_but_token_rows
+    from recallm.sft.data import SFTCollator
     from recallm.tokens import RecallTokenIds, load_tokenizer, pad_token_id
 
-    stage, recipe, out_dir = run.stage, run.sft, Path(run.out_dir)
-    settings = recipe.stage(stage)
+    stage, recipe = run.stage, run.sft
     extra_args = _prepare_cpu_distributed(bool(deepspeed))
-    model_dir = _model_dir(run, out_dir)
+    model_dir = _model_dir(run, Path(run.out_dir))
     check_recallm_model(model_dir)
     tokenizer = load_tokenizer(model_dir)
     dtype = torch.bfloat16 if recipe.bf16 and torch.cuda.is_available() else torch.float32
     model = load_causal_lm(model_dir, dtype=dtype)
     ids = RecallTokenIds.from_pretrained(model.config, tokenizer)
+    train_set, train_stats, val_set, val_records = _stage_data(run, tokenizer, model, ids)
+    model, weight_decay, lora = _trainable(run, model, ids, model_dir)
+    train_set, settings, epochs, total_steps, sampling = _schedule(run, train_set)
+    _set_wandb_mode(run)
+    args = _training_args(
+        run,
+        settings,
+        stage_dir,
+        deepspeed,
+        epochs=epochs,
+        total_steps=total_steps,
+        sampling=sampling,
+        weight_decay=weight_decay,
+        dtype=dtype,
+        evaluate=val_set is not None,
+        extra_args=extra_args,
+    )
+    stop = SaveOnSignal()  # SIGTERM / SIGUSR1 (preemption, the time limit's warning): save, stop, raise Stopped
+    trainer = RecallTrainer(
+        model=model,
+        args=args,
+        train_dataset=train_set,
+        eval_dataset=val_set,
+        data_collator=SFTCollator(
+            pad_token_id(tokenizer=tokenizer, config=model.config),
+            position_skip=recipe.position_skip or None,
+            seed=recipe.seed,
+        ),
+        processing_class=tokenizer,
+        recall_eval={"records": val_records, "max_new_tokens": recipe.eval.max_new_tokens},
+        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), stop, *(run._callbacks or [])],
+    )
+    checkpoint = None
+    if resume == "auto":
+        checkpoint = agreed(lambda: find_checkpoint(stage_dir))
+    elif resume != "never":
+        checkpoint = Path(resume)
+    if checkpoint is not None:
+        log.info("resuming from %s", checkpoint)
+    if trainer.is_world_process_zero():
+        print(
+            f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as longer "
+            f"than sft.max_length={recipe.max_length}), model "
+            f"{model_dir}, output {stage_dir}" + (f", resuming from {checkpoint}" if checkpoint else "")
+        )
+    info = {"stage": stage, "init": str(model_dir), "steps": None, **train_stats}
+    if lora:
+        info["lora"] = dataclasses.asdict(recipe.lora)
+    final = _train_and_save(trainer, model, tokenizer, stop, checkpoint, stage_dir, info, lora=lora)
+    if trainer.is_world_process_zero():
+        print(f"wrote {final}")
+    return final
+
+
+def _stage_data(run: SFTRun, tokenizer, model, ids):
+    """The training and validation sets (traces longer than ``sft.max_length`` dropped; spans stripped from a
+    share of them with ``sft.strip_spans``), the training set's statistics, and the validation records whose
+    prompts the recall evaluation generates from."""
+    from recallm.sft.data import load_sft_file
+
+    recipe = run.sft
     vocab = model.get_input_embeddings().weight.shape[0]
     max_length = recipe.max_length
     strip = (ids.start, ids.end) if recipe.strip_spans else None
@@ -431,19 +508,30 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         n_prompts = recipe.eval.recall_prompts
         if n_prompts:
             val_records = [record for _, record in itertools.islice(iter_jsonl(run.val_file), n_prompts)]
-    lora = stage == "full" and recipe.lora.enabled
-    if stage == "embed":
+    return train_set, train_stats, val_set, val_records
+
+
+def _trainable(run: SFTRun, model, ids, model_dir: Path):
+    """What trains: the four token rows (stage ``embed``, no weight decay), every weight (``full``) or a LoRA
+    adapter (``full`` with ``sft.lora.rank`` > 0); the model, the weight decay, whether it is LoRA."""
+    from recallm.sft.freeze import freeze_all_but_token_rows
+
+    recipe = run.sft
+    lora = run.stage == "full" and recipe.lora.enabled
+    if run.stage == "embed":
         freeze_all_but_token_rows(model, list(ids.as_config().values()))
         weight_decay = 0.0
     else:
-        weight_decay = settings.weight_decay
+        weight_decay = recipe.stage(run.stage).weight_decay
     if recipe.gradient_checkpointing:
         model.config.use_cache = False
     if recipe.label_logits_only:
         model.label_logits_only(True)
     if lora:
-        from recallm.sft.lora import apply_lora
+        from recallm.sft.lora import apply_lora, describe
 
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(f"[recallm] {describe(recipe.lora)}", flush=True)
         model = apply_lora(
             model,
             recipe.lora,
@@ -452,6 +540,15 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
             gradient_checkpointing=recipe.gradient_checkpointing,
             seed=recipe.seed,
         )
+    return model, weight_decay, lora
+
+
+def _schedule(run: SFTRun, train_set):
+    """The stage's epochs and steps, and the order the examples are drawn in: random, or with a curriculum
+    (``sft.curriculum``) every draw of the stage in order, as one epoch of that many steps. Returns the
+    training set (reordered for a curriculum), the stage's settings, epochs, steps and sampling."""
+    recipe = run.sft
+    settings = recipe.stage(run.stage)
     global_batch = recipe.global_batch_size
     epochs, total_steps = settings.num_epochs, settings.steps
     if total_steps is None:
@@ -467,15 +564,36 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         sampling = "sequential"
         epochs, total_steps = 1, int(math.ceil(total_steps))
         settings = dataclasses.replace(settings, epochs=1, steps=total_steps)
-    eval_cfg = recipe.eval
-    logger = run.logger
-    if logger == "wandb":
+    return train_set, settings, epochs, total_steps, sampling
+
+
+def _set_wandb_mode(run: SFTRun) -> None:
+    """With ``logger=wandb``: W&B online or offline (``recallm.tracking``), said in one line."""
+    if run.logger == "wandb":
         from recallm.tracking import wandb_mode
 
         mode, line = wandb_mode()
         os.environ["WANDB_MODE"] = mode
         print(f"[recallm] {line}", flush=True)
-    args = TrainingArguments(
+
+
+def _training_args(
+    run: SFTRun,
+    settings,
+    stage_dir: Path,
+    deepspeed,
+    *,
+    epochs,
+    total_steps,
+    sampling: str,
+    weight_decay: float,
+    dtype,
+    evaluate: bool,
+    extra_args: dict[str, Any],
+) -> TrainingArguments:
+    """The Trainer's arguments of the stage: the recipe's optimiser, schedule, batches, saves and evaluation."""
+    recipe, logger = run.sft, run.logger
+    return TrainingArguments(
         output_dir=str(stage_dir),
         num_train_epochs=float(epochs),
         learning_rate=settings.lr,
@@ -501,12 +619,12 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         save_strategy="steps",
         save_steps=recipe.save_steps,
         save_total_limit=recipe.save_total_limit,
-        eval_strategy="steps" if val_set is not None else "no",
-        eval_steps=eval_cfg.steps,
+        eval_strategy="steps" if evaluate else "no",
+        eval_steps=recipe.eval.steps,
         seed=recipe.seed,
         data_seed=recipe.seed,
         report_to=["wandb"] if logger == "wandb" else [],
-        run_name=f"{recipe.name}-{stage}",
+        run_name=f"{recipe.name}-{run.stage}",
         deepspeed=str(deepspeed) if deepspeed else None,
         use_cpu=not torch.cuda.is_available(),
         remove_unused_columns=False,
@@ -516,55 +634,30 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         max_steps=int(run.max_steps or settings.steps or -1),
         **extra_args,
     )
-    stop = SaveOnSignal()  # SIGTERM / SIGUSR1 (preemption, the time limit's warning): save, stop, raise Stopped
-    trainer = RecallTrainer(
-        model=model,
-        args=args,
-        train_dataset=train_set,
-        eval_dataset=val_set,
-        data_collator=SFTCollator(
-            pad_token_id(tokenizer=tokenizer, config=model.config),
-            position_skip=recipe.position_skip or None,
-            seed=recipe.seed,
-        ),
-        processing_class=tokenizer,
-        recall_eval={"records": val_records, "max_new_tokens": eval_cfg.max_new_tokens},
-        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), stop, *(run._callbacks or [])],
-    )
-    checkpoint = None
-    if resume == "auto":
-        checkpoint = agreed(lambda: find_checkpoint(stage_dir))
-    elif resume != "never":
-        checkpoint = Path(resume)
-    if checkpoint is not None:
-        log.info("resuming from %s", checkpoint)
-    if trainer.is_world_process_zero():
-        print(
-            f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as longer "
-            f"than sft.max_length={max_length}), model "
-            f"{model_dir}, output {stage_dir}" + (f", resuming from {checkpoint}" if checkpoint else "")
-        )
+
+
+def _train_and_save(
+    trainer, model, tokenizer, stop: SaveOnSignal, checkpoint: Path | None, stage_dir: Path, info, *, lora: bool
+) -> Path:
+    """Train from ``checkpoint`` (None: from the start) and write ``<stage_dir>/final``; a checkpoint of a
+    finished stage (a rerun after a kill while ``final`` was written) is the result without training. A stop
+    request (:class:`SaveOnSignal`) before the last step raises :class:`Stopped` after its save."""
     done = _last_step_of(checkpoint, trainer) if checkpoint is not None else None
-    info = {"stage": stage, "init": str(model_dir), "steps": done, **train_stats}
-    if lora:
-        info["lora"] = dataclasses.asdict(recipe.lora)
-    final = None
+    info["steps"] = done
     if done is not None and lora:  # a rerun after a kill while `final` was written: the adapter is the result
         from recallm.sft.lora import load_adapter_weights
 
         load_adapter_weights(model, checkpoint)
-        final = save_final(trainer, tokenizer, stage_dir / "final", info, lora=True)
-    elif done is not None:  # the same with full weights: the checkpoint is the result
+        return save_final(trainer, tokenizer, stage_dir / "final", info, lora=True)
+    if done is not None:  # the same with full weights: the checkpoint is the result
         final = final_from_checkpoint(
             checkpoint, tokenizer, stage_dir / "final", info, main=trainer.is_world_process_zero()
         )
-    if final is None:
-        trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
-        step = trainer.state.global_step
-        if stop.stopped and step < trainer.state.max_steps:  # saved at this step; the next run resumes there
-            raise Stopped(stop.stopped, step, str(stage_dir / f"checkpoint-{step}"))
-        info["steps"] = step
-        final = save_final(trainer, tokenizer, stage_dir / "final", info, lora=lora)
-    if trainer.is_world_process_zero():
-        print(f"wrote {final}")
-    return final
+        if final is not None:
+            return final
+    trainer.train(resume_from_checkpoint=str(checkpoint) if checkpoint else None)
+    step = trainer.state.global_step
+    if stop.stopped and step < trainer.state.max_steps:  # saved at this step; the next run resumes there
+        raise Stopped(stop.stopped, step, str(stage_dir / f"checkpoint-{step}"))
+    info["steps"] = step
+    return save_final(trainer, tokenizer, stage_dir / "final", info, lora=lora)

@@ -46,19 +46,19 @@ def grpo_env() -> dict[str, str]:
 
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("sftdata")
-    run_plan(plan_from_config(SFT_MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(SFT_MIX), out, tiny_dir, workers=1, progress=False)
     return out / "sft" / "train.jsonl", out / "sft" / "val.jsonl"
 
 
 @pytest.fixture(scope="module")
 def grpo_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("grpodata")
-    run_plan(plan_from_config(GRPO_MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(GRPO_MIX), out, tiny_dir, workers=1, progress=False)
     return out / "train.parquet"
 
 
@@ -284,12 +284,12 @@ def test_grpo_preempted_saves_requeues_and_resumes(slurm, grpo_data, tiny_dir, t
     (checksummed) and stops (``recallm.grpo.preemption``) although ``trainer.save_freq`` would not save it;
     the job requeues, the same job id runs again, resumes once, from that step, and ends at the last
     step with every step trained and logged once, and with the final weights of the same job never
-    interrupted (the rollout seeds every response by its step and prompt: ``seed_per_request``)."""
+    interrupted, with no flag (the rollout samples every response from a stream of its own, seeded by its step,
+    prompt and index: ``seed_per_request``, on by default)."""
     from recallm.grpo.checkpoints import check_step
 
-    def args(ckpt: Path) -> list[str]:  # saves only step 4; each response seeded by its step and prompt
-        seeded = "+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.seed_per_request=true"
-        return grpo_args(tiny_dir, grpo_data, ckpt, ckpt.with_name("rollouts"), "trainer.save_freq=100", seeded, steps=4)
+    def args(ckpt: Path) -> list[str]:  # saves only step 4
+        return grpo_args(tiny_dir, grpo_data, ckpt, ckpt.with_name("rollouts"), "trainer.save_freq=100", steps=4)
 
     whole = slurm.submit("grpo.sbatch", *args(tmp_path / "whole" / "ckpt"), options=CPU_JOB, logs=tmp_path / "logs",
                          env=grpo_env())

@@ -94,7 +94,7 @@ def test_errors_are_one_line(broken_dirs, tmp_path, case, args, pattern):
 
 @pytest.mark.slow
 def test_demo_runs(tmp_path):
-    proc = _run("-m", "recallm.cli.demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=12", cwd=tmp_path)
+    proc = _run("-m", "recallm.cli.decoding_demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=12", cwd=tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "UNTRAINED" in proc.stdout
     line = next(line for line in proc.stdout.splitlines() if line.startswith("constrained spans verbatim:"))
@@ -104,8 +104,23 @@ def test_demo_runs(tmp_path):
 
 
 def test_demo_bad_override_is_one_line(tmp_path):
-    proc = _run("-m", "recallm.cli.demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=5000", cwd=tmp_path)
+    proc = _run("-m", "recallm.cli.decoding_demo", f"out_dir={tmp_path}/demo", "prompt.n_pairs=5000", cwd=tmp_path)
     _assert_one_line_error(proc, r"n_pairs must be in \[1, 600\], got 5000")
+
+
+def test_the_old_demo_command_prints_one_notice_then_runs_the_decoding_demo(tmp_path):
+    """``recallm-demo`` (renamed ``recallm-decoding-demo`` in 0.2.0, MIGRATION.md) still works for one release."""
+    from pathlib import Path
+
+    script = Path(sys.executable).parent / "recallm-demo"
+    if not script.is_file():
+        pytest.skip("recallm-demo is not installed in this environment (pip install -e . installs it)")
+    done = subprocess.run([str(script), "prompt.n_pairs=5000"], capture_output=True, text=True, cwd=tmp_path, timeout=120)
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and len(lines) == 2, done.stderr
+    assert lines[0].startswith("warning: recallm-demo is deprecated: use recallm-decoding-demo")
+    assert lines[1] == "error: n_pairs must be in [1, 600], got 5000"  # the decoding demo's own check
+    assert not any(tmp_path.iterdir())
 
 
 def test_score_cli(tmp_path):

@@ -113,7 +113,7 @@ def test_sft_schema_refuses_a_misspelt_recipe_key():
     "primary, schema, group",
     [
         ("pipeline", "recallm.cli.pipeline:PipelineRun", "experiment"),
-        ("data_gen", "recallm.cli.data:DataRun", "data"),
+        ("data", "recallm.cli.data:DataRun", "data"),
         ("eval", "recallm.cli.eval:EvalRun", "eval"),
         ("rlm", "recallm.cli.rlm:RLMRun", None),
     ],
@@ -131,16 +131,16 @@ def test_every_app_config_fits_its_schema(primary, schema, group):
 
 
 @pytest.mark.slow  # composes every option of the app (verl's tree for GRPO/RLM training)
-def test_rlm_task_and_export_sections_fit_their_schemas():
-    from recallm.rlm.export import ExportSettings
+def test_rlm_task_and_sft_data_sections_fit_their_schemas():
+    from recallm.rlm.sft_data import SFTDataSettings
     from recallm.rlm.tasks import TaskRun, TaskSet
 
     cfg = OmegaConf.create(_compose("rlm"))
     OmegaConf.resolve(cfg)
     tasks = typed(TaskRun, cfg.tasks, "tasks")
     assert tasks.specs() and tasks.task_kwargs()["needles"] == cfg.tasks.needles
-    export = typed(ExportSettings, cfg.export, "export")
-    assert export.paths() == list(cfg.export.trajectories)
+    sft_data = typed(SFTDataSettings, cfg.sft_data, "sft_data")
+    assert sft_data.paths() == list(cfg.sft_data.trajectories)
     with pytest.raises(RecallmError, match=r"tasks has unknown keys \['lenghts'\]"):
         typed(TaskRun, {"lenghts": [1]}, "tasks")
     pytest.importorskip("verl")  # rlm_train composes verl's config
@@ -204,7 +204,7 @@ def test_hydra_command_reads_modes_flags_and_subcommands(capsys):
     assert len(seen) == 3
 
 
-@pytest.mark.parametrize("config_name", ["data_gen", "sft", "eval", "pipeline", "score", "annotate", "demo", "rlm"])
+@pytest.mark.parametrize("config_name", ["data", "sft", "eval", "pipeline", "score", "annotate", "decoding_demo", "rlm"])
 def test_a_hydra_command_composes_once(config_name, tmp_path, monkeypatch):
     """Every command Hydra runs composes its config one time: the composition that checked the command line
     is the one Hydra's run hands to the command, with its output directory, ``.hydra/`` files and job log."""

@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from data_gen.generate import plan_from_config, run_plan
+from data_gen.generate import run_schedule, schedule_from_config
 from data_gen.io import read_jsonl, read_records, read_rows
 from recallm.errors import RecallmError
 
@@ -34,11 +34,11 @@ def _records(out):
 
 
 def test_plan_validation():
-    plan = plan_from_config(MIX)
-    splits = {j.split for j in plan.jobs}
+    schedule = schedule_from_config(MIX)
+    splits = {j.split for j in schedule.jobs}
     assert {"train", "sft", "val/retrieval_512", "val/reasoning_retrieval_1024", "val/aggregation_512"} <= splits
-    assert sum(j.count for j in plan.jobs if j.split == "sft") == 10
-    assert sum(j.count for j in plan.jobs if j.split == "val/retrieval_512") == 4
+    assert sum(j.count for j in schedule.jobs if j.split == "sft") == 10
+    assert sum(j.count for j in schedule.jobs if j.split == "val/retrieval_512") == 4
     bad = [
         ({"train": {"entries": [{"task": "kv_retrieval", "count": -2}]}}, "count must be a non-negative integer"),
         ({"train": {"entries": [{"task": "kv_retrieval", "count": 2, "lengths": [500, 100]}]}}, "min <= max"),
@@ -51,13 +51,13 @@ def test_plan_validation():
     ]
     for cfg, message in bad:
         with pytest.raises(RecallmError, match=message):
-            plan_from_config(cfg)
+            schedule_from_config(cfg)
 
 
 def test_run_is_deterministic_across_workers_and_resumes(tmp_path, tiny_dir):
-    plan = plan_from_config(MIX)
-    one = run_plan(plan, tmp_path / "one", tiny_dir, workers=1, progress=False)
-    two = run_plan(plan_from_config(MIX), tmp_path / "two", tiny_dir, workers=2, progress=False)
+    schedule = schedule_from_config(MIX)
+    one = run_schedule(schedule, tmp_path / "one", tiny_dir, workers=1, progress=False)
+    two = run_schedule(schedule_from_config(MIX), tmp_path / "two", tiny_dir, workers=2, progress=False)
     assert set(one["files"]) == set(two["files"])
     assert _records(tmp_path / "one") == _records(tmp_path / "two")
     assert read_jsonl(tmp_path / "one" / "sft" / "train.jsonl") == read_jsonl(tmp_path / "two" / "sft" / "train.jsonl")
@@ -73,13 +73,13 @@ def test_run_is_deterministic_across_workers_and_resumes(tmp_path, tiny_dir):
     shards = sorted((tmp_path / "one" / "shards").glob("*.parquet"))
     stamps = {p: p.stat().st_mtime_ns for p in shards}
     shards[0].unlink()
-    run_plan(plan_from_config(MIX), tmp_path / "one", tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "one", tiny_dir, workers=1, progress=False)
     assert shards[0].is_file()
     assert all(p.stat().st_mtime_ns == stamps[p] for p in shards[1:])
     assert _records(tmp_path / "one") == _records(tmp_path / "two")
-    # a changed plan regenerates everything
+    # a changed schedule regenerates everything
     changed = {**MIX, "seed": 4}
-    run_plan(plan_from_config(changed), tmp_path / "one", tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(changed), tmp_path / "one", tiny_dir, workers=1, progress=False)
     assert _records(tmp_path / "one") != _records(tmp_path / "two")
     assert not list((tmp_path / "one").rglob(".*.tmp-*"))
 
@@ -87,7 +87,7 @@ def test_run_is_deterministic_across_workers_and_resumes(tmp_path, tiny_dir):
 def test_read_rows_needs_the_tokenizer_without_prompt_text(tmp_path, tiny_dir):
     from recallm.tokens import load_tokenizer
 
-    run_plan(plan_from_config({**MIX, "val": {}, "sft": {}}), tmp_path, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config({**MIX, "val": {}, "sft": {}}), tmp_path, tiny_dir, workers=1, progress=False)
     assert "prompt_text" not in read_records(tmp_path / "train.parquet")[0]["extra_info"]
     with pytest.raises(RecallmError, match="has no prompt_text: pass the tokenizer"):
         read_rows(tmp_path / "train.parquet")
@@ -142,8 +142,8 @@ def test_cli(tmp_path, tiny_dir):
 
 
 def test_stored_prompt_text(tmp_path, tiny_dir):
-    run_plan(
-        plan_from_config({**MIX, "val": {}, "sft": {}, "store_prompt_text": True}),
+    run_schedule(
+        schedule_from_config({**MIX, "val": {}, "sft": {}, "store_prompt_text": True}),
         tmp_path,
         tiny_dir,
         workers=1,
@@ -168,9 +168,9 @@ def test_val_params_point_validation_at_held_out_data():
         },
         "val": {"lengths": [512], "per_cell": 2},
     }
-    plan = plan_from_config(cfg)
-    train = [j for j in plan.jobs if j.split == "train"]
-    val = [j for j in plan.jobs if j.split.startswith("val/")]
+    schedule = schedule_from_config(cfg)
+    train = [j for j in schedule.jobs if j.split == "train"]
+    val = [j for j in schedule.jobs if j.split.startswith("val/")]
     assert dict(train[0].params)["formats"] == ("csv",)
     assert dict(val[0].params)["formats"] == ("json",)
 
@@ -207,8 +207,8 @@ def _paper(dataset_root, dense_model=None, **changes):
 
 
 def test_paper_mixture_plan(dataset_root, encoder):
-    plan = plan_from_config(_paper(dataset_root, encoder))
-    train = [j for j in plan.jobs if j.split == "train"]
+    schedule = schedule_from_config(_paper(dataset_root, encoder))
+    train = [j for j in schedule.jobs if j.split == "train"]
     assert sum(j.count for j in train) == 20000
     per_category = {}
     for job in train:
@@ -228,7 +228,7 @@ def test_paper_mixture_plan(dataset_root, encoder):
         "reranking": 2000,
         "entity_citation": 2000,
     }  # Table 1
-    cells = {j.split for j in plan.jobs if j.split.startswith("val/")}
+    cells = {j.split for j in schedule.jobs if j.split.startswith("val/")}
     assert "val/multi_hop_qa_131072" in cells and "val/short_math" in cells and "val/long_doc_qa" in cells
     assert "val/entity_citation_98304" in cells  # the 96K cell
 
@@ -242,7 +242,7 @@ def test_paper_mixture_generates_every_task(tmp_path, dataset_root, tiny_dir, en
         if entry["task"] not in ("dapo_math", "mcqa_math", "quality"):
             entry["lengths"] = 4096 if entry["task"] == "qampari" else 1536
     cfg["val"]["per_cell"] = 0
-    result = run_plan(plan_from_config(cfg), tmp_path, tiny_dir, workers=1, progress=False)
+    result = run_schedule(schedule_from_config(cfg), tmp_path, tiny_dir, workers=1, progress=False)
     records = read_records(result["files"]["train"])
     assert len(records) == 17 and len({r["ability"] for r in records}) == 10
     from rewards import check_rows

@@ -193,6 +193,26 @@ def test_length_extension_hook_wraps_generate(tiny_dir):
         HFBackend(tiny_dir, tokenizer, length_extension="no_such_module:factory")
 
 
+def test_sampled_outputs_do_not_depend_on_the_batch(tiny_dir):
+    """Sampled evaluation: every request draws from its own seed (the runner's per-example seed), so an
+    example's output is the same whatever batch size and batch-mates it has; another seed samples anew."""
+    from recallm.eval.backends import HFBackend
+    from recallm.eval.types import GenerationSettings, TextRequest
+    from recallm.tokens import load_tokenizer
+
+    tokenizer = load_tokenizer(tiny_dir)
+    prompts = ["key 2 is bazo and key 3 is kelu", "one two three", "the value of key 7", "lomi rade sepa"]
+    requests = [TextRequest(p, None, 12, seed=40 + i) for i, p in enumerate(prompts)]
+    settings = GenerationSettings(max_new_tokens=12, temperature=1.0, top_p=0.9)
+    texts = {}
+    for batch_size in (4, 3, 1):
+        backend = HFBackend(tiny_dir, tokenizer, batch_size=batch_size, force_recall_every=3, force_recall_length=4)
+        texts[batch_size] = [g.text for g in backend.generate(requests, settings)]
+    assert texts[4] == texts[3] == texts[1]
+    again = backend.generate([TextRequest(prompts[0], None, 12, seed=99)], settings)[0].text
+    assert again != texts[4][0]
+
+
 # --------------------------------------------------------------------------- resume
 
 

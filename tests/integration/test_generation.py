@@ -130,7 +130,7 @@ def test_pad_token_rule_and_padding_never_changes_an_output(tiny_model, monkeypa
         return real_generate(self, *args, **kwargs)
 
     monkeypatch.setattr(type(model), "generate", spy)
-    first = generate(model, requests, tokenizer=tokenizer, force=(3, 3))
+    first = generate(model, requests, tokenizer=tokenizer, force=(3, 3), span_draft_tokens=0)  # through generate()
     expected_pad = pad_token_id(tokenizer=tokenizer, config=model.config, generation_config=model.generation_config)
     width = max(len(r.prompt_ids) for r in requests)
     short = min(range(len(requests)), key=lambda i: len(requests[i].prompt_ids))
@@ -143,9 +143,12 @@ def test_pad_token_rule_and_padding_never_changes_an_output(tiny_model, monkeypa
         eos_token_id = tokenizer.eos_token_id
 
     assert expected_pad != 4
-    other = generate(model, requests, tokenizer=OtherPad(), force=(3, 3))
+    other = generate(model, requests, tokenizer=OtherPad(), force=(3, 3), span_draft_tokens=0)
     assert seen[-1][1] == 4 and seen[-1][0][short, :n_pad].eq(4).all()
     assert [r.token_ids for r in first] == [r.token_ids for r in other]
+    # the speculative decoder (drafts inside spans) pads its blocks with the same id, to the same effect
+    drafted = [generate(model, requests, tokenizer=t, force=(3, 3)) for t in (tokenizer, OtherPad())]
+    assert [r.token_ids for r in drafted[0]] == [r.token_ids for r in drafted[1]] == [r.token_ids for r in first]
 
 
 def test_no_pad_and_no_eos_is_an_error(tiny_model, monkeypatch):
@@ -228,7 +231,12 @@ def test_progress_counts_tokens_per_step_and_each_row_as_it_ends(tiny_model):
     assert calls[0][0] == 3  # three rows running at the first step
     by_two: list[tuple[int, int]] = []
     generate(
-        model, requests, tokenizer=tokenizer, eos_token_ids=[], batch_size=2, progress=lambda t, f: by_two.append((t, f))
+        model,
+        requests,
+        tokenizer=tokenizer,
+        eos_token_ids=[],
+        batch_size=2,
+        progress=lambda t, f: by_two.append((t, f)),
     )
     assert sum(f for _, f in by_two) == 3 and sum(t for t, _ in by_two) == 12 + 7 + 12
 
@@ -299,3 +307,142 @@ def test_bad_requests_and_options(tiny_model, tiny_base_dir):
         generate(base, [GenRequest((5, 6), 2)], tokenizer=base_tok, recall=True)
     out = generate(base, [GenRequest((5, 6, 7), 4), GenRequest((8,), 4)], tokenizer=base_tok)  # a plain model
     assert all(1 <= len(r.token_ids) <= 4 for r in out)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_a_request_gives_the_same_tokens_in_any_batch(tiny_model, temperature):
+    """Each sampled request draws from a stream of its own (its seed): the same requests batched 8, 3
+    or 1 at a time, in another order, and decoded with or without drafts inside spans, give the same
+    tokens; two requests of one prompt with different seeds are two samples."""
+    import random
+
+    model, tokenizer, _ = tiny_model
+    prompts = _ids(tokenizer)
+    sampling = {"temperature": temperature, "top_p": 0.95} if temperature else {}
+    requests = [GenRequest(p, 20, seed=1000 + i, **sampling) for i, p in enumerate(prompts * 2)]
+    order = list(range(len(requests)))
+    random.Random(0).shuffle(order)
+
+    def tokens(batch_size, shuffled=False, **kwargs):
+        chosen = [requests[i] for i in order] if shuffled else requests
+        out = [
+            r.token_ids
+            for r in generate(model, chosen, tokenizer=tokenizer, force=(4, 6), batch_size=batch_size, **kwargs)
+        ]
+        if not shuffled:
+            return out
+        back = [None] * len(out)
+        for position, i in enumerate(order):
+            back[i] = out[position]
+        return back
+
+    reference = tokens(8)
+    assert tokens(3) == reference
+    assert tokens(1) == reference
+    assert tokens(8, shuffled=True) == reference
+    assert tokens(3, shuffled=True, span_draft_tokens=0) == reference  # Hugging Face generate's loop, no drafts
+    if temperature:
+        assert reference[0] != reference[len(prompts)]  # the same prompt, another seed: another sample
+
+
+@pytest.fixture
+def copying_model(tiny_model):
+    """The tiny model with its ``<|end_recall|>`` logit lowered by 8 (a hook on the output layer): a
+    span runs until it is forced closed or its context runs out, as a trained model's copy of a passage
+    does; counts the forward passes and the tokens they read."""
+    model, tokenizer, ids = tiny_model
+    calls = {"forwards": 0, "tokens": 0}
+
+    def lower_end(module, inputs, output):
+        return output.index_add(-1, torch.tensor([ids.end]), torch.full((*output.shape[:-1], 1), -8.0))
+
+    def count(module, args, kwargs):
+        calls["forwards"] += 1
+        calls["tokens"] += kwargs["input_ids"].shape[1] if "input_ids" in kwargs else args[0].shape[1]
+
+    hooks = [model.lm_head.register_forward_hook(lower_end), model.register_forward_pre_hook(count, with_kwargs=True)]
+    try:
+        yield model, tokenizer, ids, calls
+    finally:
+        for hook in hooks:
+            hook.remove()
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p", "penalty"),
+    [(0.0, 0, 1.0, 1.0), (1.0, 0, 1.0, 1.0), (0.8, 20, 0.9, 1.0), (1.0, 0, 1.0, 1.3)],
+)
+def test_speculative_in_span_decoding_equals_plain_decoding(copying_model, temperature, top_k, top_p, penalty):
+    """Drafts of the matcher's continuation, verified in one forward pass with the recall mask at every
+    position, give the tokens and log-probs of one-token-at-a-time decoding (Hugging Face ``generate``),
+    greedy and sampled (top-k, top-p, a repetition penalty), in fewer forward passes; every span is a
+    verbatim copy."""
+    model, tokenizer, ids, calls = copying_model
+    requests = [
+        GenRequest(p, 40, temperature=temperature, top_k=top_k, top_p=top_p, repetition_penalty=penalty, seed=50 + i)
+        for i, p in enumerate(_ids(tokenizer)[:3])
+    ]
+    plain = generate(model, requests, tokenizer=tokenizer, force=(3, 24), log_probs=True, span_draft_tokens=0)
+    calls.update(forwards=0, tokens=0)
+    drafted = generate(model, requests, tokenizer=tokenizer, force=(3, 24), log_probs=True, span_draft_tokens=6)
+    # a request with a repetition penalty goes alone: one forward pass a token without drafts
+    longest = sum(len(r.token_ids) for r in drafted) if penalty != 1.0 else max(len(r.token_ids) for r in drafted)
+    assert calls["forwards"] < longest  # tokens accepted from drafts: fewer forward passes than tokens
+    for request, a, b in zip(requests, plain, drafted, strict=True):
+        assert a.token_ids == b.token_ids and a.finish_reason == b.finish_reason
+        assert max(abs(x - y) for x, y in zip(a.log_probs, b.log_probs, strict=True)) < 1e-4
+        spans = generated_spans(request.prompt_ids, b.token_ids, ids.start, ids.end)
+        assert spans and all(span.verbatim for span in spans)
+    assert (
+        max(
+            len(s.tokens)
+            for r, o in zip(requests, drafted, strict=True)
+            for s in generated_spans(r.prompt_ids, o.token_ids, ids.start, ids.end)
+        )
+        >= 8
+    )
+
+
+def test_speculative_decoding_progress_budgets_and_cancellation(copying_model):
+    """The drafting decoder reports every token and every row once, stops each row at its own budget and
+    its end-of-sequence token, and a cancelled row keeps the tokens it had (a prefix of its full output)."""
+    model, tokenizer, ids, _ = copying_model
+    prompts = _ids(tokenizer)
+    requests = [GenRequest(p, 30 - 7 * i, temperature=1.0, seed=i) for i, p in enumerate(prompts[:3])]
+    full = generate(model, requests, tokenizer=tokenizer, force=(3, 20), eos_token_ids=[])
+    assert [len(r.token_ids) for r in full] == [30, 23, 16] and all(r.finish_reason == "length" for r in full)
+    calls: list[tuple[int, int]] = []
+    again = generate(
+        model,
+        requests,
+        tokenizer=tokenizer,
+        force=(3, 20),
+        eos_token_ids=[],
+        progress=lambda t, f: calls.append((t, f)),
+    )
+    assert [r.token_ids for r in again] == [r.token_ids for r in full]
+    assert sum(t for t, _ in calls) == 30 + 23 + 16 and sum(f for _, f in calls) == 3
+    assert len(calls) < 30  # steps that took several tokens
+    stop_id = full[0].token_ids[12]
+    stopped = generate(model, requests[:1], tokenizer=tokenizer, force=(3, 20), eos_token_ids=[stop_id])[0]
+    assert (
+        stopped.finish_reason == "stop"
+        and stopped.token_ids == full[0].token_ids[: full[0].token_ids.index(stop_id) + 1]
+    )
+    polls = {"n": 0}
+
+    def after_three():
+        polls["n"] += 1
+        return polls["n"] > 3
+
+    out = generate(
+        model,
+        requests,
+        tokenizer=tokenizer,
+        force=(3, 20),
+        eos_token_ids=[],
+        cancelled=[lambda: False, after_three, lambda: False],
+    )
+    assert [r.finish_reason for r in out] == ["length", "cancelled", "length"]
+    assert 1 <= len(out[1].token_ids) < 23 and out[1].token_ids == full[1].token_ids[: len(out[1].token_ids)]
+    assert out[0].token_ids == full[0].token_ids and out[2].token_ids == full[2].token_ids

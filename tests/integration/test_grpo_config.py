@@ -26,7 +26,7 @@ GPU_RECIPES = ["qwen2.5_7b", "llama3.1_8b"]
 
 @pytest.fixture(scope="module")
 def tiny_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("grpo-data")
     mix = {
@@ -36,7 +36,7 @@ def tiny_data(tmp_path_factory, tiny_dir):
         },
         "val": {"lengths": [320], "per_cell": 2},
     }
-    run_plan(plan_from_config(mix), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), out, tiny_dir, workers=1, progress=False)
     return out / "train.parquet", out / "val" / "retrieval_320.parquet"
 
 
@@ -101,7 +101,7 @@ def test_gpu_recipes_compose_and_validate(recipe, composed):
     assert load_reward_config(cfg.reward.reward_kwargs.recallm).overlong.onset == 4096
     assert cfg.data.max_response_length == 4096 + 1024 == cfg.reward.reward_kwargs.recallm.overlong.max_response_length
     assert arr.actor.optim.lr == 2e-6 and arr.actor.kl_loss_type == "low_var_kl"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "recallm.grpo.runtime"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "recallm.grpo.worker_hooks"
     assert cfg.ray_kwargs.ray_init.runtime_env.env_vars.RECALLM_RECALL_TOKEN_IDS == env["RECALLM_RECALL_TOKEN_IDS"]
     # App. D.3: both runs are 150 steps (the cosine schedule spans 150); Llama is evaluated at step 60
     assert cfg.trainer.total_training_steps == 150
@@ -288,6 +288,10 @@ def test_any_verl_key_can_be_overridden(tiny_dir, tiny_data):
             "hf_overrides is not valid JSON",
         ),
         (["actor_rollout_ref.rollout.name=sglang"], "has no recall logits processor"),
+        (
+            ["+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={method: ngram, num_speculative_tokens: 4}"],
+            r"engine_kwargs\.vllm\.speculative_config: vLLM 0\.24 refuses custom logits processors with speculative",
+        ),
         (["actor_rollout_ref.rollout.n=1"], "at least 2 rollouts per prompt"),
         (
             ["data.train_batch_size=96"],
@@ -563,7 +567,7 @@ def test_tiny_cpu_recipe_composes_and_validates(tiny_dir, tiny_data):
     assert "recall" not in (cfg.actor_rollout_ref.rollout.engine_kwargs.get("hf_cpu") or {})
     assert cfg.trainer.device == "cpu" and cfg.trainer.use_v1 is False
     modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
-    assert modules.index("recallm.grpo.cpu.plugin") < modules.index("recallm.grpo.runtime")
+    assert modules.index("recallm.grpo.cpu.plugin") < modules.index("recallm.grpo.worker_hooks")
     assert env["VERL_PLATFORM"] == "cpu" and env["RECALLM_GRPO_CPU"] == "1"
     # a user's override still wins over the CPU plugin's
     cfg = compose(

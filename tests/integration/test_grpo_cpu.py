@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +20,7 @@ from recallm.grpo.cpu import PLUGIN_MODULE, cpu_env
 from recallm.grpo.cpu.hf_generate import HFCPUSettings, HFGenerator
 from recallm.recall import find_spans
 from recallm.tokens import RecallTokenIds, load_tokenizer
-from tests.grpo_runs import MIX, check_spans, grpo_command, run_grpo, step_metrics
+from tests.grpo_runs import MIX, check_spans, grpo_command, run_grpo, run_grpo_stopped, step_metrics
 
 PROMPTS = [
     "find the value of key 2 in the list below\n1: bazo\n2: kelu\n3: mifa\n4: zuno",
@@ -142,9 +144,10 @@ def test_weight_update(tiny_dir):
 
 
 def test_seed_per_request_makes_a_response_independent_of_its_batch(generator, tiny_dir):
-    """``seed_per_request``: a request's seed comes from the step, its prompt and its rank among that
-    prompt's requests, not from arrival order or batch-mates; generated alone, the same request gives
-    the same tokens (what makes a stopped and resumed GRPO run sample as an uninterrupted one)."""
+    """``seed_per_request`` (on by default): a request's seed comes from the step, its prompt, its index
+    in the step's batch and its rank among that prompt's requests, not from arrival order or batch-mates;
+    alone or batched in any order, the same request gives the same tokens (what makes a stopped and
+    resumed GRPO run sample as an uninterrupted one)."""
     from recallm.grpo.cpu.hf_generate import request_seeds
 
     tokenizer = load_tokenizer(tiny_dir)
@@ -159,6 +162,16 @@ def test_seed_per_request_makes_a_response_independent_of_its_batch(generator, t
     first = [generator.generate([r])[0].token_ids for r in seeded]
     assert first == [generator.generate([r])[0].token_ids for r in seeded]
     assert first[0] != first[1]  # two samples of one prompt, not one twice
+    # batched (the default: one random stream per row), in any order: the same tokens as alone
+    assert [r.token_ids for r in generator.generate(seeded)] == first
+    backwards = generator.generate(list(reversed(seeded)))
+    assert [r.token_ids for r in reversed(backwards)] == first
+    # verl's priority (the response's index in the step's batch) is part of the key: unique per response
+    indexed = [r.seed for r in request_seeds(requests, 7, 3, {}, samples=range(len(requests)))]
+    assert len(set(indexed)) == len(indexed) and set(indexed[1:]).isdisjoint(seeds)
+    assert indexed[0] == seeds[0]  # index 0 is what a caller without one gets
+    assert [r.seed for r in request_seeds(requests[::-1], 7, 3, {}, samples=range(len(requests))[::-1])] == indexed[::-1]
+    assert HFCPUSettings().seed_per_request  # on by default
 
 
 def test_settings_and_requests(generator):
@@ -326,7 +339,7 @@ assert ti.logprobs_from_logits._recallm_cpu  # the vectorised log-probs (patch 3
 assert get_rollout_replica_class("hf_cpu").__name__ == "HFCPUReplica"
 assert get_rollout_class("hf_cpu").__name__ == "HFCPUServerAdapter"
 from recallm.grpo.cpu import activate; activate(); activate()
-from recallm.grpo.runtime import install_collective_timeout; install_collective_timeout(); install_collective_timeout()
+from recallm.grpo.worker_hooks import install_collective_timeout; install_collective_timeout(); install_collective_timeout()
 pg = d.initialize_global_process_group_ray  # the timeout wraps the CPU patch, each once, everywhere
 assert pg._recallm_timeout and pg.__wrapped__._recallm_cpu and not hasattr(pg.__wrapped__.__wrapped__, "_recallm_cpu")
 assert ew.initialize_global_process_group_ray is pg
@@ -342,10 +355,10 @@ print("ok")
 
 @pytest.mark.slow
 def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     data_dir = tmp_path / "data"
-    run_plan(plan_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
     data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     cmd = grpo_command(tiny_dir, data, ckpt, rollouts)
 
@@ -440,3 +453,46 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
 
     with pytest.raises(_Err, match="is not empty"):
         export_checkpoint(ckpt, out)
+
+
+@pytest.mark.slow
+def test_grpo_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_run(tiny_dir, tmp_path):
+    """A run stopped by SIGTERM after step 1 (it saves the step under way and exits, as under SLURM's
+    warning) and run again resumes and ends with the final weights of the same run never interrupted,
+    with no flag: every response samples from its own stream (``seed_per_request``, on by default), so
+    what the rollout's batches hold, and when each request arrived, changes nothing."""
+    from data_gen.generate import run_schedule, schedule_from_config
+    from recallm.grpo.checkpoints import check_step
+
+    data_dir = tmp_path / "data"
+    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+
+    def command(name: str) -> list[str]:  # saves only the last step (and the one a stop saves)
+        ckpt = tmp_path / name / "ckpt"
+        return grpo_command(tiny_dir, data_dir / "train.parquet", ckpt, ckpt.with_name("rollouts"), "trainer.save_freq=100", steps=3)
+
+    whole = run_grpo(command("whole"), tmp_path)
+    assert whole.returncode == 0, whole.stdout[-8000:]
+    stopped = run_grpo_stopped(command("stopped"), tmp_path, after_step=1)
+    saved = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint \S+ saved", stopped.stdout)
+    assert stopped.returncode == 128 + 15 and len(saved) == 1, stopped.stdout[-8000:]
+    step = int(saved[0])
+    assert step < 3 and check_step(tmp_path / "stopped" / "ckpt" / f"global_step_{step}")
+    resumed = run_grpo(command("stopped"), tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-8000:]
+    assert f"resume:       global_step_{step} (checksums verified)" in resumed.stdout
+    assert sorted(step_metrics(stopped.stdout)) + sorted(step_metrics(resumed.stdout)) == [1, 2, 3]
+    shard = Path("global_step_3") / "actor" / "model_world_size_1_rank_0.pt"
+    ours, theirs = (torch.load(tmp_path / name / "ckpt" / shard, weights_only=False) for name in ("stopped", "whole"))
+    assert ours.keys() == theirs.keys()
+    from transformers import AutoModelForCausalLM
+
+    initial = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    moved = 0.0
+    for name, tensor in ours.items():
+        local = getattr(tensor, "to_local", lambda t=tensor: t)()
+        other = getattr(theirs[name], "to_local", lambda t=theirs[name]: t)()
+        torch.testing.assert_close(local, other, rtol=0, atol=1e-6, msg=name)
+        if name in initial:
+            moved = max(moved, (local.float() - initial[name].float()).abs().max().item())
+    assert moved > 1e-4  # three steps moved the weights: the agreement is not that of untrained weights

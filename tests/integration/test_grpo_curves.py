@@ -150,9 +150,9 @@ def test_build_report_adds_the_curves(tmp_path):
 def test_file_logger_appends(tmp_path, monkeypatch):
     import verl.utils.tracking as tracking
 
-    from recallm.grpo import runtime
+    from recallm.grpo import worker_hooks
 
-    runtime.install_appending_file_logger()  # idempotent; the module's import installed it already
+    worker_hooks.install_appending_file_logger()  # idempotent; the module's import installed it already
     assert getattr(tracking.FileLogger.__init__, "_recallm", False)
     path = tmp_path / "sub" / "metrics.jsonl"
     monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(path))
@@ -189,9 +189,9 @@ def test_answer_score_per_category():
 def test_recallm_model_types_get_their_base_token_builder():
     from verl.utils.tokenizer import continuous_token_wiring as wiring
 
-    from recallm.grpo import runtime
+    from recallm.grpo import worker_hooks
 
-    runtime.install_token_builder_families()
+    worker_hooks.install_token_builder_families()
     family = wiring.infer_continuous_token_model_family(hf_model_type="recallm_qwen2")
     assert family == wiring.infer_continuous_token_model_family(hf_model_type="qwen2") != "default"
 

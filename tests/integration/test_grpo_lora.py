@@ -29,12 +29,12 @@ def test_lora_sets_the_merged_weight_push_for_the_cpu_rollout():
 
 @pytest.mark.slow
 def test_lora_grpo_on_cpu_keeps_spans_verbatim_and_log_probs_agreed(tiny_dir, tmp_path, capsys):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.modeling import load_recallm_model
     from recallm.tokens import RecallTokenIds
 
     data_dir = tmp_path / "data"
-    run_plan(plan_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
     data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     # a high learning rate: the adapter moves the model within two steps
     cmd = grpo_command(tiny_dir, data, ckpt, rollouts, *LORA_ARGS, "actor_rollout_ref.actor.optim.lr=3e-2")
@@ -86,7 +86,7 @@ def test_single_gpu_recipes_compose_and_validate(recipe, rank, longest, cap_gb, 
     vLLM's context, vLLM's share of the card). verl's own validation of a LoRA config with the vLLM rollout
     needs vLLM installed (it checks vLLM's version for LoRA): the vLLM tier runs it
     (tests/vllm_tier/test_vllm_lora.py)."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.grpo.app import compose, prepare, problems
     from rewards import load_reward_config
 
@@ -96,7 +96,7 @@ def test_single_gpu_recipes_compose_and_validate(recipe, rank, longest, cap_gb, 
             "entries": [{"task": "kv_retrieval", "count": 4, "params": {"key_type": "toy", "value_type": "toy"}}],
         }
     }
-    run_plan(plan_from_config(mix), tmp_path, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), tmp_path, tiny_dir, workers=1, progress=False)
     data = tmp_path / "train.parquet"
     cfg = compose(
         [

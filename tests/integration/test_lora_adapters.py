@@ -15,23 +15,9 @@ from recallm.errors import RecallmError
 
 def _adapter(base_dir, out, *, token_rows: bool = False, std: float = 0.05):
     """A LoRA adapter of ``base_dir`` with non-zero weights, saved as recallm-sft saves one."""
-    from recallm.modeling import load_recallm_model
-    from recallm.sft.lora import apply_lora
-    from recallm.sft.settings import LoraSettings
-    from recallm.tokens import RecallTokenIds, load_tokenizer
+    from tests.assets import save_adapter
 
-    model = load_recallm_model(base_dir)
-    rows = list(RecallTokenIds.from_config(model.config).as_config().values())
-    peft = apply_lora(
-        model, LoraSettings(rank=4, token_rows=token_rows), rows, base_dir=base_dir, gradient_checkpointing=False
-    )
-    with torch.no_grad():
-        for name, p in peft.named_parameters():
-            if "lora_B" in name:
-                p.normal_(std=std)
-    peft.save_pretrained(out)
-    load_tokenizer(base_dir).save_pretrained(out)
-    return out
+    return save_adapter(base_dir, out, token_rows=token_rows, std=std)
 
 
 @pytest.fixture(scope="module")
@@ -95,3 +81,50 @@ def test_an_adapter_whose_base_is_gone_is_one_line(adapter_dir, tmp_path):
     with pytest.raises(SystemExit) as exc:
         main([str(moved), "--print-command"])
     assert exc.value.code == 2
+
+
+def test_a_sound_adapter_passes_every_check_and_is_said_so(adapter_dir, capsys):
+    """--check ends in a verdict line; the checks that refuse damaged adapters (tests/integration/adversarial:
+    test_cli_fuzz's adapter cases) pass a sound one, whose merged weights are finite."""
+    from recallm.cli.create_model import main
+    from recallm.modeling import adapter_problem, check_recallm_model
+
+    assert adapter_problem(adapter_dir) is None
+    check_recallm_model(adapter_dir, weights=True)
+    assert main(["--check", str(adapter_dir)]) == 0
+    last = capsys.readouterr().out.strip().splitlines()[-1]
+    assert last.startswith(f"ok: {adapter_dir} is a LoRA adapter of a RecaLLM model:"), last
+
+
+def test_the_adapter_of_an_sft_final_is_verified_by_the_finals_manifest(tiny_dir, tmp_path):
+    """recallm-sft's final/recallm_files.json lists adapter/...: a flipped byte in final/adapter's weights (still a
+    readable, finite float) is refused before it is merged, loaded or served (it was merged)."""
+    from recallm.modeling import adapter_problem, load_recallm_model
+    from tests.assets import damaged_adapters, save_adapter
+
+    adapters = damaged_adapters(save_adapter(tiny_dir, tmp_path / "sound"), tmp_path)
+    flipped = adapters["f_flip/adapter"]
+    problem = adapter_problem(flipped)
+    assert problem and "adapter_model.safetensors changed since it was written (CRC-32" in problem
+    with pytest.raises(RecallmError, match="changed since it was written"):
+        load_recallm_model(flipped)
+    expected = {
+        "a_nan": "has non-finite values (NaN or inf) in tensor",
+        "a_trunc": "is unreadable, truncated or not safetensors",
+        "a_empty": "adapter_model.safetensors is empty",
+        "a_noweights": "has no adapter weights (adapter_model.safetensors)",
+        "a_shape": "down_proj is adapted as [out, in] = [128, 128], but the base model's is [128, 256]",
+        "a_rank": "says r=8, but its weights have rank 4",
+        "a_basenum": "names no base model (base_model_name_or_path must be a path, got 5)",
+        "a_list": "must be a JSON object (PEFT's LoRA config), got a list",
+        "a_notargets": "has target_modules=None",
+        "a_alpha0": "has lora_alpha=0: a positive number",
+        "a_binconfig": "cannot read",
+        "a_deepconfig": "cannot read",
+    }
+    for name, said in expected.items():
+        try:
+            problem = adapter_problem(adapters[name])
+        except RecallmError as exc:  # (a config that does not read: adapter_base says so)
+            problem = str(exc)
+        assert problem and said in problem and "\n" not in problem, (name, problem)

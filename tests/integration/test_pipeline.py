@@ -14,16 +14,16 @@ from pathlib import Path
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.pipeline import Job, Pipeline, Stage, plan_experiment, result_line
+from recallm.pipeline import Pipeline, Stage, StageJob, experiment_stages, result_line
 
 
 def py(code: str) -> list[str]:
     return [sys.executable, "-c", textwrap.dedent(code)]
 
 
-def count_job(out: Path, name: str) -> Job:
+def count_job(out: Path, name: str) -> StageJob:
     """Appends one line to ``out/<name>.runs`` each time it runs."""
-    return Job(name, py(f"open({str(out / (name + '.runs'))!r}, 'a').write('x\\n')"))
+    return StageJob(name, py(f"open({str(out / (name + '.runs'))!r}, 'a').write('x\\n')"))
 
 
 def runs(out: Path, name: str) -> int:
@@ -33,7 +33,7 @@ def runs(out: Path, name: str) -> int:
 
 def test_failed_stage_resumes_without_redoing_done_jobs(tmp_path):
     gate = tmp_path / "gate"
-    flaky = Job(
+    flaky = StageJob(
         "b/flaky",
         py(f"""
             import pathlib, sys
@@ -75,11 +75,11 @@ def test_jobs_share_the_threads_and_fresh_jobs_start_clean(tmp_path):
     out.mkdir()
     (out / "stale").write_text("old")
     jobs = [
-        Job(f"t{i}", py(f"import os; open({str(tmp_path / f't{i}')!r}, 'w').write(os.environ['OMP_NUM_THREADS'])"))
+        StageJob(f"t{i}", py(f"import os; open({str(tmp_path / f't{i}')!r}, 'w').write(os.environ['OMP_NUM_THREADS'])"))
         for i in range(2)
     ]
     check = f"import os, sys; sys.exit(os.path.exists({str(out / 'stale')!r}))"
-    fresh = Job("fresh", py(check), outputs=[out], fresh=True)
+    fresh = StageJob("fresh", py(check), outputs=[out], fresh=True)
     Pipeline(tmp_path / "run", [Stage("t", jobs, parallel=2), Stage("f", [fresh])], threads=4).run(echo=lambda m: None)
     assert [(tmp_path / f"t{i}").read_text() for i in range(2)] == ["2", "2"]
     assert not out.exists()  # a fresh job's outputs are removed before it runs
@@ -95,7 +95,7 @@ def test_redo_moves_a_resuming_jobs_outputs_aside(tmp_path):
             out.mkdir(exist_ok=True); (out / 'final').write_text('trained')
             open({str(tmp_path / 'train.runs')!r}, 'a').write('x\\n')
     """
-    stages = [Stage("train", [Job("train", py(code), outputs=[out])])]
+    stages = [Stage("train", [StageJob("train", py(code), outputs=[out])])]
     messages: list[str] = []
     Pipeline(tmp_path / "run", stages).run(echo=messages.append)
     saved = json.loads((tmp_path / "run" / "pipeline.json").read_text())
@@ -116,8 +116,8 @@ def test_redo_keeps_every_output_and_names_the_later_stages_it_leaves(tmp_path):
     train = f"import pathlib; p = pathlib.Path({str(out)!r}); p.mkdir(exist_ok=True); (p / 'w').write_text('x')"
     export = f"import pathlib; pathlib.Path({str(exported)!r}).write_text(open({str(out / 'w')!r}).read())"
     stages = [
-        Stage("train", [Job("train", py(train), outputs=[out])]),
-        Stage("export", [Job("export", py(export), outputs=[exported], fresh=True)]),
+        Stage("train", [StageJob("train", py(train), outputs=[out])]),
+        Stage("export", [StageJob("export", py(export), outputs=[exported], fresh=True)]),
         Stage("eval", [count_job(tmp_path, "eval")]),
     ]
     Pipeline(tmp_path / "run", stages).run(echo=lambda m: None)
@@ -146,14 +146,14 @@ def test_corrupt_state_is_one_line(tmp_path):
 RUNNER = """
 import sys, time
 from pathlib import Path
-from recallm.pipeline import Job, Pipeline, Stage
+from recallm.pipeline import StageJob, Pipeline, Stage
 tmp = Path(sys.argv[1])
 slow = "import time, pathlib; pathlib.Path(%r).write_text('started'); time.sleep(60)" % str(tmp / "slow.started")
 if len(sys.argv) > 2:
     slow = "open(%r, 'w').write('ran')" % str(tmp / "slow.done")
 stages = [
-    Stage("first", [Job("first", [sys.executable, "-c", "open(%r, 'a').write('x')" % str(tmp / "first.runs")])]),
-    Stage("slow", [Job("slow", [sys.executable, "-c", slow])]),
+    Stage("first", [StageJob("first", [sys.executable, "-c", "open(%r, 'a').write('x')" % str(tmp / "first.runs")])]),
+    Stage("slow", [StageJob("slow", [sys.executable, "-c", slow])]),
 ]
 Pipeline(tmp / "run", stages).run()
 print("FINISHED")
@@ -225,8 +225,8 @@ def experiment(**changes):
     return exp
 
 
-def test_tiny_cpu_plan(tmp_path):
-    stages = plan_experiment(experiment(), tmp_path)
+def test_tiny_cpu_stages(tmp_path):
+    stages = experiment_stages(experiment(), tmp_path)
     assert [s.name for s in stages] == ["model", "data", "sft_embed", "sft_full", "grpo", "export", "eval", "report"]
     jobs = {j.name: j for s in stages for j in s.jobs}
     assert set(jobs) >= {"sft_full/recall", "sft_full/norecall", "grpo/recall", "export/norecall", "eval/norecall"}
@@ -240,23 +240,23 @@ def test_tiny_cpu_plan(tmp_path):
     assert jobs["export/recall"].fresh and jobs["report"].fresh
     # a GPU recipe's GRPO stage is preceded by recallm-plan --require-fit, on the same overrides
     exp = experiment()
-    gpu = plan_experiment({**exp, "grpo": {**exp["grpo"], "recipe": "qwen2.5_7b"}}, tmp_path)
+    gpu = experiment_stages({**exp, "grpo": {**exp["grpo"], "recipe": "qwen2.5_7b"}}, tmp_path)
     names = [s.name for s in gpu]
     assert names.index("plan") == names.index("grpo") - 1
     plan_jobs = {j.name: j for s in gpu for j in s.jobs}
     plan_argv, grpo_argv = plan_jobs["plan/recall"].argv, plan_jobs["grpo/recall"].argv
     assert plan_argv[2:5] == ["recallm.cli.plan", "grpo", "--require-fit"] and plan_argv[5:] == grpo_argv[3:]
-    no_grpo = plan_experiment(experiment(grpo=None), tmp_path)
+    no_grpo = experiment_stages(experiment(grpo=None), tmp_path)
     eval_job = next(j for s in no_grpo for j in s.jobs if j.name == "eval/recall")
     assert f"model_path={tmp_path.resolve() / 'sft' / 'recall' / 'full' / 'final'}" in eval_job.argv
     with pytest.raises(RecallmError, match="unknown variant 'other'"):
-        plan_experiment(experiment(eval={"suite": "toy", "runs": {"x": {"variant": "other"}}}), tmp_path)
+        experiment_stages(experiment(eval={"suite": "toy", "runs": {"x": {"variant": "other"}}}), tmp_path)
     with pytest.raises(RecallmError, match="not a key=value override: 'oops'"):
-        plan_experiment(experiment(sft_overrides=["oops"]), tmp_path)
+        experiment_stages(experiment(sft_overrides=["oops"]), tmp_path)
     with pytest.raises(RecallmError, match="experiment: variants is required"):
-        plan_experiment(experiment(variants=None), tmp_path)
+        experiment_stages(experiment(variants=None), tmp_path)
     with pytest.raises(RecallmError, match="not a model directory"):
-        plan_experiment(experiment(model={"path": str(tmp_path)}), tmp_path)
+        experiment_stages(experiment(model={"path": str(tmp_path)}), tmp_path)
 
 
 def test_result_line(tmp_path):
@@ -270,3 +270,45 @@ def test_result_line(tmp_path):
     (tmp_path / "eval" / "norecall" / "summary.json").write_text("{}")
     with pytest.raises(RecallmError, match=r"result acc_norecall_4x: cannot read it from .*norecall/summary.json"):
         result_line(exp, tmp_path, {})
+
+
+def test_status_says_which_jobs_run_and_progress_lines_are_plain_text(tmp_path):
+    """--status showed running jobs as `todo`, and the heartbeat's progress lines carried a progress bar's escape
+    codes (issue 38): a job started by the pipeline that holds the run directory is `running`, one whose pipeline
+    is gone `todo`; the last line of a job's log reaches the console without escape or control characters."""
+    import threading
+
+    from recallm import pipeline as pipeline_module
+
+    gate = tmp_path / "gate"
+    slow = StageJob("slow", py(f"""
+        import pathlib, sys, time
+        sys.stderr.write('\\x1b[A\\x1b[2Kgenerating:  50%|\\x1b[32m#####\\x1b[0m| 5/10\\r')
+        sys.stderr.flush()
+        while not pathlib.Path({str(gate)!r}).exists():
+            time.sleep(0.05)
+    """))  # fmt: skip
+    pipe = Pipeline(tmp_path / "run", [Stage("a", [count_job(tmp_path, "first")]), Stage("b", [slow])], threads=1)
+    runner = threading.Thread(target=pipe.run, kwargs={"echo": lambda message: None})
+    runner.start()
+    try:
+        log = tmp_path / "run" / "logs" / "slow.log"
+        deadline = time.time() + 60
+        while not (log.is_file() and "\x1b[2K" in log.read_text(errors="replace")):  # (the job's own line)
+            assert time.time() < deadline and runner.is_alive()
+            time.sleep(0.1)
+        states = {}
+        other = threading.Thread(target=lambda: states.update(pipe.states()))  # (another writer: not the lock's thread)
+        other.start()
+        other.join()
+        assert states == {"first": "done", "slow": "running"}
+        line = pipeline_module._last_progress(log)
+        assert line == "generating:  50%|#####| 5/10", repr(line)
+    finally:
+        gate.write_text("open")
+        runner.join(timeout=60)
+    assert pipe.states() == {"first": "done", "slow": "done"}
+    state = json.loads((tmp_path / "run" / "pipeline.json").read_text())
+    state["jobs"]["slow"] = {"started": 1.0, "log": "x"}  # started by a pipeline that is gone: to do again
+    (tmp_path / "run" / "pipeline.json").write_text(json.dumps(state))
+    assert pipe.states() == {"first": "done", "slow": "todo"}

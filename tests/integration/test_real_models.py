@@ -97,7 +97,7 @@ def test_llama31_style_model_through_sft_and_generate(llama31_model, tmp_path):
     from omegaconf import OmegaConf
     from transformers import AutoModelForCausalLM
 
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.eval.backends import HFBackend
     from recallm.eval.types import GenerationSettings, TextRequest
     from recallm.paths import config_dir
@@ -114,7 +114,7 @@ def test_llama31_style_model_through_sft_and_generate(llama31_model, tmp_path):
         },
         "sft": {"count": 12, "val_fraction": 0.25},
     }
-    run_plan(plan_from_config(mix), tmp_path / "data", model_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), tmp_path / "data", model_dir, workers=1, progress=False)
     with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
         cfg = compose(
             "sft",

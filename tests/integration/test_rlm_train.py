@@ -197,7 +197,7 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
 
     assert OmegaConf.to_container(OmegaConf.load(registry)) == AGENT_LOOPS
     modules = env["VERL_USE_EXTERNAL_MODULES"].split(",")
-    assert modules[0] == "recallm.grpo.cpu.plugin" and "recallm.rlm.runtime" in modules
+    assert modules[0] == "recallm.grpo.cpu.plugin" and "recallm.rlm.worker_hooks" in modules
     assert cfg.actor_rollout_ref.model.external_lib == "recallm.modeling"  # a RecaLLM model: masked log-probs
     assert cfg.recallm.reward_manager is False
 
@@ -218,7 +218,7 @@ def test_the_launcher_writes_the_data_and_wires_verl(tmp_path, tiny_dir, tiny_ba
         prepare(variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir)}))
     plain = variant(fresh, **{"actor_rollout_ref.model.path": str(tiny_base_dir), "recallm.recall_constrained": False})
     env = prepare(plain)
-    assert "recallm.rlm.runtime" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
+    assert "recallm.rlm.worker_hooks" in env["VERL_USE_EXTERNAL_MODULES"] and not plain.actor_rollout_ref.model.external_lib
 
 
 def test_rlm_training_takes_every_platform_and_guard_of_grpos_launch(tmp_path, tiny_dir):

@@ -44,10 +44,10 @@ TINY_MIX = {
 
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("sftdata")
-    run_plan(plan_from_config(TINY_MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(TINY_MIX), out, tiny_dir, workers=1, progress=False)
     return out / "sft" / "train.jsonl", out / "sft" / "val.jsonl"
 
 

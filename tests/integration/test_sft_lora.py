@@ -54,10 +54,17 @@ def test_the_adapter_sees_the_masked_loss(sft_data, tiny_dir):  # noqa: F811
     assert trainable and all("lora_" in n for n in trainable)
 
 
-def test_lora_stage_trains_the_adapter_only_and_writes_a_merged_final(tmp_path, sft_data, tiny_dir):  # noqa: F811
+def test_lora_stage_trains_the_adapter_only_and_writes_a_merged_final(tmp_path, sft_data, tiny_dir, capsys):  # noqa: F811
     final = run_sft(
         _cfg(tmp_path, sft_data, tiny_dir, *LORA, f"init_from={tiny_dir}", "max_steps=12", "sft.full.lr=5e-3")
     )
+    assert "[recallm] LoRA on (sft.lora.rank=4, alpha=" in capsys.readouterr().out  # the console says so (issue 38)
+    from recallm.io import verify_covered
+    from recallm.modeling import adapter_problem
+
+    listed = json.loads((final / "recallm_files.json").read_text())["files"]
+    assert "adapter/adapter_model.safetensors" in listed and "adapter/adapter_config.json" in listed
+    assert verify_covered(final / "adapter") and adapter_problem(final / "adapter") is None
     info = json.loads((final / "recallm_sft.json").read_text())
     assert info["lora"]["rank"] == 4 and info["steps"] == 12
     history = json.loads((final.parent / "checkpoint-12" / "trainer_state.json").read_text())["log_history"]
@@ -148,3 +155,8 @@ def test_lora_config_errors(tmp_path, sft_data, tiny_dir):  # noqa: F811
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", "sft.lora.rank=4", "sft.lora.target_modules=[]"))
     with pytest.raises(RecallmError, match=r"sft.lora.dropout must be <= 1"):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", "sft.lora.dropout=2.0"))
+    # issue 38: a rank the model's width cannot use (before the adapter is allocated), an alpha that scales it to 0
+    with pytest.raises(RecallmError, match=r"sft.lora.rank=129 is above the model's width \(hidden_size 128\)"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", f"init_from={tiny_dir}", "sft.lora.rank=129"))
+    with pytest.raises(RecallmError, match=r"sft.lora.alpha must be > 0"):
+        run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full", "sft.lora.rank=4", "sft.lora.alpha=0"))

@@ -21,14 +21,14 @@ from recallm.sft.data import (
 
 @pytest.fixture(scope="module")
 def toy_sft(tmp_path_factory, tiny_dir):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     mix = {
         "train": {"lengths": [400, 400], "entries": [{"task": "toy_lookup", "count": 8, "params": {"pairs": [2, 40]}}]},
         "sft": {"count": 24, "val_fraction": 0.0},
     }
     out = tmp_path_factory.mktemp("toysft")
-    run_plan(plan_from_config(mix), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), out, tiny_dir, workers=1, progress=False)
     return out / "sft" / "train.jsonl"
 
 

@@ -34,10 +34,10 @@ SMOLLM2_MIX = {
 
 @pytest.fixture(scope="module")
 def smollm2_data(smollm2_dir, tmp_path_factory):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("smollm2-data")
-    run_plan(plan_from_config(SMOLLM2_MIX), out, smollm2_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(SMOLLM2_MIX), out, smollm2_dir, workers=1, progress=False)
     return out
 
 

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.pipeline import plan_experiment, result_line
+from recallm.pipeline import experiment_stages, result_line
 from rewards import load_reward_config, score_response
 
 
@@ -27,9 +27,9 @@ def experiment(name: str = "toy_rl", **changes):
     return exp
 
 
-def test_toy_rl_plan(tmp_path):
+def test_toy_rl_stages(tmp_path):
     run = tmp_path.resolve()
-    stages = plan_experiment(experiment(), tmp_path)
+    stages = experiment_stages(experiment(), tmp_path)
     assert [s.name for s in stages] == ["model", "data", "sft_embed", "sft_full", "grpo", "export", "eval", "report"]
     jobs = {j.name: j for s in stages for j in s.jobs}
     # the control shares the recall variant's SFT model: one SFT, two GRPO runs from the same start
@@ -63,13 +63,13 @@ def test_toy_rl_plan(tmp_path):
     variants = experiment()["variants"]
     bad = dict(variants, no_recall_reward={"sft_from": "nope"})
     with pytest.raises(RecallmError, match="sft_from must name a variant with its own SFT"):
-        plan_experiment(experiment(variants=bad), tmp_path)
+        experiment_stages(experiment(variants=bad), tmp_path)
     bad = dict(variants, no_recall_reward={"sft_from": "recall", "sft": ["sft.seed=1"]})
     with pytest.raises(RecallmError, match="sft_from and sft overrides exclude each other"):
-        plan_experiment(experiment(variants=bad), tmp_path)
+        experiment_stages(experiment(variants=bad), tmp_path)
     ev = experiment()["eval"]
     with pytest.raises(RecallmError, match=r"runs.before.model must be final .* or sft"):
-        plan_experiment(experiment(eval=dict(ev, runs={"before": {"variant": "recall", "model": "embed"}})), tmp_path)
+        experiment_stages(experiment(eval=dict(ev, runs={"before": {"variant": "recall", "model": "embed"}})), tmp_path)
 
 
 def write_run(run, accs: dict[str, float], scores: list[float]) -> None:

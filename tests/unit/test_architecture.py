@@ -29,7 +29,7 @@ LIGHT = (
     "data_gen.generate",
     "data_gen.traces",
     "data_gen.annotate",
-    "data_gen.toy",
+    "data_gen.toy_kv",
     "data_gen.tasks.kv",
 )
 

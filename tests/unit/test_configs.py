@@ -47,4 +47,77 @@ def test_tiny_model_config_matches_spec():
     cfg = OmegaConf.load(CONFIGS / "model" / "tiny.yaml")
     spec = TinySpec(**{f.name: cfg[f.name] for f in fields(TinySpec) if f.name in cfg})
     assert spec.hidden_size // spec.num_attention_heads >= 32
-    assert Path(CONFIGS / "demo.yaml").is_file()
+    assert Path(CONFIGS / "decoding_demo.yaml").is_file()
+
+
+# --------------------------------------------------------------------------- headers: what uses each file
+ROOT = CONFIGS.parent if (CONFIGS.parent / "pyproject.toml").is_file() else None
+#: groups whose options recallm-pipeline passes to the commands it runs (data=, sft=, grpo=, eval=, model=)
+PIPELINE_GROUPS = {"data", "sft", "grpo", "eval", "model"}
+
+
+def _header(path: Path) -> str:
+    """The comment block a config file opens with (Hydra's ``# @package`` line left out)."""
+    lines = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        if not line.startswith("# @package"):
+            lines.append(line)
+    return "\n".join(lines)
+
+
+def _commands_of_configs() -> dict[str, set[str]]:
+    """Primary config -> the console scripts that compose it: pyproject's ``[project.scripts]`` and the
+    ``hydra_command("<config>", ...)`` calls of their modules."""
+    import re
+    import tomllib
+
+    scripts = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]
+    out: dict[str, set[str]] = {}
+    for script, target in scripts.items():
+        source = (ROOT / (target.split(":")[0].replace(".", "/") + ".py")).read_text()
+        for config in re.findall(r'hydra_command\(\s*"(\w+)"', source):
+            out.setdefault(config, set()).add(script)
+    return out
+
+
+def _users_of_groups(commands: dict[str, set[str]]) -> dict[str, set[str]]:
+    """Config group -> the commands that compose one of its options: through a primary's defaults list, or
+    a group option's own (``grpo/platform`` from a GRPO or RLM-training recipe), or recallm-pipeline's."""
+
+    def groups(file: Path) -> set[str]:
+        defaults = OmegaConf.to_container(OmegaConf.load(file)).get("defaults") or []
+        found = {str(next(iter(d))).removeprefix("override ").lstrip("/").partition("@")[0] for d in defaults if isinstance(d, dict)}
+        return {g for g in found if (CONFIGS / g).is_dir()}
+
+    users: dict[str, set[str]] = {g: {"recallm-pipeline"} for g in PIPELINE_GROUPS}
+    for primary in PRIMARY:
+        for group in groups(CONFIGS / f"{primary}.yaml"):
+            users.setdefault(group, set()).update(commands.get(primary, set()))
+            for option in (CONFIGS / group).glob("*.yaml"):
+                for nested in groups(option):
+                    users.setdefault(nested, set()).update(commands.get(primary, set()))
+    return users
+
+
+@pytest.mark.skipif(ROOT is None, reason="the source checkout's configs/ (a wheel's copy has no pyproject.toml)")
+def test_every_config_header_says_which_command_uses_it():
+    """A primary config opens with its command (`` # `recallm-sft`: ...``); a group option's header names a
+    command that composes it (``recallm-sft sft=qwen2.5_7b``, ``recallm-pipeline experiment=...``). JSON files
+    (DeepSpeed's) have no comments: their YAML twin documents them."""
+    import re
+
+    commands = _commands_of_configs()
+    users = _users_of_groups(commands)
+    problems = []
+    for primary in PRIMARY:
+        first = _header(CONFIGS / f"{primary}.yaml").split("\n")[0]
+        if not commands.get(primary) or not any(first.startswith(f"# `{c}") for c in commands[primary]):
+            problems.append(f"{primary}.yaml: the first line names none of {sorted(commands.get(primary, []))}")
+    for path in sorted(CONFIGS.glob("*/**/*.yaml")):
+        group = path.parent.relative_to(CONFIGS).as_posix()
+        named = set(re.findall(r"recallm-[a-z][a-z-]*[a-z]", _header(path)))
+        if not named & users.get(group, set()):
+            problems.append(f"{path.relative_to(CONFIGS)}: the header names none of {sorted(users.get(group, []))}")
+    assert not problems, "\n".join(problems)

@@ -15,7 +15,7 @@ from data_gen.base import make_task
 from data_gen.datasets.negatives import Corpus, dense_index, negative_stream, pooling_mode
 from data_gen.datasets.wiki import load_wiki_chunks
 from data_gen.fit import PromptRenderer
-from data_gen.generate import draft_row, plan_from_config
+from data_gen.generate import draft_row, schedule_from_config
 from data_gen.system_prompts import REASONING, SYSTEM_PROMPTS
 from recallm.errors import RecallmError
 from tests import data_fixtures
@@ -90,13 +90,13 @@ def test_paper_mixture_asks_for_dense_negatives(paths, tmp_path):
     with pytest.raises(
         RecallmError, match=r"task hotpotqa: negatives include 'dense' but no dense_model .*data\.dense_model="
     ):
-        plan_from_config(cfg)
+        schedule_from_config(cfg)
     encoder = tmp_path / "encoder"
     encoder.mkdir()
     with pytest.raises(RecallmError, match="not a model directory"):
-        plan_from_config(_paper(root, dense_model=str(encoder)))
+        schedule_from_config(_paper(root, dense_model=str(encoder)))
     (encoder / "config.json").write_text("{}")  # the plan checks the directory; the model loads on first use
-    plan = plan_from_config(_paper(root, dense_model=str(encoder)))
+    plan = schedule_from_config(_paper(root, dense_model=str(encoder)))
     docs = [j for j in plan.jobs if j.split == "train" and j.task in ("nq", "msmarco", "qampari")]
     assert all("dense" in dict(j.params)["negatives"] for j in docs)
     assert "judged" in dict(docs[-1].params)["negatives"]

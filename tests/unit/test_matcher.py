@@ -160,3 +160,33 @@ def test_eager_index_changes_nothing(seq, max_recall, data):
         assert (ga is None) == (gb is None)
         if ga is not None:
             assert ga.tolist() == gb.tolist()
+
+
+@given(sequences, max_tokens, st.integers(min_value=1, max_value=12))
+def test_continuation_is_what_the_allowed_sets_force(seq, max_recall, limit):
+    """``continuation`` (a speculative decoder's draft inside a span): fed token by token, each drafted
+    token is allowed, and it is the only allowed token besides the end token (the end token, drafted
+    last, only when it is the only one); the draft stops where the definition leaves a choice; the
+    matcher is unchanged by asking."""
+    m = RecallMatcher(S, E, max_recall_tokens=max_recall, vocab_size=6)
+    for tok in seq:
+        m.feed_one(tok)
+    before = (m.in_span, m.span_length, m.num_candidates, len(m), m.allowed_tokens() is None)
+    draft = m.continuation(limit)
+    assert (m.in_span, m.span_length, m.num_candidates, len(m), m.allowed_tokens() is None) == before
+    if not m.in_span:
+        assert draft == []
+        return
+    assert len(draft) <= limit
+    prefix = list(seq)
+    for i, tok in enumerate(draft):
+        allowed = reference_allowed(prefix, S, E, max_recall)
+        assert allowed is not None and tok in allowed
+        if tok == E:
+            assert allowed == {E} and i == len(draft) - 1
+        else:
+            assert allowed == {tok, E}
+        prefix.append(tok)
+    first_token = m.span_length == 0 and not draft  # the span's first token: any context token, no draft
+    if len(draft) < limit and (not draft or draft[-1] != E) and not first_token:
+        assert len(reference_allowed(prefix, S, E, max_recall) - {E}) > 1  # stopped at a choice

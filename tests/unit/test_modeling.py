@@ -111,3 +111,31 @@ def test_served_hf_overrides_accepts_mappings():
     assert served_hf_overrides('{"a": 1}', {"b": 2}) == {"a": 1, "b": 2}
     with pytest.raises(RecallmError, match="sets model_type='llama', but this RecaLLM model is served by vLLM as"):
         served_hf_overrides({"model_type": "llama"}, {"model_type": "qwen2"})
+
+
+def test_vllm_lora_rank_is_one_table_for_a_rank_and_an_adapter(tmp_path):
+    """One ``vllm_lora_rank``: a rank (the plan, as verl rounds ``lora_rank``) and an adapter directory (serve,
+    eval) round up in vLLM 0.24's ``MaxLoRARanks``, rank 1 included (the vLLM tier checks the table against
+    vLLM's own and verl's rounding: tests/vllm_tier/test_vllm_lora.py)."""
+    from recallm.modeling import VLLM_LORA_RANKS, vllm_lora_rank
+    from recallm.plan import vllm_lora_rank as planned
+
+    assert planned is vllm_lora_rank
+    assert VLLM_LORA_RANKS == (1, 8, 16, 32, 64, 128, 256, 320, 512)
+
+    def adapter(name, **config):
+        path = tmp_path / name
+        path.mkdir()
+        (path / "adapter_config.json").write_text(json.dumps({"base_model_name_or_path": "..", **config}))
+        return path
+
+    for rank, served in ((1, 1), (2, 8), (8, 8), (9, 16), (300, 320), (512, 512)):
+        assert vllm_lora_rank(rank) == served
+        assert vllm_lora_rank(adapter(f"r{rank}", r=rank)) == served
+    assert vllm_lora_rank(adapter("unset")) == 8  # PEFT's default rank
+    with pytest.raises(RecallmError, match="lora_rank 513 is above vLLM's largest max_lora_rank, 512"):
+        vllm_lora_rank(513)
+    with pytest.raises(RecallmError, match="has LoRA rank 600; vLLM serves ranks up to 512"):
+        vllm_lora_rank(adapter("r600", r=600))
+    with pytest.raises(RecallmError, match="trains the recall token rows next to the adapter"):
+        vllm_lora_rank(adapter("rows", r=4, trainable_token_indices=[1, 2]))

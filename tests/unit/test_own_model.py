@@ -42,6 +42,34 @@ def test_exported_grpo_run_is_named_after_the_run(tmp_path):
     assert (model_name(run / "hf"), model_label(run / "hf")) == ("mine", "mine-grpo")
 
 
+def test_an_adapter_is_labelled_with_its_model_and_lora(tmp_path):
+    """An evaluated LoRA adapter was filed as `adapter-hf` (issue 38): it is its model's run, stage and `lora`."""
+    sft_adapter = tmp_path / "outputs" / "sft" / "mine" / "full" / "final" / "adapter"
+    kept = tmp_path / "outputs" / "grpo" / "mine" / "hf" / "adapter"
+    for adapter in (sft_adapter, kept):
+        adapter.mkdir(parents=True)
+        (adapter / "adapter_config.json").write_text("{}")
+    (tmp_path / "outputs" / "grpo" / "mine" / "global_step_2").mkdir()
+    assert (model_name(sft_adapter), model_label(sft_adapter)) == ("mine", "mine-sft-full-lora")
+    assert (model_name(kept), model_label(kept)) == ("mine", "mine-grpo-lora")
+    assert model_label(tmp_path / "models" / "adapter") == "adapter"  # a directory of one's own named adapter
+
+
+def test_every_sft_recipe_takes_every_lora_key_without_a_plus():
+    """`sft.lora.*` works on every recipe (the own-model recipe needed `+sft.lora.rank`): each recipe file lists the
+    keys of recallm.sft.settings.LoraSettings."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from recallm.sft.settings import LoraSettings
+
+    keys = {f.name for f in dataclasses.fields(LoraSettings)}
+    for recipe in sorted((CONFIG_DIR / "sft").glob("*.yaml")):
+        lora = OmegaConf.load(recipe).get("lora") or {}
+        assert set(lora) == keys, f"{recipe.name}: sft.lora has {sorted(lora)}, LoraSettings {sorted(keys)}"
+
+
 def _compose(config: str, overrides: list[str]):
     with initialize_config_dir(config_dir=str(CONFIG_DIR), version_base="1.3"):
         return compose(config, overrides=overrides)
@@ -49,7 +77,7 @@ def _compose(config: str, overrides: list[str]):
 
 def test_own_groups_file_every_stage_under_the_model_name():
     model = "/cache/models/smollm2-135m-instruct-recallm"
-    data = _compose("data_gen", ["data=own_cpu", f"tokenizer={model}"])
+    data = _compose("data", ["data=own_cpu", f"tokenizer={model}"])
     assert data.out_dir == "outputs/data/smollm2-135m-instruct-recallm"
     sft = _compose("sft", ["sft=own_cpu", f"model.path={model}"])
     assert sft.out_dir == "outputs/sft/smollm2-135m-instruct-recallm"

@@ -300,7 +300,7 @@ def test_retention_keeps_the_newest_the_latest_and_the_eval_weights(tmp_path):
 
 
 def test_collective_timeout_reaches_the_process_group(monkeypatch):
-    from recallm.grpo import runtime
+    from recallm.grpo import worker_hooks
 
     seen = []
 
@@ -308,8 +308,8 @@ def test_collective_timeout_reaches_the_process_group(monkeypatch):
         seen.append((timeout_second, backend))
 
     distributed = types.SimpleNamespace(initialize_global_process_group_ray=initialize_global_process_group_ray)
-    runtime._timeout_process_group(distributed)
-    monkeypatch.setenv(runtime.TIMEOUT_ENV, "3600")
+    worker_hooks._timeout_process_group(distributed)
+    monkeypatch.setenv(worker_hooks.TIMEOUT_ENV, "3600")
     distributed.initialize_global_process_group_ray(timeout_second=None)
     distributed.initialize_global_process_group_ray(timeout_second=5, backend="gloo")
     assert seen == [(3600, None), (5, "gloo")]

@@ -188,7 +188,7 @@ def test_labels_need_reading_not_keyword_matching():
     """Before: matching "the {attribute} of" against the 47 attribute phrases found every label
     (100%). Now each question names two or three attributes of different labels and only its
     meaning says which one is asked about."""
-    from recallm.rlm import tasks
+    from recallm.rlm.tasks import questions as grammar  # (the attribute phrases of the generator's grammar)
 
     questions = [
         (line.split("Instance: ")[1], None)
@@ -201,10 +201,10 @@ def test_labels_need_reading_not_keyword_matching():
     ex = make_task("oolong", 16384, 0)
     shown = Counter(label_of(line.split("Instance: ")[1]) for line in ex.context.split("\n"))
     assert dict(shown) == {k: v for k, v in ex.reference["counts_by_label"].items() if v}
-    phrase = re.compile("|".join(re.escape(a) for a in sorted(tasks._ATTR_LABEL, key=len, reverse=True)))
+    phrase = re.compile("|".join(re.escape(a) for a in sorted(grammar._ATTR_LABEL, key=len, reverse=True)))
 
     def mentioned(question):
-        return [tasks._ATTR_LABEL[m] for m in phrase.findall(question)]
+        return [grammar._ATTR_LABEL[m] for m in phrase.findall(question)]
 
     rules = {
         "first phrase": lambda m: m[0],

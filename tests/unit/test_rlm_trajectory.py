@@ -1,4 +1,5 @@
-"""RLM trajectories: the HTML page, the SFT export (the paper's filtering) and the `recallm-rlm` CLI."""
+"""RLM trajectories: the HTML page, the SFT data written from them (`recallm-rlm to-sft`, the paper's filtering)
+and the `recallm-rlm` CLI."""
 
 from __future__ import annotations
 
@@ -7,10 +8,10 @@ import json
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.rlm.export import export_sft
 from recallm.rlm.models import ScriptedModel
 from recallm.rlm.runner import RLM, RLMSettings
 from recallm.rlm.sandbox import SandboxLimits
+from recallm.rlm.sft_data import write_sft_data
 from recallm.rlm.show import render_html, write_html
 from recallm.rlm.subcalls import SubCallSettings
 from recallm.rlm.trajectory import append_event, load_trajectory
@@ -81,7 +82,7 @@ def test_export_keeps_correct_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_
     long_turn = ["```repl\nprint('y' * 3000)\n```", "FINAL(42)"]
     run(tmp_path, "long", long_turn, score=1.0, max_observation_chars=5000)
     out = tmp_path / "sft" / "train.jsonl"
-    counts = export_sft([tmp_path], tokenizer, out, min_turns=2, max_turn_chars=5000)
+    counts = write_sft_data([tmp_path], tokenizer, out, min_turns=2, max_turn_chars=5000)
     assert counts == {
         "trajectories": 6,
         "kept": 2,
@@ -113,10 +114,10 @@ def test_export_keeps_correct_multi_turn_runs_and_drops_the_rest(tmp_path, tiny_
     )
     assert stats["examples"] == 3 and len(dataset) == 3
     with pytest.raises(RecallmError, match="train.jsonl:1: not a trajectory event"):
-        export_sft([tmp_path / "sft"], tokenizer, tmp_path / "x.jsonl")  # SFT rows are no trajectory
+        write_sft_data([tmp_path / "sft"], tokenizer, tmp_path / "x.jsonl")  # SFT rows are no trajectory
     (tmp_path / "empty").mkdir()
     with pytest.raises(RecallmError, match="no trajectory files"):
-        export_sft([tmp_path / "empty"], tokenizer, tmp_path / "x.jsonl")
+        write_sft_data([tmp_path / "empty"], tokenizer, tmp_path / "x.jsonl")
 
 
 # --- the CLI -----------------------------------------------------------------------------------
@@ -180,7 +181,7 @@ def test_cli_runs_resumes_shows_and_exports(tmp_path, tiny_dir, capsys):
 
     page = cli("show", str(out / "trajectories" / "s_niah-1024-0.jsonl"))
     assert page.suffix == ".html" and "FINAL_VAR(answer)" in page.read_text()
-    counts = cli("export", f"out_dir={out}", f"export.tokenizer_path={tiny_dir}")
+    counts = cli("to-sft", f"out_dir={out}", f"sft_data.tokenizer_path={tiny_dir}")
     assert counts["records"] == 4 and (out / "sft.jsonl").is_file()
 
     tasks = cli("generate", f"out_dir={tmp_path / 'gen'}", "tasks.lengths=[1K]")
@@ -189,7 +190,7 @@ def test_cli_runs_resumes_shows_and_exports(tmp_path, tiny_dir, capsys):
 
 
 def test_cli_errors_are_one_line(tmp_path, capsys):
-    assert "mode must be one of run, generate, show, export" in fail(capsys, "mode=train")
+    assert "mode must be one of run, generate, show, to-sft" in fail(capsys, "mode=train")
     assert "show needs a trajectory" in fail(capsys, "show")
     assert "unknown RLM task 'needle'" in fail(capsys, f"out_dir={tmp_path}", "tasks.names=[needle]")
     assert "rlm.max_depth must be in [0, 3], got 5" in fail(capsys, f"out_dir={tmp_path}", "rlm.max_depth=5")
@@ -202,8 +203,32 @@ def test_rewrite_argv():
 
     assert rewrite_argv(["show", "a/b.jsonl", "html=x.html"]) == ["mode=show", "trajectory=a/b.jsonl", "html=x.html"]
     assert rewrite_argv(["show", "my run/a b.jsonl"]) == ["mode=show", "trajectory='my run/a b.jsonl'"]
-    assert rewrite_argv(["export", "out_dir=o"]) == ["mode=export", "out_dir=o"]
+    assert rewrite_argv(["to-sft", "out_dir=o"]) == ["mode=to-sft", "out_dir=o"]
     assert rewrite_argv(["tasks.per_cell=2"]) == ["tasks.per_cell=2"]
+
+
+def test_the_old_export_names_still_write_sft_data(tmp_path, tiny_dir, capsys, monkeypatch):
+    """Before 0.2.0 `to-sft` was `recallm-rlm export export.<key>=...`: the old line still writes the same
+    SFT data, after one notice line on stderr (MIGRATION.md)."""
+    from recallm.cli.rlm import main, old_names
+
+    assert old_names(["export", "export.tokenizer_path=t", "+export.min_turns=3", "out_dir=o"]) == [
+        "to-sft", "sft_data.tokenizer_path=t", "+sft_data.min_turns=3", "out_dir=o"]  # fmt: skip
+    assert old_names(["mode=export", "export={out_file: x}"]) == ["mode=to-sft", "sft_data={out_file: x}"]
+    unchanged = [["train", "export.x=1"], ["to-sft", "tasks.exported=1", "exports.x=1"], ["run"]]
+    capsys.readouterr()
+    assert [old_names(line) for line in unchanged] == unchanged and capsys.readouterr().err == ""
+    runs = tmp_path / "runs"
+    run(runs / "trajectories", "right", ["```repl\nx = 42\n```", "FINAL_VAR(x)"], score=1.0)
+    monkeypatch.chdir(tmp_path)  # (Hydra's run directory: outputs/rlm/hydra/...)
+    new = cli("to-sft", f"out_dir={runs}", f"sft_data.tokenizer_path={tiny_dir}", f"sft_data.out_file={tmp_path}/new.jsonl")
+    capsys.readouterr()
+    main(["export", f"out_dir={runs}", f"export.tokenizer_path={tiny_dir}", f"export.out_file={tmp_path}/old.jsonl",
+          "progress=false", isolation_override()])  # fmt: skip
+    err = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert err == ["warning: recallm-rlm export is deprecated: use recallm-rlm to-sft, and sft_data.<key> for "
+                   "export.<key> (renamed in 0.2.0; the old name works until 0.3.0, see MIGRATION.md)"], err  # fmt: skip
+    assert new["records"] == 2 and (tmp_path / "old.jsonl").read_text() == (tmp_path / "new.jsonl").read_text()
 
 
 # --- issue 17, item 8: the paper's filters -----------------------------------------------------------
@@ -219,7 +244,7 @@ def test_export_keeps_only_correct_multi_turn_runs_and_fixes_final_templates(tmp
     run(tmp_path, "close", ["```repl\nx = 41\n```", "FINAL_VAR(x)"], score=0.75)
     run(tmp_path, "in_code", ["```repl\nx = 42\n```", "Done.\n```repl\ny = x\nFINAL_VAR('y')\n```"], score=1.0)
     out = tmp_path / "sft.jsonl"
-    counts = export_sft([tmp_path], tokenizer, out)
+    counts = write_sft_data([tmp_path], tokenizer, out)
     assert counts["kept"] == 2 and counts["dropped_not_correct"] == 1 and counts["final_fixed"] == 1
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     fixed = [r for r in rows if r["trajectory"].endswith("in_code.jsonl") and r["turn"] == 2][0]
@@ -227,5 +252,5 @@ def test_export_keeps_only_correct_multi_turn_runs_and_fixes_final_templates(tmp
     assert fixed["completion"].removesuffix(tokenizer.eos_token).rstrip().endswith("FINAL_VAR(y)")  # ... written after
     refused = ["```repl\nx = 42\n```", "```repl\n1 / 0\n```\nFINAL(41)", "FINAL_VAR(x)"]
     run(tmp_path / "more", "refused", refused, score=1.0)
-    counts = export_sft([tmp_path / "more"], tokenizer, tmp_path / "more.jsonl")
+    counts = write_sft_data([tmp_path / "more"], tokenizer, tmp_path / "more.jsonl")
     assert counts["turns_final_refused"] == 1 and counts["records"] == 2  # the refused FINAL is not a target

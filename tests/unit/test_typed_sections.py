@@ -105,7 +105,7 @@ def test_the_reward_stays_torch_free():
 
 # ------------------------------------------------------------------------------ data and pipeline
 def test_mixture_sections():
-    from data_gen.generate import plan_from_config
+    from data_gen.generate import schedule_from_config
 
     entry = {"task": "kv_retrieval", "count": 2, "lengths": 300}
     cases = [
@@ -121,9 +121,9 @@ def test_mixture_sections():
     ]
     for cfg, pattern in cases:
         if pattern is None:
-            assert plan_from_config(cfg).jobs[0].count == 2
+            assert schedule_from_config(cfg).jobs[0].count == 2
             continue
-        _one_line(lambda cfg=cfg: plan_from_config(cfg), pattern)
+        _one_line(lambda cfg=cfg: schedule_from_config(cfg), pattern)
 
 
 def _experiment(**changes) -> dict:
@@ -133,7 +133,7 @@ def _experiment(**changes) -> dict:
 
 
 def test_experiment_sections(tmp_path):
-    from recallm.pipeline import Experiment, plan_experiment, read_experiment
+    from recallm.pipeline import Experiment, experiment_stages, read_experiment
 
     assert isinstance(read_experiment(_experiment()), Experiment)
     ev = _experiment()["eval"]
@@ -152,7 +152,7 @@ def test_experiment_sections(tmp_path):
         (_experiment(variants={"recall": {"sft": "x=1"}}), r"^experiment\.variants\.recall\.sft must be a list"),
     ]  # fmt: skip
     for exp, pattern in cases:
-        _one_line(lambda exp=exp: plan_experiment(exp, tmp_path), pattern)
+        _one_line(lambda exp=exp: experiment_stages(exp, tmp_path), pattern)
 
 
 def test_result_metric_section(tmp_path):
@@ -187,7 +187,7 @@ def _restated(section: dict | None, cls, leave: tuple[str, ...] = ()) -> dict:
     return {k: v for k, v in (section or {}).items() if k not in leave and k in defaults and _same(defaults[k], v)}
 
 
-_RLM_SECTIONS = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "export")
+_RLM_SECTIONS = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "sft_data")
 
 
 def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]:
@@ -198,11 +198,11 @@ def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]
     from recallm.eval.backends import BackendSettings
     from recallm.pipeline import PipelineRun
     from recallm.rlm.budget import BudgetLimits
-    from recallm.rlm.export import ExportSettings
     from recallm.rlm.models import ModelSection
     from recallm.rlm.runner import RLMSettings
     from recallm.rlm.sandbox import SandboxLimits
     from recallm.rlm.settings import RLMRun
+    from recallm.rlm.sft_data import SFTDataSettings
     from recallm.rlm.subcalls import SubCallSettings
     from recallm.rlm.tasks import TaskRun
     from recallm.rlm.train import RLMTrainSettings
@@ -217,11 +217,11 @@ def _registered_sections() -> list[tuple[str, str, dict, type, tuple[str, ...]]]
     return [
         ("sft.yaml", "(own keys)", load("sft.yaml"), SFTRun, (*own, "sft", "model", "data", "deepspeed")),
         ("eval.yaml", "(own keys)", ev, EvalRun, (*own, "eval", "backend", "reward")),
-        ("data_gen.yaml", "(own keys)", load("data_gen.yaml"), DataRun, (*own, "data")),
+        ("data.yaml", "(own keys)", load("data.yaml"), DataRun, (*own, "data")),
         ("pipeline.yaml", "(own keys)", load("pipeline.yaml"), PipelineRun, (*own, "experiment")),
         ("rlm.yaml", "(own keys)", rlm, RLMRun, (*own, *_RLM_SECTIONS)),
         ("rlm.yaml", "tasks", rlm["tasks"], TaskRun, ()),
-        ("rlm.yaml", "export", rlm["export"], ExportSettings, ()),
+        ("rlm.yaml", "sft_data", rlm["sft_data"], SFTDataSettings, ()),
         ("rlm.yaml", "root", rlm["root"], ModelSection, ()),
         ("rlm.yaml", "sub", rlm["sub"], ModelSection, ()),
         ("rlm.yaml", "rlm", rlm["rlm"], RLMSettings, ()),
@@ -248,9 +248,9 @@ def test_yaml_sections_with_a_schema_restate_no_default():
     rlm = yaml.safe_load((CONFIGS / "rlm.yaml").read_text())
     schemas = {"/schema/rlm_model@root", "/schema/rlm_model@sub", "/schema/rlm_settings@rlm",
                "/schema/rlm_subcalls@subcalls", "/schema/rlm_sandbox@sandbox", "/schema/rlm_budget@budget",
-               "/schema/rlm_tasks@tasks", "/schema/rlm_export@export"}  # fmt: skip
+               "/schema/rlm_tasks@tasks", "/schema/rlm_sft_data@sft_data"}  # fmt: skip
     assert schemas <= set(rlm["defaults"])
-    for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data_gen", "data_run"),
+    for app, schema in [("sft", "sft_run"), ("eval", "eval_run"), ("data", "data_run"),
                         ("pipeline", "pipeline_run"), ("rlm", "rlm_run")]:  # fmt: skip
         defaults = yaml.safe_load((CONFIGS / f"{app}.yaml").read_text())["defaults"]
         assert defaults[0] == f"/schema/{schema}@_here_", app  # first: the groups and _self_ merge onto it
@@ -294,11 +294,11 @@ def test_rlm_train_recipes_restate_nothing_of_the_base():
         ("sft", ["+foo=1"], r"^unknown setting foo: there is no setting foo, nothing would read it"),
         ("sft", ["max_step=3"], r"Key 'max_step' not in 'SFTRun'"),
         ("sft", ["max_steps=abc"], r"^max_steps must be an integer, got 'abc'$"),
-        ("data_gen", ["workers=abc"], r"^workers must be an integer, got 'abc'$"),
-        ("data_gen", ["data=tiny", "workers=abc"], r"^workers must be an integer, got 'abc'$"),
-        ("data_gen", ["worker=4"], r"Key 'worker' not in 'DataRun'"),
-        ("data_gen", ["+worker=4"], r"^unknown setting worker: .*did you mean workers\?"),
-        ("data_gen", ["progress=maybe"], r"^progress must be true or false, got 'maybe'$"),
+        ("data", ["workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data", ["data=tiny", "workers=abc"], r"^workers must be an integer, got 'abc'$"),
+        ("data", ["worker=4"], r"Key 'worker' not in 'DataRun'"),
+        ("data", ["+worker=4"], r"^unknown setting worker: .*did you mean workers\?"),
+        ("data", ["progress=maybe"], r"^progress must be true or false, got 'maybe'$"),
         ("pipeline", ["threads=x"], r"^threads must be an integer, got 'x'$"),
         ("pipeline", ["thread=2"], r"Key 'thread' not in 'PipelineRun'"),
         ("eval", ["limit=abc"], r"^limit must be an integer, got 'abc'$"),
@@ -308,8 +308,8 @@ def test_rlm_train_recipes_restate_nothing_of_the_base():
         ("rlm", ["+paralel=2"], r"^unknown setting paralel: .*did you mean parallel\?"),
         ("rlm", ["tasks.per_cel=2"], r"Key 'per_cel' not in 'TaskRun'"),
         ("rlm", ["tasks.per_cell=x"], r"^tasks\.per_cell must be an integer, got 'x'$"),
-        ("rlm", ["export.min_turn=1"], r"Key 'min_turn' not in 'ExportSettings'"),
-        ("rlm", ["export.max_turn_chars=many"], r"^export\.max_turn_chars must be an integer, got 'many'$"),
+        ("rlm", ["sft_data.min_turn=1"], r"Key 'min_turn' not in 'SFTDataSettings'"),
+        ("rlm", ["sft_data.max_turn_chars=many"], r"^sft_data\.max_turn_chars must be an integer, got 'many'$"),
     ],
 )
 def test_an_apps_own_keys_refuse_with_one_line(app, overrides, pattern):
@@ -324,7 +324,7 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
 
     sft = check_overrides("sft", ["max_steps=3", "resume=never"])
     assert (sft.max_steps, sft.resume, sft.logger, sft.models_dir, sft.stage) == (3, "never", "console", "outputs/models", "embed")
-    data = check_overrides("data_gen", ["data=tiny", "workers=4"])
+    data = check_overrides("data", ["data=tiny", "workers=4"])
     assert (data.workers, data.tokenizer, data.progress, data.out_dir) == (4, "tiny", True, "outputs/data/tiny")
     pipeline = check_overrides("pipeline", ["redo=[eval,report]"])
     assert list(pipeline.redo) == ["eval", "report"] and pipeline.only is None and pipeline.threads is None
@@ -332,10 +332,10 @@ def test_an_apps_own_keys_keep_their_defaults_and_overrides():
     assert (ev.mode, list(ev.runs), ev.model_path, ev.report, ev.report_dir) == ("report", ["a", "b"], "tiny", True, "outputs/eval/report")
     rlm = check_overrides("rlm", ["parallel=3", "tasks.per_cell=2"])
     assert (rlm.parallel, rlm.mode, rlm.tasks.per_cell, rlm.tasks.needles, rlm.tasks.name) == (3, "run", 2, 2, "tiny")
-    assert (rlm.export.min_turns, rlm.export.max_turn_chars, rlm.export.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
+    assert (rlm.sft_data.min_turns, rlm.sft_data.max_turn_chars, rlm.sft_data.out_file) == (2, 100_000, "outputs/rlm/tiny/sft.jsonl")
 
 
-@pytest.mark.parametrize("app", ["sft", "data_gen", "pipeline", "eval", "rlm", "rlm_train"])
+@pytest.mark.parametrize("app", ["sft", "data", "pipeline", "eval", "rlm", "rlm_train"])
 def test_a_composed_config_pickles(app):
     """A config composed on registered schemas refers to their classes: it must survive the plain
     pickle (multiprocessing), not only cloudpickle (Ray)."""

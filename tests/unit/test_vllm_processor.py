@@ -484,7 +484,7 @@ def test_v1_adapter_against_stand_in_interface(monkeypatch):
     for name in names:
         monkeypatch.setitem(sys.modules, name, types.ModuleType(name))
     sys.modules["vllm.v1.sample.logits_processor"].LogitsProcessor = LogitsProcessor
-    monkeypatch.setattr(rv, "_V1_CLASS", None)
+    monkeypatch.setattr(rv, "_CLASSES", {})  # built afresh over the stand-in
 
     cls = rv.RecallLogitsProcessorV1
     assert issubclass(cls, LogitsProcessor)

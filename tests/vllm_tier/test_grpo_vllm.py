@@ -38,11 +38,11 @@ def _report(metrics):
 
 
 def test_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
 
     first = _run(grpo_command(model, data, ckpt, rollouts, rollout="vllm", steps=2), tmp_path)

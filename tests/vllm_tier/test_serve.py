@@ -8,6 +8,7 @@ Run with ``scripts/test_vllm.sh`` (skipped where vLLM is not importable).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import socket
@@ -58,7 +59,8 @@ def serving(path, name: str, log, *extra: str):
             time.sleep(2)
         yield base
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(ProcessLookupError):  # (a server that exited has no group left to stop)
+            os.killpg(proc.pid, signal.SIGTERM)
         try:
             proc.wait(timeout=60)
         except subprocess.TimeoutExpired:
@@ -138,3 +140,24 @@ def test_the_eval_and_rlm_client_talks_to_it(server):
         client.ping()
         completion = client.chat([{"role": "user", "content": "1: ka\n2: bo\nWhat is 2?"}])
     assert isinstance(completion.text, str) and completion.completion_tokens and completion.completion_tokens <= 16
+
+
+def test_the_guard_answers_what_vllm_would_fail_on_with_a_400(server):
+    """recallm-serve's RequestGuard (vLLM's --middleware): a JSON array or string body (vLLM's server answered a
+    500), n above --max-n (default 16) get a 400 in OpenAI's error format; a good request is answered by vLLM."""
+    import httpx
+
+    base, _ = server
+    messages = [{"role": "user", "content": "1: ka\n2: bo\nWhat is 2?"}]
+    for body, said in [
+        ("[1, 2]", "must be a JSON object"),
+        ('"text"', "must be a JSON object"),
+        (json.dumps({"model": "recallm-tiny", "messages": messages, "n": 10000}), "n=10000: this server answers 1 to 16"),
+    ]:
+        resp = httpx.post(f"{base}/chat/completions", content=body, headers={"content-type": "application/json"},
+                          timeout=60)  # fmt: skip
+        assert resp.status_code == 400, (resp.status_code, resp.text)
+        assert said in resp.json()["error"]["message"]
+    good = httpx.post(f"{base}/chat/completions", json={"model": "recallm-tiny", "messages": messages, "max_tokens": 4,
+                                                        "n": 2}, timeout=120)  # fmt: skip
+    assert good.status_code == 200 and len(good.json()["choices"]) == 2, good.text

@@ -1,7 +1,8 @@
-"""Second test tier: a real vLLM engine (V1, vLLM 0.24) with ``RecallLogitsProcessorV1``.
-
-Run with ``scripts/test_vllm.sh`` (its own environment with the CPU build of vLLM). Skipped
-where vLLM is not importable, i.e. in the normal test run.
+"""Second test tier: a real vLLM engine with the recall processor, loaded by its one name
+(``recallm.recall.vllm:RecallLogitsProcessor``), on both tiers of ``scripts/test_vllm.sh``: vLLM 0.24.0
+(verl 0.9.1's) and 0.32.0 (the newest CPU build; its V1 model runner, the one it runs here: Model
+Runner V2 needs a Triton CPU backend, ``tests/vllm_tier/test_mrv2.py``). Skipped where vLLM is not
+importable, i.e. in the normal test run.
 
 The tiny RecaLLM model is served as its base architecture (``vllm_hf_overrides``) with the
 processor loaded by name, as verl does. Sampled spans must be verbatim; greedy outputs must
@@ -15,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from recallm.recall.vllm import V1_PROCESSOR_FQCN  # noqa: E402
+from recallm.recall.vllm import PROCESSOR_FQCN  # noqa: E402
 from tests.reference import contains, reference_spans  # noqa: E402
 
 pytestmark = pytest.mark.slow
@@ -40,7 +41,7 @@ def served(tmp_path_factory):
     llm = LLM(
         model=str(path),
         hf_overrides=vllm_hf_overrides(model.config),
-        logits_processors=[V1_PROCESSOR_FQCN],
+        logits_processors=[PROCESSOR_FQCN],
         dtype="float32",
         max_model_len=1024,
         max_num_seqs=4,  # fewer slots than requests: requests join as others finish

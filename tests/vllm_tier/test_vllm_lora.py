@@ -19,10 +19,27 @@ from tests.vllm_tier.test_serve import serving  # noqa: E402
 pytestmark = pytest.mark.slow
 
 
+def test_the_lora_rank_table_is_vllms_and_rounds_as_verl_does():
+    """``recallm.modeling.VLLM_LORA_RANKS`` is vLLM's ``MaxLoRARanks``, and ``vllm_lora_rank`` gives every rank
+    the ``max_lora_rank`` verl starts vLLM with (``get_vllm_max_lora_rank``, which reads vLLM's table here)."""
+    from typing import get_args
+
+    from verl.workers.rollout.vllm_rollout.utils import get_vllm_max_lora_rank
+    from vllm.config.lora import MaxLoRARanks
+
+    from recallm.modeling import VLLM_LORA_RANKS, vllm_lora_rank
+
+    assert tuple(sorted(get_args(MaxLoRARanks))) == VLLM_LORA_RANKS
+    for rank in range(1, VLLM_LORA_RANKS[-1] + 1):
+        assert vllm_lora_rank(rank) == get_vllm_max_lora_rank(rank), rank
+    with pytest.raises(ValueError):
+        get_vllm_max_lora_rank(VLLM_LORA_RANKS[-1] + 1)  # (ours: a RecallmError, tests/unit/test_modeling.py)
+
+
 @pytest.mark.parametrize("recipe", ["qwen2.5_7b_lora_1gpu", "qwen2.5_1.5b_lora_24gb"])
 def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
     """verl's validate_config of a LoRA config with the vLLM rollout checks vLLM's version: here it is installed."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.grpo.app import compose, prepare, validate
     from recallm.tiny import create_tiny
 
@@ -33,7 +50,7 @@ def test_single_gpu_recipes_pass_verls_validation(recipe, tmp_path):
             "entries": [{"task": "kv_retrieval", "count": 4, "params": {"key_type": "toy", "value_type": "toy"}}],
         }
     }
-    run_plan(plan_from_config(mix), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), tmp_path / "data", model, workers=1, progress=False)
     data = tmp_path / "data" / "train.parquet"
     cfg = compose(
         [
@@ -126,11 +143,11 @@ def test_serve_answers_with_the_adapter_applied(tmp_path):
 
 
 def test_lora_grpo_with_verls_vllm_rollout_on_cpu(tmp_path):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.tiny import create_tiny
 
     model = create_tiny(tmp_path / "tiny", seed=0, max_recall_tokens=8)
-    run_plan(plan_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), tmp_path / "data", model, workers=1, progress=False)
     data, ckpt, rollouts = tmp_path / "data" / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
     lora = ("actor_rollout_ref.model.lora_rank=8", "actor_rollout_ref.model.lora_alpha=16")
     result = _run(grpo_command(model, data, ckpt, rollouts, *lora, rollout="vllm", steps=2), tmp_path)

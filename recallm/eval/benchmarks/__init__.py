@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from recallm.config import MAX_SEED
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, BenchmarkSettings, Followup
 from recallm.eval.benchmarks.helmet import Helmet, HelmetJsonKV
@@ -41,8 +42,8 @@ class SuiteSettings:
     ``recallm.config.typed``). The suite-wide defaults are ``BenchmarkSettings``'."""
 
     name: str | None = None
-    seed: int = BenchmarkSettings.seed
-    tolerance: float = BenchmarkSettings.tolerance
+    seed: int = field(default=BenchmarkSettings.seed, metadata={"min": 0, "max": MAX_SEED})
+    tolerance: float = field(default=BenchmarkSettings.tolerance, metadata={"min": 0, "max": 0.5})
     """prompts are fitted to length +- this fraction"""
     answer_region: str = BenchmarkSettings.answer_region
     system_prompt: str | None = None

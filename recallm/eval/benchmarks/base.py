@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 from data_gen.base import Draft, Row, Task
 from data_gen.fit import PromptRenderer
+from recallm.config import MAX_COUNT
 from recallm.errors import RecallmError
 from recallm.eval.scoring import ANSWER_REGIONS
 from recallm.eval.types import Example, Generation, GenerationSettings, Score, Spec, parse_length
@@ -34,7 +35,7 @@ class BenchmarkOptions:
     enabled: bool = True
     lengths: Any = None
     """target prompt lengths in tokens: integers or ``4K``-style strings (one or a list)"""
-    per_cell: int | None = field(default=None, metadata={"min": 1})
+    per_cell: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """examples per task and length"""
     generation: dict[str, Any] | None = None
     """keys that override the suite's generation settings, e.g. ``max_new_tokens``"""

@@ -46,6 +46,7 @@ from typing import Any
 from data_gen.base import Draft, Piece, check_choice
 from data_gen.fit import PromptRenderer, build_row
 from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
+from recallm.config import MAX_COUNT, MAX_TOKENS
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask, Followup
 from recallm.eval.scoring import close_open_span, final_answer, find_key, injection_prefix, math_solved, value_follows
@@ -100,14 +101,14 @@ class LostInThoughtOptions(BenchmarkOptions):
     key_type: str = "signed"
     """``signed`` (keys +-1..10^d-1, as the paper's Figure 5a), ``int`` (positive d-digit keys) or ``toy``"""
     value_type: str = "alnum"
-    key_digits: int = 4
+    key_digits: int = field(default=4, metadata={"min": 1, "max": 18})
     line_label: str = "Key "
     """before each key of the line layout (``Key -3328: LdO2I44vGR``, Figure 5a)"""
-    near_keys: int = 6
+    near_keys: int = field(default=6, metadata={"min": 0, "max": MAX_COUNT})
     injection: bool = True
     injection_template: str = "\nLooking up key {key} in the dictionary: {prefix}"
-    injection_max_new_tokens: int = field(default=32, metadata={"min": 1})
-    injection_examples: int = field(default=200, metadata={"min": 1})
+    injection_max_new_tokens: int = field(default=32, metadata={"min": 1, "max": MAX_TOKENS})
+    injection_examples: int = field(default=200, metadata={"min": 1, "max": MAX_COUNT})
 
 
 class LostInThought(Benchmark):

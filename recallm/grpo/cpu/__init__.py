@@ -24,7 +24,7 @@ verl process (driver, TaskRunner, Ray workers) import ``recallm.grpo.cpu.plugin`
 Rollout settings: ``+actor_rollout_ref.rollout.engine_kwargs.hf_cpu.<key>=<value>`` with the
 keys of :class:`~recallm.grpo.cpu.hf_generate.HFCPUSettings` (``force_every``, ``force_length``,
 ``dtype``, ``attn_implementation``, ``threads``, ``max_batch_size``, ``batch_wait_ms``, ``seed``,
-``seed_per_request``). The
+``seed_per_request``, ``span_draft_tokens``). The
 recall constraint is not one of them: the rollout follows the model config's ``recall_constrained``,
 which the launcher derives from ``recallm.recall_constrained`` (as the actor's masked log-probs do).
 

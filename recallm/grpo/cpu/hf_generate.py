@@ -23,14 +23,16 @@ import dataclasses
 import hashlib
 import os
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from recallm.config import MAX_BATCH, MAX_SECONDS, MAX_SEED, MAX_TOKENS, MAX_WORKERS
 from recallm.errors import RecallmError
 from recallm.generation import GenRequest, GenResult, generate
+from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
 
 __all__ = ["HFCPUSettings", "HFGenerator", "request_seeds"]
 
@@ -58,31 +60,44 @@ class HFCPUSettings:
         max_batch_size: most requests generated together in one ``generate`` call.
         batch_wait_ms: how long the server waits for more requests to arrive before it
             starts a batch (requests that arrive together are generated together).
-        seed: sampling seed of the server (``None``: the rollout config's ``seed`` + replica rank).
-        seed_per_request: every request draws from a seed of its own, made from the server's seed,
-            the training step, its prompt and how many requests with that prompt came before it in
-            the step (:func:`request_seeds`), and is generated alone: a response no longer depends
-            on which requests arrived with it, so two runs of the same job (one of them stopped and
-            resumed) sample the same responses. Generating one request at a time is slower: a test
-            and reproducibility aid.
+        seed: the run's sampling seed on the server (``None``: the rollout config's ``seed``); requests
+            without a seed of their own draw from torch's generator seeded with it + the replica's rank.
+        seed_per_request: every request draws from a random stream of its own, seeded with a hash of the
+            run's seed, the training step, its prompt, its index in the step's batch (verl's
+            ``priority``; a caller that gives none, such as the RLM's loop: the replica's rank) and how
+            many requests with that prompt and index came before it in the step (:func:`request_seeds`):
+            a response is the same whichever requests are batched with it, in
+            whatever order, so two runs of the same job (one of them stopped and resumed) sample the same
+            responses. Batched as any request (``recallm.generation``: one stream per row). ``false``:
+            every request draws from the server's one stream (what it draws depends on the batches).
+        span_draft_tokens: most tokens drafted and verified in one forward pass inside a recall span
+            (speculative in-span decoding, ``recallm.decoding``; the same tokens as plain decoding);
+            0 decodes one token per forward pass.
     """
 
-    force_every: int | None = None
-    force_length: int = 6
+    force_every: int | None = field(default=None, metadata={"max": MAX_TOKENS})
+    force_length: int = field(default=6, metadata={"max": MAX_TOKENS})
     dtype: str = "float32"
     attn_implementation: str = "sdpa"
-    threads: int | None = None
-    max_batch_size: int = 64
-    batch_wait_ms: float = 20.0
-    seed: int | None = None
-    seed_per_request: bool = False
+    threads: int | None = field(default=None, metadata={"max": MAX_WORKERS})
+    max_batch_size: int = field(default=64, metadata={"max": MAX_BATCH})
+    batch_wait_ms: float = field(default=20.0, metadata={"max": MAX_SECONDS * 1000})
+    seed: int | None = field(default=None, metadata={"min": 0, "max": MAX_SEED})
+    seed_per_request: bool = True
+    span_draft_tokens: int = field(default=DEFAULT_SPAN_DRAFT_TOKENS, metadata={"min": 0, "max": MAX_TOKENS})
 
     def __post_init__(self) -> None:
         if self.dtype not in _DTYPES:
             raise RecallmError(f"dtype must be one of {', '.join(_DTYPES)}, got {self.dtype!r}")
         if self.attn_implementation not in ("sdpa", "eager"):
             raise RecallmError(f"attn_implementation must be sdpa or eager, got {self.attn_implementation!r}")
-        for name, low in (("force_every", 1), ("force_length", 1), ("threads", 1), ("max_batch_size", 1)):
+        for name, low in (
+            ("force_every", 1),
+            ("force_length", 1),
+            ("threads", 1),
+            ("max_batch_size", 1),
+            ("span_draft_tokens", 0),
+        ):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < low):
                 raise RecallmError(f"{name} must be an integer >= {low}, got {value!r}")
@@ -192,7 +207,8 @@ class HFGenerator:
 
     def generate(self, requests: Sequence[GenRequest]) -> list[GenResult]:
         """Generate every request (``recallm.generation.generate`` with log-probs); results in
-        request order. Sampling draws from the process's torch RNG (the server seeds it once)."""
+        request order. A request with a ``seed`` samples from a stream of its own; one without draws
+        from the process's torch RNG (the server seeds it once)."""
         force = self.settings
         return generate(
             self.model,
@@ -202,6 +218,7 @@ class HFGenerator:
             force=(force.force_every, force.force_length) if force.force_every is not None else None,
             log_probs=True,
             batch_size=self.settings.max_batch_size,
+            span_draft_tokens=self.settings.span_draft_tokens,
         )
 
     # --- weights -------------------------------------------------------------------------------
@@ -247,19 +264,26 @@ class HFGenerator:
 
 
 def request_seeds(
-    requests: Sequence[GenRequest], base: int, step: int | None, seen: dict[tuple[int, ...], int]
+    requests: Sequence[GenRequest],
+    base: int,
+    step: int | None,
+    seen: dict[tuple, int],
+    samples: Sequence[int | str] | None = None,
 ) -> list[GenRequest]:
     """``requests`` with a seed each (``HFCPUSettings.seed_per_request``): a hash of ``base``, the
-    training ``step``, the prompt and the prompt's count in ``seen`` (updated: the caller keeps one per
-    step). The requests of one prompt in a step are interchangeable (a GRPO group), so which of them
+    training ``step``, the prompt, the request's ``samples`` entry (verl's ``priority``: the response's
+    index in the step's batch; 0 when not given) and how many requests with that prompt and sample
+    came before it in ``seen`` (updated: the caller keeps one per step). Requests that share a prompt
+    and a sample (a GRPO group whose caller passes no index) are interchangeable, so which of them
     arrives first does not matter."""
     seeded = []
-    for request in requests:
-        k = seen.get(request.prompt_ids, 0)
-        seen[request.prompt_ids] = k + 1
-        key = repr((base, step, request.prompt_ids, k)).encode()
-        seed = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "big") & (2**63 - 1)
-        seeded.append(dataclasses.replace(request, seed=seed))
+    for i, request in enumerate(requests):
+        sample = samples[i] if samples is not None else 0
+        key = (request.prompt_ids, sample)
+        k = seen.get(key, 0)
+        seen[key] = k + 1
+        digest = hashlib.blake2b(repr((base, step, request.prompt_ids, sample, k)).encode(), digest_size=8).digest()
+        seeded.append(dataclasses.replace(request, seed=int.from_bytes(digest, "big") & (2**63 - 1)))
     return seeded
 
 

@@ -96,7 +96,7 @@ _PG_MODULES = ("verl.workers.engine_workers", "verl.checkpoint_engine.base")
 def wrap_process_group_init(distributed: ModuleType, marker: str, wrap: Callable[[Callable], Callable]) -> None:
     """Replace ``verl.utils.distributed.initialize_global_process_group_ray`` with ``wrap(original)``, there and
     in the modules that imported it by name (``_PG_MODULES``); once per ``marker`` (an attribute set on the
-    wrapper), so that wrappers stack (this CPU patch, ``recallm.grpo.runtime``'s collective timeout)."""
+    wrapper), so that wrappers stack (this CPU patch, ``recallm.grpo.worker_hooks``'s collective timeout)."""
     original = distributed.initialize_global_process_group_ray
     if getattr(original, marker, False):
         return

@@ -68,10 +68,10 @@ class HFCPUServer:
         self.node_rank = node_rank
         self.settings = _settings(self.config)
         torch.set_num_threads(self.settings.threads or default_threads())
-        seed = self.settings.seed if self.settings.seed is not None else int(self.config.seed) + replica_rank
-        torch.manual_seed(seed)
-        self._seed = seed
-        self._seen: dict[tuple[int, ...], int] = {}  # prompts this step (seed_per_request)
+        seed = self.settings.seed if self.settings.seed is not None else int(self.config.seed)
+        torch.manual_seed(seed + replica_rank)  # the stream of requests without a seed of their own
+        self._seed = seed  # the base of the per-request seeds: the same on every replica
+        self._seen: dict[tuple, int] = {}  # requests this step by prompt and sample (seed_per_request)
 
         hf_config = copy.deepcopy(self.model_config.hf_config)  # override_config applied (as for the actor)
         max_model_len = self.config.max_model_len or getattr(hf_config, "max_position_embeddings", None)
@@ -109,7 +109,7 @@ class HFCPUServer:
         video_data: Any = None,
         audio_data: Any = None,
         mm_processor_kwargs: Any = None,
-        priority: int = 0,
+        priority: int | None = None,
         **kwargs: Any,
     ) -> TokenOutput:
         """Token-in/token-out generation of one response (batched with concurrent requests)."""
@@ -120,6 +120,11 @@ class HFCPUServer:
         request = self.generator.make_request(
             prompt_ids, params, default_max_tokens=self._default_max_tokens(len(prompt_ids))
         )
+        if self.settings.seed_per_request:  # its own random stream: the same tokens in any batch, at any time
+            # verl's priority is the response's index in the step's batch, whichever replica serves it; a
+            # caller without one (the RLM's loop) counts its requests per replica, so the replica tells them apart
+            sample = priority if priority is not None else f"replica {self.replica_rank}"
+            request = request_seeds([request], self._seed, self.global_steps, self._seen, samples=[sample])[0]
         future = asyncio.get_running_loop().create_future()
         self._pending.append((request, future))
         if self._batcher is None or self._batcher.done():
@@ -144,7 +149,7 @@ class HFCPUServer:
                     break
             batch, self._pending = self._pending[:limit], self._pending[limit:]
             try:
-                results = await loop.run_in_executor(self._executor, self._generate, [r for r, _ in batch])
+                results = await loop.run_in_executor(self._executor, self.generator.generate, [r for r, _ in batch])
             except Exception as exc:  # the requests fail, the server stays up
                 log.exception("hf_cpu generation failed for a batch of %d requests", len(batch))
                 for _, future in batch:
@@ -154,12 +159,6 @@ class HFCPUServer:
             for (_, future), result in zip(batch, results, strict=True):
                 if not future.done():
                     future.set_result(result)
-
-    def _generate(self, requests):
-        if not self.settings.seed_per_request:
-            return self.generator.generate(requests)
-        seeded = request_seeds(requests, self._seed, self.global_steps, self._seen)
-        return [self.generator.generate([request])[0] for request in seeded]  # alone: no batch-mates
 
     # --- weights (called by HFCPUServerAdapter) ---------------------------------------------------
 

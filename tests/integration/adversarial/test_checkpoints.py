@@ -63,11 +63,11 @@ def _cfg(out: Path, data: Path, model: Path, *overrides: str) -> dict:
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory, tiny_dir):
     """One stage=full run of 4 steps (checkpoint-2, checkpoint-4, final), with the rename spy on."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.sft.train import run_sft
 
     root = tmp_path_factory.mktemp("ckpt")
-    run_plan(plan_from_config(MIX), root / "data", tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), root / "data", tiny_dir, workers=1, progress=False)
     mp = pytest.MonkeyPatch()
     spy = RenameSpy().install(mp)
     try:

@@ -5,14 +5,29 @@ checks find several problems: one line each, then ``error: N problems; nothing w
 code 2, and nothing written: the working directory holds the same files, of the same sizes and
 times, afterwards (no output directory, no Hydra log directory, no lock file, no tiny model).
 
+Issue 38 adds four classes: **special files** (a FIFO, private character devices made with ``mknod`` in the
+test's directory, never the machine's ``/dev``, a socket) as inputs and outputs; **LoRA adapters** damaged in
+every way ``recallm.modeling.adapter_problem`` names, given to every command that takes a model; **ranges**
+(LoRA ranks, rows, tokens, seeds, verl's keys, ``recallm-plan``'s flags and keys: the plan's cases are
+expected to fail until the plan's ranges land, ``xfail(strict=True)``); and the generic cases every command
+gets by default (from ``pyproject.toml``'s scripts: a command without a case fails
+``test_every_command_is_fuzzed``; every Hydra command gets a run directory under a file and under
+``/proc``; every numeric key of a command's own schema a value far out of range). Concurrency (two writers
+of one output) is ``test_concurrency.py``'s.
+
 The commands run in this process (their entry points, as the console scripts call them), so the
-whole matrix (about 140 cases) takes a few minutes on 2 cores; ``test_runs.py`` runs one command through a real process."""
+whole matrix (a few hundred cases) takes several minutes on 2 cores; ``test_runs.py`` runs one command through a
+real process."""
 
 from __future__ import annotations
 
 import importlib
 import json
+import os
+import re
 import shutil
+import socket
+import stat
 import sys
 from pathlib import Path
 
@@ -85,7 +100,42 @@ def place(tmp_path_factory, tiny_dir) -> Path:
         (root / name / "pipeline.json").write_bytes(state)
     (root / "lockdir").mkdir()
     (root / "lockdir" / ".recallm.lock").mkdir()
+    # special files (issue 38): a FIFO nobody writes, private character devices (null, zero), a socket
+    os.mkfifo(root / "fifo.jsonl")
+    for name, minor in (("null.jsonl", 3), ("zero.jsonl", 5)):
+        try:
+            os.mknod(root / name, 0o666 | stat.S_IFCHR, os.makedev(1, minor))
+        except PermissionError:  # (not root: those cases are skipped)
+            pass
+    _SOCKETS.append(socket.socket(socket.AF_UNIX))
+    _SOCKETS[-1].bind(str(root / "sock.jsonl"))
+    # a score input holding a 5,000-digit integer; a metrics log whose step has 5,000 digits
+    big = "9" * 5000
+    (root / "bigint.jsonl").write_text(f'{{"response": "Answer: x", "ground_truth": {{"category": "icl"}}, "n_tokens": {big}}}\n')
+    (root / "bigstep.jsonl").write_text(f'{{"step": {big}, "data": {{}}}}\n{{"step": 2, "data": {{}}}}\n')
+    # LoRA adapters of the ok model, damaged every way the checks name (tests.assets.damaged_adapters)
+    from tests.assets import damaged_adapters, save_adapter
+
+    damaged_adapters(save_adapter(tiny_dir, root / "adapters" / "sound"), root)
+    # GRPO checkpoints for recallm-export: damaged shards without a manifest, a binary tracker, a config not UTF-8
+    for name in ("ck_shards", "ck_config"):
+        actor = root / name / "global_step_1" / "actor"
+        (actor / "huggingface").mkdir(parents=True)
+        for file in ("config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+            shutil.copy(tiny_dir / file, actor / "huggingface" / file)
+        (actor / "fsdp_config.json").write_text('{"world_size": 1}')
+        (actor / "model_world_size_1_rank_0.pt").write_bytes(b"PK\x03\x04" + b"\x00" * 200)
+        (root / name / "latest_checkpointed_iteration.txt").write_text("1")
+    (root / "ck_config" / "global_step_1" / "actor" / "huggingface" / "config.json").write_bytes(b'{"dtype": "\xff"}')
+    (root / "ck_tracker").mkdir()
+    (root / "ck_tracker" / "latest_checkpointed_iteration.txt").write_bytes(b"\x00\xff\xfe")
+    (root / "ck_trackerdir" / "latest_checkpointed_iteration.txt").mkdir(parents=True)
+    (root / "adir_full").mkdir()
+    (root / "adir_full" / "theirs.txt").write_text("another run's\n")
     return root
+
+
+_SOCKETS: list[socket.socket] = []  # (bound by the fixture; a socket file needs its socket while it is probed)
 
 
 def _run(monkeypatch, capsys, module: str, args: list[str]) -> tuple[object, list[str]]:
@@ -111,11 +161,20 @@ EXPORT = "recallm.cli.export"
 ANNOTATE = "recallm.cli.annotate"
 GRPO = "recallm.cli.grpo"
 SERVE = "recallm.cli.serve"
-DEMO = "recallm.cli.demo"
+DEMO = "recallm.cli.decoding_demo"
 
+PLAN = "recallm.cli.plan"
+DOCTOR = "recallm.cli.doctor"
+
+SPECIAL = ["fifo.jsonl", "null.jsonl", "zero.jsonl", "sock.jsonl"]  # (special files: issue 38)
 FILES = ["missing.jsonl", "empty.jsonl", "binary.jsonl", "notutf8.jsonl", "truncated.jsonl", "list.jsonl",
-         "types.jsonl", "deep.jsonl", "adir", "wrongcols.parquet", "données ü 中/missing.jsonl"]  # fmt: skip
-SFT_FILES = {"missing.jsonl", "empty.jsonl", "binary.jsonl", "truncated.jsonl", "types.jsonl", "adir"}
+         "types.jsonl", "deep.jsonl", "adir", "wrongcols.parquet", "données ü 中/missing.jsonl", *SPECIAL]  # fmt: skip
+SFT_FILES = {"missing.jsonl", "empty.jsonl", "binary.jsonl", "truncated.jsonl", "types.jsonl", "adir", "fifo.jsonl"}
+#: damaged LoRA adapters (tests.assets.DAMAGED_ADAPTERS), given wherever a model is taken
+ADAPTERS = ["a_nan", "a_trunc", "a_empty", "a_noweights", "a_shape", "a_rank", "a_basenum", "a_list", "a_notargets",
+            "a_alpha0", "a_binconfig", "a_deepconfig", "f_flip/adapter"]  # fmt: skip
+#: what a case's last error line must say, where the case is about one message (its id -> a regular expression)
+SAYS: dict[str, str] = {}
 MODELS = ["m_trunc", "m_empty", "m_nan", "m_noconfig", "missing_model", "afile", "données ü 中"]
 
 CASES: list[tuple[str, str, list[str]]] = []
@@ -130,6 +189,14 @@ for m in MODELS:
     CASES.append((f"sft-model-{m}", SFT, ["train_file=ok.jsonl", "val_file=null", "out_dir=out", f"model.path={m}"]))
     CASES.append((f"eval-model-{m}", EVAL, [f"model_path={m}", "out_dir=out", "eval=toy", "limit=1"]))
     CASES.append((f"serve-{m}", SERVE, [m, "--print-command"]))
+for a in ADAPTERS:  # a damaged LoRA adapter wherever a model is taken (issue 38)
+    CASES.append((f"create-check-{a}", CREATE, ["--check", a]))
+    CASES.append((f"serve-{a}", SERVE, [a, "--print-command"]))
+    CASES.append((f"eval-model-{a}", EVAL, [f"model_path={a}", "out_dir=out", "eval=toy", "limit=1",
+                                            "eval.benchmarks.in_domain.enabled=false"]))
+    CASES.append((f"export-{a}", EXPORT, ["--checkpoint", a, "--out", "out/m"]))
+    for command in ("create-check", "serve", "eval-model", "export"):
+        SAYS[f"{command}-{a}"] = "LoRA adapter|adapter_config.json"
 for n in NUMBERS:
     CASES.append((f"create-yarn-{n}", CREATE, ["--tiny", "--out", "out/m", f"--yarn-factor={n}"]))
     CASES.append((f"create-maxrecall-{n}", CREATE, ["--tiny", "--out", "out/m", f"--max-recall-tokens={n}"]))
@@ -150,8 +217,8 @@ CASES += [
     ("data-out-unicode-file", DATA, ["data=tiny", "out_dir=données ü 中/rows.jsonl"]),
     ("rlm-show-traj-bin", RLM, ["show", "traj_bin.jsonl", "out_file=out/x.html"]),
     ("rlm-show-traj-types", RLM, ["show", "traj_types.jsonl"]),
-    ("rlm-export-traj-types", RLM, ["export", "export.trajectories=trajs", "export.tokenizer_path=m_ok", "export.out_file=out/x.jsonl"]),
-    ("rlm-export-traj-bin", RLM, ["export", "export.trajectories=traj_bin.jsonl", "export.tokenizer_path=m_ok", "export.out_file=out/x.jsonl"]),
+    ("rlm-to-sft-traj-types", RLM, ["to-sft", "sft_data.trajectories=trajs", "sft_data.tokenizer_path=m_ok", "sft_data.out_file=out/x.jsonl"]),
+    ("rlm-to-sft-traj-bin", RLM, ["to-sft", "sft_data.trajectories=traj_bin.jsonl", "sft_data.tokenizer_path=m_ok", "sft_data.out_file=out/x.jsonl"]),
     ("eval-report-list", EVAL, ["mode=report", "runs=[ev_list]", "report_dir=out"]),
     ("eval-report-bin", EVAL, ["mode=report", "runs=[ev_bin]", "report_dir=out"]),
     ("eval-report-types", EVAL, ["mode=report", "runs=[ev_types]", "report_dir=out"]),
@@ -173,7 +240,167 @@ CASES += [
     ("grpo-model-trunc", GRPO, ["actor_rollout_ref.model.path=m_trunc", "--print-config"]),
     ("grpo-model-nan", GRPO, ["actor_rollout_ref.model.path=m_nan", "--print-config"]),
     ("demo-out-file", DEMO, ["out_dir=afile"]),
+    # special outputs (issue 38): never renamed over, nothing beside them (/dev/null itself is a sink that is
+    # written: test_the_null_device_is_written_in_place below)
+    ("score-output-chardev", SCORE, ["input=ok_rollouts.jsonl", "output=zero.jsonl"]),
+    ("score-output-fifo-no-reader", SCORE, ["input=ok_rollouts.jsonl", "output=fifo.jsonl"]),
+    ("score-output-socket", SCORE, ["input=ok_rollouts.jsonl", "output=sock.jsonl"]),
+    ("data-out-fifo", DATA, ["data=tiny", "out_dir=fifo.jsonl"]),
+    ("grpo-data-fifo", GRPO, ["data.train_files=fifo.jsonl", "actor_rollout_ref.model.path=m_ok", "--print-config"]),
+    # numbers whose cost is memory or time, bounded by the schema, the model and the machine (issue 38)
+    ("sft-lora-rank-huge", SFT, ["train_file=ok.jsonl", "val_file=null", "out_dir=out", "model.path=m_ok", "stage=full",
+                                 "init_from=m_ok", "sft.lora.rank=100000000"]),
+    ("sft-lora-rank-width", SFT, ["train_file=ok.jsonl", "val_file=null", "out_dir=out", "model.path=m_ok", "stage=full",
+                                  "init_from=m_ok", "sft.lora.rank=129"]),
+    ("sft-lora-alpha-0", SFT, ["train_file=ok.jsonl", "val_file=null", "out_dir=out", "model.path=m_ok", "stage=full",
+                               "init_from=m_ok", "sft.lora.rank=4", "sft.lora.alpha=0"]),
+    ("data-val-per-cell-huge", DATA, ["data=tiny", "out_dir=out", "data.val.per_cell=1000000000"]),
+    ("data-rows-beyond-disk", DATA, ["data=tiny", "out_dir=out", "data.val.per_cell=9000000",
+                                     "data.val.lengths=[131072,131072,131072,131072,131072,131072,131072,131072]"]),
+    ("eval-max-new-tokens-huge", EVAL, ["model_path=m_ok", "out_dir=out", "eval=toy", "limit=1",
+                                        "eval.generation.max_new_tokens=1000000000000"]),
+    ("eval-max-new-tokens-positions", EVAL, ["model_path=m_ok", "out_dir=out", "eval=toy", "limit=1",
+                                             "eval.generation.max_new_tokens=40000",
+                                             "eval.benchmarks.in_domain.enabled=false"]),
+    ("create-seed-huge", CREATE, ["--tiny", "--out", "out/m", "--seed", "9" * 40]),
+    ("create-seed-negative", CREATE, ["--tiny", "--out", "out/m", "--seed=-1"]),
+    ("serve-max-n-0", SERVE, ["m_ok", "--print-command", "--max-n", "0"]),
+    ("serve-max-n-huge", SERVE, ["m_ok", "--print-command", "--max-n", "10000"]),
+    # verl's keys a GRPO launch ranges (recallm.grpo.ranges), trainer.resume_mode, the run directory
+    ("grpo-lora-rank-negative", GRPO, ["actor_rollout_ref.model.path=m_ok", "actor_rollout_ref.model.lora_rank=-1",
+                                       "--print-config"]),
+    ("grpo-lora-rank-width", GRPO, ["actor_rollout_ref.model.path=m_ok", "actor_rollout_ref.model.lora_rank=100000000",
+                                    "--print-config"]),
+    ("grpo-save-freq", GRPO, ["actor_rollout_ref.model.path=m_ok", "trainer.save_freq=-5", "--print-config"]),
+    ("grpo-total-steps", GRPO, ["actor_rollout_ref.model.path=m_ok", "trainer.total_training_steps=-1", "--print-config"]),
+    ("grpo-resume-mode", GRPO, ["actor_rollout_ref.model.path=m_ok", "trainer.resume_mode=bogus", "--print-config"]),
+    ("grpo-rollout-n-0", GRPO, ["actor_rollout_ref.model.path=m_ok", "actor_rollout_ref.rollout.n=0", "--print-config"]),
+    ("grpo-nnodes-0", GRPO, ["actor_rollout_ref.model.path=m_ok", "trainer.nnodes=0", "--print-config"]),
+    ("grpo-gpu-mem-util", GRPO, ["actor_rollout_ref.model.path=m_ok",
+                                 "actor_rollout_ref.rollout.gpu_memory_utilization=5", "--print-config"]),
+    ("grpo-tracker-dir", GRPO, ["actor_rollout_ref.model.path=m_ok", "trainer.default_local_dir=ck_trackerdir",
+                                "--print-config"]),
+    # damaged inputs that were tracebacks (issue 38)
+    ("score-input-5000-digits", SCORE, ["input=bigint.jsonl", "output=out/s.jsonl"]),
+    ("grpo-plot-5000-digits", GRPO, ["plot", "bigstep.jsonl", "--out", "out"]),
+    ("grpo-plot-out-file", GRPO, ["plot", "ok.jsonl", "--out", "afile"]),
+    ("export-damaged-shards", EXPORT, ["--checkpoint", "ck_shards", "--out", "out/m"]),
+    ("export-config-not-utf8", EXPORT, ["--checkpoint", "ck_config", "--out", "out/m"]),
+    ("export-binary-tracker", EXPORT, ["--checkpoint", "ck_tracker", "--out", "out/m"]),
+    ("export-out-not-empty", EXPORT, ["--checkpoint", "ck_shards", "--out", "adir_full"]),
+    # the newcomer's own-model LoRA line (issue 38): sft.lora.* without +, out_dir= taken
+    ("sft-own-lora-out-dir", SFT, ["sft=own_cpu", "model.path=m_ok", "stage=full", "out_dir=out", "sft.lora.rank=8",
+                                   "train_file=missing.jsonl", "val_file=null"]),
 ]
+SAYS.update({
+    "score-output-chardev": "output zero.jsonl is a character device, not a regular file: nothing is written to it",
+    "score-output-fifo-no-reader": "output fifo.jsonl is a FIFO that no process reads",
+    "score-output-socket": "output sock.jsonl is a socket, not a regular file",
+    "score-input-fifo.jsonl": r"input fifo.jsonl is a FIFO \(named pipe\), not a regular file: reading it could block",
+    "score-input-zero.jsonl": r"input zero.jsonl is a character device, not a regular file",
+    "data-out-fifo": r"out_dir fifo.jsonl is a FIFO \(named pipe\), not a directory",
+    "sft-lora-rank-huge": r"sft.lora.rank must be <= 65536, got 100000000",
+    "sft-lora-rank-width": r"sft.lora.rank=129 is above the model's width \(hidden_size 128\).*use 1 to 128",
+    "sft-lora-alpha-0": r"sft.lora.alpha must be > 0",
+    "data-val-per-cell-huge": r"data.val.per_cell must be <= 10000000, got 1000000000",
+    "data-rows-beyond-disk": r"the mixture makes [\d,]+ rows, at least [\d,.]+ GiB, and .* GiB free",
+    "eval-max-new-tokens-huge": r"max_new_tokens must be <= 4194304, got 1000000000000",
+    "eval-max-new-tokens-positions": r"max_new_tokens=40000 is more than the model's 32768 positions",
+    "create-seed-huge": r"--seed must be in \[0, 9223372036854775807\]",
+    "create-seed-negative": r"--seed must be in \[0, 9223372036854775807\]",
+    "serve-max-n-0": r"--max-n must be in 1..1024, got 0",
+    "serve-max-n-huge": r"--max-n must be in 1..1024, got 10000",
+    "grpo-lora-rank-negative": r"actor_rollout_ref.model.lora_rank=-1 is out of range: use >= 0",
+    "grpo-lora-rank-width": r"lora_rank=100000000 is above the model's width",
+    "grpo-save-freq": r"trainer.save_freq=-5 is out of range: use >= 1 or -1 \(never\)",
+    "grpo-total-steps": r"trainer.total_training_steps=-1 is out of range: use >= 1 or null",
+    "grpo-resume-mode": r"trainer.resume_mode=bogus is not one of auto, disable, resume_path",
+    "grpo-rollout-n-0": r"actor_rollout_ref.rollout.n=0 is out of range",
+    "grpo-nnodes-0": r"trainer.nnodes=0 is out of range",
+    "grpo-gpu-mem-util": r"gpu_memory_utilization=5 is out of range: use \(0, 1\]",
+    "grpo-tracker-dir": r"latest_checkpointed_iteration.txt is not a file",
+    "score-input-5000-digits": r"bigint.jsonl:1: not readable JSON \(Exceeds the limit \(4300 digits\)",
+    "grpo-plot-5000-digits": r"bigstep.jsonl:1: not a readable JSON metrics record",
+    "grpo-plot-out-file": r"--out afile is a file, not a directory",
+    "export-damaged-shards": r"cannot read the checkpoint shards in .*ck_shards/global_step_1/actor",
+    "export-config-not-utf8": r"cannot read .*ck_config/global_step_1/actor/huggingface/config.json",
+    "export-binary-tracker": r"latest_checkpointed_iteration.txt does not name a step",
+    "export-out-not-empty": r"--out adir_full is not empty",
+    "sft-own-lora-out-dir": r"train_file missing.jsonl does not exist",
+})
+
+# Every command, by default (issue 38): the console scripts of pyproject.toml. A Hydra command gets, from a line its
+# own checks pass, a run directory under a file and one under /proc (Hydra's mkdir was a traceback), and a value
+# far out of range for each numeric key of its own schema (the keys of configs/<command>.yaml, read by the
+# command's check: a new key is probed without a line here); an argparse command an unknown flag.
+HYDRA_VALID = {
+    SCORE: ["input=ok_rollouts.jsonl", "output=out/s.jsonl"],
+    DATA: ["data=tiny", "out_dir=out"],
+    SFT: ["train_file=ok.jsonl", "val_file=null", "out_dir=out", "model.path=m_ok"],
+    EVAL: ["model_path=m_ok", "out_dir=out", "eval=toy", "limit=1", "eval.benchmarks.in_domain.enabled=false"],
+    PIPE: ["experiment=tiny_cpu", "run_dir=out"],
+    RLM: ["out_dir=out"],
+    DEMO: ["out_dir=out"],
+    ANNOTATE: ["input=wrongcols.parquet", "tokenizer=m_ok", "output_dir=out", "teacher.traces=ok.jsonl",
+               "annotator.model=x"],
+}  # fmt: skip
+ARGPARSE = [CREATE, EXPORT, SERVE, DOCTOR, PLAN]
+for module, valid in HYDRA_VALID.items():
+    name = module.rsplit(".", 1)[1]
+    CASES.append((f"{name}-hydra-dir-under-file", module, [*valid, "hydra.run.dir=afile/run"]))
+    CASES.append((f"{name}-hydra-dir-in-proc", module, [*valid, "hydra.run.dir=/proc/recallm-fuzz/run"]))
+    SAYS[f"{name}-hydra-dir-under-file"] = r"hydra.run.dir afile/run: afile is a file|is a file, not a directory"
+    SAYS[f"{name}-hydra-dir-in-proc"] = r"hydra.run.dir=/proc/recallm-fuzz/run cannot be created"
+for module in ARGPARSE:
+    CASES.append((f"{module.rsplit('.', 1)[1]}-unknown-flag", module, ["--no-such-flag-x"]))
+
+#: a command's own keys (its configs/<name>.yaml schema: SFTRun, EvalRun, DataRun, PipelineRun, RLMRun), probed far
+#: out of range: +9e18 for an integer key, 1e300 for a float (one that takes it declares so in its metadata)
+OWN_SCHEMAS = {SFT: "recallm.sft.settings:SFTRun", EVAL: "recallm.eval.app:EvalRun", DATA: "data_gen.generate:DataRun",
+               PIPE: "recallm.pipeline:PipelineRun", RLM: "recallm.rlm.settings:RLMRun"}  # fmt: skip
+
+
+def _own_numeric_keys(spec: str) -> list[tuple[str, type]]:
+    import dataclasses
+    import typing
+
+    module, name = spec.split(":")
+    cls = getattr(importlib.import_module(module), name)
+    hints = typing.get_type_hints(cls)
+    keys = []
+    for f in dataclasses.fields(cls):
+        kind = {int: int, float: float, int | None: int, float | None: float}.get(hints[f.name])
+        probe = 9 * 10**18 if kind is int else 1e300
+        if kind is not None and f.metadata.get("max", 0) < probe and not f.name.startswith("_"):
+            keys.append((f.name, kind))
+    return keys
+
+
+for module, spec in OWN_SCHEMAS.items():
+    for key, kind in _own_numeric_keys(spec):
+        value = str(9 * 10**18) if kind is int else "1e300"
+        CASES.append((f"{module.rsplit('.', 1)[1]}-own-{key}-huge", module, [*HYDRA_VALID[module], f"{key}={value}"]))
+
+# recallm-plan (and --plan): its ranges are the plan split's second round (issue 38); the cases are kept here and
+# expected to fail until then
+_FITS = ["grpo", "grpo=qwen2.5_7b", "--gpus", "4", "--gpu-mem-gib", "80", "--host-ram-gib", "2048", "--disk-free-gb",
+         "100000", "--write-gbps", "5", "--no-measure"]  # (a cluster the paper's GRPO recipe fits)
+PLAN_CASES = [
+    ("plan-gpu-mem-inf", PLAN, [*_FITS, "--gpu-mem-gib", "inf"]),
+    ("plan-host-ram-inf", PLAN, [*_FITS, "--host-ram-gib", "inf"]),
+    ("plan-mean-tokens-0", PLAN, [*_FITS, "--mean-tokens", "0"]),
+    ("plan-metrics-binary", PLAN, [*_FITS, "--metrics", "m_ok/model.safetensors"]),
+    ("plan-fit-negative-batch", PLAN, [*_FITS, "--require-fit", "data.train_batch_size=-4"]),
+    ("plan-fit-negative-prompt", PLAN, [*_FITS, "--require-fit", "data.max_prompt_length=-20"]),
+    ("plan-fit-negative-time", PLAN, [*_FITS, "--require-fit", "--time-limit-hours", "-1"]),
+    ("plan-fit-negative-mean-tokens", PLAN, [*_FITS, "--require-fit", "--mean-tokens", "-5"]),
+    ("plan-rollout-n-0", PLAN, [*_FITS, "actor_rollout_ref.rollout.n=0"]),
+    ("plan-nnodes-0", PLAN, [*_FITS, "trainer.nnodes=0"]),
+    ("plan-gpu-mem-util-5", PLAN, [*_FITS, "actor_rollout_ref.rollout.gpu_memory_utilization=5"]),
+    ("plan-negative-rank", PLAN, [*_FITS, "actor_rollout_ref.model.lora_rank=-8"]),
+    ("plan-sft-negative-rank", PLAN, ["sft", "sft=qwen2.5_7b", "model=qwen2.5_7b", *_FITS[2:], "sft.lora.rank=-8"]),
+]  # fmt: skip
+_PLAN_XFAIL = pytest.mark.xfail(strict=True, reason="plan ranges: after the plan split")
 
 
 @pytest.fixture
@@ -195,10 +422,19 @@ def _alarm(signum, frame):
     raise _TooLong("a hostile case ran for more than 60 s: it was not refused")
 
 
-@pytest.mark.parametrize("module,args", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_hostile_input_is_one_line_exit_2_nothing_written(cwd, monkeypatch, capsys, module, args):
+_PARAMS = [pytest.param(case, module, args, id=case) for case, module, args in CASES] + [
+    pytest.param(case, module, args, id=case, marks=_PLAN_XFAIL) for case, module, args in PLAN_CASES
+]
+
+
+@pytest.mark.parametrize("case,module,args", _PARAMS)
+def test_hostile_input_is_one_line_exit_2_nothing_written(cwd, monkeypatch, capsys, case, module, args):
     import signal
     import subprocess
+
+    for node in ("null.jsonl", "zero.jsonl"):
+        if any(node in a for a in args) and not stat.S_ISCHR(os.stat(cwd / node).st_mode if (cwd / node).exists() else 0):
+            pytest.skip("a private character device needs mknod (root)")
 
     def no_process(*a, **k):
         raise _TooLong(f"a hostile case started a process: {a[0] if a else k}")
@@ -231,5 +467,69 @@ def test_hostile_input_is_one_line_exit_2_nothing_written(cwd, monkeypatch, caps
     assert errors and err[-1] == errors[-1], err[-5:]
     if module == GRPO and any(a.startswith("actor_rollout_ref.model.path=") for a in args):  # the damaged model itself
         model = next(a.split("=", 1)[1] for a in args if a.startswith("actor_rollout_ref.model.path="))
-        assert any(f"{model}: " in line for line in errors), errors
+        assert model not in MODELS or any(f"{model}: " in line for line in errors), errors
+    if case in SAYS:
+        assert any(re.search(SAYS[case], line) for line in errors), (SAYS[case], errors)
     assert after == before, sorted(set(after) ^ set(before))[:10]
+
+
+def test_every_command_is_fuzzed():
+    """Each console script of pyproject.toml has cases in the matrix (a new command needs them: the generic ones of
+    HYDRA_VALID or ARGPARSE at least)."""
+    import tomllib
+
+    scripts = tomllib.loads((Path(__file__).parents[3] / "pyproject.toml").read_text())["project"]["scripts"]
+    fuzzed = {module for _, module, _ in CASES}
+
+    def runs(entry: str) -> str:  # the module whose main the script runs (an old name's alias runs the new command's)
+        module, name = entry.split(":")
+        new = getattr(getattr(importlib.import_module(module), name), "renames", None)
+        return scripts[new].split(":")[0] if new else module
+
+    missing = sorted(name for name, entry in scripts.items() if runs(entry) not in fuzzed)
+    assert not missing, f"commands without hostile cases: {missing} (add them to HYDRA_VALID or ARGPARSE)"
+
+
+def test_the_null_device_is_written_in_place(cwd, monkeypatch, capsys):
+    """output=/dev/null (a private null device here): scored, the means printed, the device still a device and
+    nothing written beside it (no lock file, no manifest)."""
+    if not stat.S_ISCHR(os.stat(cwd / "null.jsonl").st_mode if (cwd / "null.jsonl").exists() else 0):
+        pytest.skip("a private character device needs mknod (root)")
+    row = {"response": "</think>\nAnswer: 12", "ground_truth": {"category": "short_math", "answers": ["12"]}}
+    (cwd / "out").mkdir()
+    (cwd / "out" / "math.jsonl").write_text(json.dumps(row) + "\n")
+    before = _tree(cwd)
+    code, err = _run(monkeypatch, capsys, SCORE, ["input=out/math.jsonl", "output=null.jsonl", "hydra.run.dir=out/run"])
+    after = _tree(cwd)
+    shutil.rmtree(cwd / "out", ignore_errors=True)
+    assert code in (0, None), err
+    assert stat.S_ISCHR(os.stat(cwd / "null.jsonl").st_mode)
+    assert {k: v for k, v in after.items() if not k.startswith("out")} == {
+        k: v for k, v in before.items() if not k.startswith("out")
+    }
+
+
+@_PLAN_XFAIL
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full", "train_file=ok.jsonl", "val_file=null"],
+        ["grpo", "--no-measure", "grpo=own_cpu", "actor_rollout_ref.model.path=m_ok", "data.max_prompt_length=256",
+         "data.max_response_length=128"],
+    ],
+    ids=["sft", "grpo"],
+)  # fmt: skip
+def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, monkeypatch, capsys, args):
+    """The newcomer's own-model recipes (issue 38): recallm-plan plans what the command runs, the CPU platform on
+    this machine's RAM (it stopped with a TypeError traceback, then planned four assumed 79 GiB GPUs and said a
+    135M model's host RAM "DOES NOT FIT")."""
+    monkeypatch.setattr(sys, "argv", [PLAN, *args])
+    code: object = 0
+    try:
+        code = importlib.import_module(PLAN).main()
+    except SystemExit as exc:
+        code = exc.code
+    said = capsys.readouterr()
+    out, err = said.out, said.err.splitlines()
+    assert code in (0, None) and "Traceback" not in said.err, err[-5:]
+    assert "assumed" not in out and "DOES NOT FIT" not in out and "cpu" in out.lower(), out

@@ -24,10 +24,10 @@ MIX = {
 
 @pytest.fixture(scope="module")
 def generated(tmp_path_factory, tiny_dir) -> Path:
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     out = tmp_path_factory.mktemp("data") / "out"
-    run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
     return out
 
 
@@ -39,9 +39,9 @@ def _flip(path: Path, at: int | None = None) -> None:
 
 
 def _rerun(out: Path, tiny_dir: Path) -> dict:
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
-    return run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    return run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
 
 
 @pytest.mark.parametrize("damage", ["flipped byte", "truncated"])
@@ -103,6 +103,6 @@ def test_workers_are_capped_by_shards_and_cpus(generated, tmp_path, tiny_dir, mo
     for shard in shards[:2]:
         shard.unlink()
     with caplog.at_level(logging.WARNING, logger="data_gen"):
-        generate.run_plan(generate.plan_from_config(MIX), out, tiny_dir, workers=100000, progress=False)
+        generate.run_schedule(generate.schedule_from_config(MIX), out, tiny_dir, workers=100000, progress=False)
     assert started == [2] and "workers=100000: using 2" in caplog.text
     assert generate.worker_count(100000, 1) == 1 and generate.worker_count(1, 50) == 1

@@ -204,12 +204,12 @@ def test_second_pipeline_in_one_run_dir_is_refused(tmp_path):
     ids=["not-utf8", "list", "jobs-list", "job-string", "seconds-string"],
 )
 def test_damaged_pipeline_state_is_one_line(tmp_path, content):
-    from recallm.pipeline import Job, Pipeline, Stage
+    from recallm.pipeline import Pipeline, Stage, StageJob
 
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "pipeline.json").write_bytes(content)
-    pipeline = Pipeline(run_dir, [Stage("data", [Job("data", ["true"], [run_dir / "data"])])])
+    pipeline = Pipeline(run_dir, [Stage("data", [StageJob("data", ["true"], [run_dir / "data"])])])
     with pytest.raises(RecallmError, match=r"pipeline\.json is (corrupt|not a pipeline state file)") as exc:
         pipeline.status()
     assert "\n" not in str(exc.value)

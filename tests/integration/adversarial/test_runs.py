@@ -35,11 +35,11 @@ def _files(root):
 def test_second_data_writer_is_refused(tmp_path, tiny_dir):
     """The issue's case: another run writes into the same out_dir (here: holds its lock); a second
     ``recallm-data`` with another plan exits 2 in one line and touches nothing there."""
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.io import lock_dir
 
     out = tmp_path / "data"
-    run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
     before = _files(out)
     with lock_dir(out, "recallm-data (test)"):
         proc = subprocess.run(
@@ -52,7 +52,7 @@ def test_second_data_writer_is_refused(tmp_path, tiny_dir):
         )
         # in this process, another thread is another writer too
         errors = []
-        worker = threading.Thread(target=lambda: _try(errors, run_plan, plan_from_config(MIX), out, tiny_dir))
+        worker = threading.Thread(target=lambda: _try(errors, run_schedule, schedule_from_config(MIX), out, tiny_dir))
         worker.start()
         worker.join()
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
@@ -63,7 +63,7 @@ def test_second_data_writer_is_refused(tmp_path, tiny_dir):
     assert len(errors) == 1 and isinstance(errors[0], RecallmError) and "in use" in str(errors[0])
     assert _files(out) == before
     # released: the next run goes ahead (and reuses every shard)
-    run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
     assert _files(out) == before
 
 
@@ -86,11 +86,11 @@ def test_lock_is_reentrant_in_one_thread_and_released_on_error(tmp_path):
 
 
 def test_data_outputs_are_fsynced_before_rename(tmp_path, tiny_dir, monkeypatch):
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     spy = RenameSpy().install(monkeypatch)
     out = tmp_path / "data"
-    run_plan(plan_from_config(MIX), out, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(MIX), out, tiny_dir, workers=1, progress=False)
     renamed = {str(p.relative_to(out)) for p in spy.renamed()}
     assert {"shards/manifest.json", "summary.json", "summary.md", "train.parquet", "sft/train.jsonl"} <= renamed
     assert any(name.startswith("shards/train-") for name in renamed)

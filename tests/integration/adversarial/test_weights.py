@@ -156,7 +156,7 @@ def _sft_cfg(tmp_path: Path, data: Path, init: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def sft_data(tmp_path_factory, tiny_dir) -> Path:
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
 
     root = tmp_path_factory.mktemp("sftdata")
     mix = {
@@ -167,7 +167,7 @@ def sft_data(tmp_path_factory, tiny_dir) -> Path:
         },
         "sft": {"count": 4, "val_fraction": 0.0},
     }
-    run_plan(plan_from_config(mix), root, tiny_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), root, tiny_dir, workers=1, progress=False)
     return root / "sft" / "train.jsonl"
 
 

@@ -186,3 +186,102 @@ def test_async_save_writes_no_manifest(trainer_cls, tmp_path, capsys):
     trainer._save_checkpoint()
     assert not (tmp_path / "global_step_1" / MANIFEST_FILE).exists()
     assert "without checksums" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------- issue 38: what a manifest vouches for
+@pytest.mark.parametrize("kept", [[], ["data.pt"]], ids=["empty", "partial"])
+def test_an_empty_or_partial_manifest_vouches_for_no_flipped_step(trainer_cls, tmp_path, kept):
+    """A manifest rewritten with fewer files (an empty list said "checksums verified") counts as none: the step
+    is incomplete, moved aside, and the newest step whose manifest lists all of it is resumed."""
+    import json
+
+    _saved(trainer_cls, tmp_path, 1, 2)
+    manifest = tmp_path / "global_step_2" / MANIFEST_FILE
+    files = json.loads(manifest.read_text())["files"]
+    manifest.write_text(json.dumps({"version": 1, "files": {k: v for k, v in files.items() if k in kept}}))
+    shard = tmp_path / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt"
+    shard.write_bytes(b"\xff" + shard.read_bytes()[1:])  # a flipped byte the manifest no longer lists
+    resume = prepare_resume(tmp_path)
+    assert (resume.step, resume.verified) == (1, True)
+    assert "global_step_2 is incomplete: no recallm_files.json listing every file" in resume.moved[0]
+    with pytest.raises(RecallmError, match="listing every file"):
+        check_step(tmp_path / "corrupt-global_step_2")  # (moved aside; a manifest of a partial list is none)
+
+
+def test_a_step_that_is_a_link_to_another_step_is_refused(trainer_cls, tmp_path):
+    _saved(trainer_cls, tmp_path, 1)
+    (tmp_path / "global_step_5").symlink_to(tmp_path / "global_step_1")
+    (tmp_path / TRACKER).write_text("5")
+    with pytest.raises(RecallmError, match="global_step_5 is not a directory of its run: it resolves to"):
+        check_step(tmp_path / "global_step_5")
+    resume = prepare_resume(tmp_path)
+    assert resume.step == 1 and "global_step_5 is not a directory of its run" in resume.moved[0]
+    assert (tmp_path / "global_step_1" / "actor").is_dir()  # the link moved aside, its target untouched
+    (tmp_path / "global_step_7").symlink_to(tmp_path / "global_step_1")
+    with pytest.raises(RecallmError, match="global_step_7 is not a directory of its run"):
+        prepare_resume(tmp_path, "resume_path", str(tmp_path / "global_step_7"))
+
+
+def test_a_tracker_that_is_a_directory_is_one_line(trainer_cls, tmp_path):
+    _saved(trainer_cls, tmp_path, 1)
+    (tmp_path / TRACKER).unlink()
+    (tmp_path / TRACKER).mkdir()
+    with pytest.raises(RecallmError, match="latest_checkpointed_iteration.txt is not a file"):
+        prepare_resume(tmp_path)
+    assert (tmp_path / TRACKER).is_dir()
+
+
+@pytest.mark.parametrize(
+    "manifest", ['{"version": 1, "files": {"data.pt": {"size": 1e999, "crc32": "0"}}}', "[" * 100000], ids=["1e999", "deep"]
+)
+def test_a_damaged_step_manifest_is_a_damaged_step(trainer_cls, tmp_path, manifest):
+    _saved(trainer_cls, tmp_path, 1, 2)
+    (tmp_path / "global_step_2" / MANIFEST_FILE).write_text(manifest)
+    resume = prepare_resume(tmp_path)
+    assert resume.step == 1 and "recallm_files.json unreadable" in resume.moved[0]
+
+
+def test_resume_mode_is_one_of_verls(tmp_path):
+    with pytest.raises(RecallmError, match="trainer.resume_mode=bogus is not one of auto, disable, resume_path"):
+        prepare_resume(tmp_path, "bogus")
+
+
+def test_one_launch_per_run_directory(tmp_path):
+    """recallm-grpo holds trainer.default_local_dir's lock from the resume check to the end; a second launch's
+    checks say the directory is in use (one line naming the holder), before Ray starts."""
+    from omegaconf import OmegaConf
+
+    from recallm.grpo.checkpoints import check_run_dir, hold_run_dir
+
+    cfg = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "run"), "resume_mode": "auto"}})
+    assert list(check_run_dir(cfg)) == []
+    with hold_run_dir(cfg):
+        done = {}
+
+        def second():  # another thread: as another process, another writer (the lock is per writer)
+            done["checks"] = [str(p) for p in _problems(lambda: check_run_dir(cfg))]
+            try:
+                with hold_run_dir(cfg):
+                    done["ran"] = True
+            except RecallmError as exc:
+                done["refused"] = str(exc)
+
+        import threading
+
+        thread = threading.Thread(target=second)
+        thread.start()
+        thread.join()
+        assert "ran" not in done and "in use by another writer (recallm-grpo, pid" in done["refused"]
+        assert len(done["checks"]) == 1 and "run is in use by another writer" in done["checks"][0]
+    assert not (tmp_path / "run").exists()  # nothing left: the lock file and the directory it made are gone
+    cfg.trainer.resume_mode = "bogus"
+    assert [p for p in check_run_dir(cfg)] == [
+        "trainer.resume_mode=bogus is not one of auto, disable, resume_path (verl would resume as auto): auto resumes "
+        "the newest step, disable starts afresh, resume_path takes trainer.resume_from_path"
+    ]
+
+
+def _problems(check):
+    from recallm.errors import collect
+
+    return collect(check)

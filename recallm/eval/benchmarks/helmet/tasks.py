@@ -298,10 +298,6 @@ def _field(record: Mapping[str, Any], task: HelmetTask, path: str, *keys: str) -
     return value
 
 
-def _as_text(value: Any) -> str:
-    return value if isinstance(value, str) else json.dumps(value)
-
-
 def _strings(value: Any) -> list[str]:
     if value is None:
         return []

@@ -1,9 +1,10 @@
-"""Imported by every verl process of ``recallm-rlm train`` (``VERL_USE_EXTERNAL_MODULES``): adds
+"""The RLM's hooks into verl's processes: imported by every verl process of ``recallm-rlm train``
+(``VERL_USE_EXTERNAL_MODULES``, after ``recallm.grpo.worker_hooks``): adds
 the RLM's metrics to the ones verl computes every step.
 
 verl 0.9.1 has no hook for extra training metrics; its trainer calls
 ``verl.trainer.ppo.metric_utils.compute_data_metrics`` on the finished batch of every step, so
-that function is wrapped (as ``recallm.grpo.runtime`` does for the recall metrics; the two
+that function is wrapped (as ``recallm.grpo.worker_hooks`` does for the recall metrics; the two
 wrappers stack) to also return, from the batch the actor trains on:
 
 * ``rlm/response_tokens/trained`` and ``rlm/response_tokens/masked`` - mean per rollout of the

@@ -1,4 +1,4 @@
-"""``recallm-rlm export``: successful RLM trajectories as SFT data for ``recallm-sft``.
+"""``recallm-rlm to-sft``: successful RLM trajectories as SFT data for ``recallm-sft``.
 
 The paper's recipe (App. A) trains the root on its own good turns. Filtering, per trajectory
 then per turn:
@@ -42,7 +42,7 @@ from recallm.io import atomic_path, record_files
 from recallm.rlm.trajectory import load_trajectory, reading, root_conversation, trajectory_files
 from recallm.tokens import THINK_END, THINK_START
 
-__all__ = ["export_sft", "select_turns", "fix_final"]
+__all__ = ["write_sft_data", "select_turns", "fix_final"]
 
 
 def _written_final(call: ast.Call, answer: str | None) -> str | None:
@@ -134,8 +134,8 @@ def select_turns(
 
 
 @dataclass(frozen=True)
-class ExportSettings:
-    """The schema of ``export`` in ``configs/rlm.yaml`` (``recallm-rlm export``), read with
+class SFTDataSettings:
+    """The schema of ``sft_data`` in ``configs/rlm.yaml`` (``recallm-rlm to-sft``), read with
     ``recallm.config.typed``."""
 
     trajectories: Any  # a trajectory file or directory, or a list of them
@@ -148,13 +148,13 @@ class ExportSettings:
         return [self.trajectories] if isinstance(self.trajectories, str) else [str(p) for p in self.trajectories]
 
 
-def export_sft(
+def write_sft_data(
     paths: Iterable[str | Path],
     tokenizer,
     out_file: str | Path,
     *,
-    min_turns: int = ExportSettings.min_turns,
-    max_turn_chars: int = ExportSettings.max_turn_chars,
+    min_turns: int = SFTDataSettings.min_turns,
+    max_turn_chars: int = SFTDataSettings.max_turn_chars,
 ) -> dict[str, int]:
     """Write the SFT records of the trajectories in ``paths`` (files or directories) to
     ``out_file``; returns counts: trajectories read, kept, dropped per reason, records written,
@@ -172,12 +172,12 @@ def export_sft(
         for path in files:
             events = load_trajectory(path)
             with reading(path):
-                _export_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars)
+                _write_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars)
     record_files(out_file.parent, [out_file.name])  # its checksum, verified where SFT reads it
     return counts
 
 
-def _export_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars) -> None:
+def _write_one(f, tokenizer, path, events, counts, min_turns, max_turn_chars) -> None:
     """One trajectory's SFT records into ``f``; its counts into ``counts``."""
     kept, dropped, turn_counts = select_turns(events, min_turns=min_turns, max_turn_chars=max_turn_chars)
     for key, value in turn_counts.items():

@@ -1,4 +1,5 @@
-"""Imported by every verl process of a RecaLLM run (``VERL_USE_EXTERNAL_MODULES``).
+"""RecaLLM's hooks into verl's processes: imported by every verl process of a RecaLLM run
+(``VERL_USE_EXTERNAL_MODULES``, set by the launch: ``recallm.grpo.prepare.WORKER_HOOKS``).
 
 * registers the masked model classes (``import recallm.modeling``), so actor and reference load
   ``recallm_<base>`` checkpoints as the classes that apply the recall mask;
@@ -155,7 +156,9 @@ if os.environ.get(TIMEOUT_ENV):
 from recallm.grpo.checkpoints import install as _install_checkpoints  # noqa: E402
 
 _install_checkpoints()
-if os.environ.get("RECALLM_STOP_FILE"):
+from recallm.grpo.preemption import STOP_ENV as _STOP_ENV  # noqa: E402
+
+if os.environ.get(_STOP_ENV):
     from recallm.grpo.preemption import install as _install_preemption
 
     _install_preemption()

@@ -1,5 +1,6 @@
-"""Key-value lookup prompts over the tiny model's toy vocabulary (keys and values are single
-tokens of the tiny tokenizer), deterministic in a seed."""
+"""The key-value prompt of ``recallm-decoding-demo``: a dictionary over the tiny model's toy vocabulary
+(keys and values are single tokens of the tiny tokenizer) and a question for one key, deterministic
+in a seed. Not a training task: the toy task the tiny pipeline trains on is ``data_gen.tasks.toy``."""
 
 from __future__ import annotations
 
