@@ -42,7 +42,7 @@ def _traces(tmp: Path, count: int):
     """The toy mixture's SFT traces (``configs/data/toy.yaml`` with ``count`` of them) and the tiny model."""
     import yaml
 
-    from data_gen.generate import plan_from_config, run_plan
+    from data_gen.generate import run_schedule, schedule_from_config
     from recallm.paths import CONFIG_DIR
     from recallm.tiny import create_tiny
 
@@ -51,7 +51,7 @@ def _traces(tmp: Path, count: int):
     mix["train"]["entries"][0]["count"] = 50
     mix["val"] = {"lengths": [], "per_cell": 0, "categories": None}
     mix["sft"] = {"count": count, "val_fraction": 0.0}
-    run_plan(plan_from_config(mix), tmp / "data", model_dir, workers=1, progress=False)
+    run_schedule(schedule_from_config(mix), tmp / "data", model_dir, workers=1, progress=False)
     return model_dir, tmp / "data" / "sft" / "train.jsonl"
 
 
