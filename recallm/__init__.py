@@ -11,6 +11,6 @@ The layers of the package are described in ARCHITECTURE.md.
 from recallm.errors import RecallmError
 from recallm.tokens import RECALLM_TOKENS, RecallTokenIds, add_recall_tokens
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = ["RecallmError", "RECALLM_TOKENS", "RecallTokenIds", "add_recall_tokens", "__version__"]

@@ -254,7 +254,7 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
     """``cls(**values)``: the settings dataclass ``cls`` built from config section ``cfg`` (module
     doc). Unknown keys, values of the wrong kind and missing required fields are one-line
     ``RecallmError``s naming ``where``; so are values outside a field's ``metadata`` ``min``/``max``/
-    ``choices`` (``field(default=1, metadata={"min": 1})``) and a ``RecallmError`` of the dataclass's
+    ``above`` (an open lower bound: ``above: 0`` is "positive")/``choices`` (``field(default=1, metadata={"min": 1})``) and a ``RecallmError`` of the dataclass's
     own checks (``__post_init__``), prefixed with ``where`` (``where.key must ...`` when the message
     starts with a field's name, else ``where: message``)."""
     values = dataclass_values(cls, cfg, where)
@@ -264,6 +264,9 @@ def typed(cls: type[T], cfg: Mapping[str, Any] | None, where: str) -> T:
             continue
         if "min" in f.metadata and value < f.metadata["min"]:
             raise RecallmError(f"{key} must be >= {f.metadata['min']}, got {value}")
+        if "above" in f.metadata and not value > f.metadata["above"]:  # (an open lower bound: a size, a rate)
+            bound = "positive" if f.metadata["above"] == 0 else f"> {f.metadata['above']}"
+            raise RecallmError(f"{key} must be {bound}, got {value}")
         if "max" in f.metadata and value > f.metadata["max"]:
             raise RecallmError(f"{key} must be <= {f.metadata['max']}, got {value}")
         if "choices" in f.metadata and value not in f.metadata["choices"]:

@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from recallm.config import MAX_BATCH, MAX_SEED, MAX_WORKERS, typed
+from recallm.config import MAX_BATCH, MAX_COUNT, MAX_SEED, MAX_WORKERS, typed
 from recallm.errors import RecallmError
 from recallm.paths import METRICS_FILE
 
@@ -493,6 +493,8 @@ class VariantSpec:
     """overrides of its GRPO run"""
     sft_from: str | None = None
     """start GRPO from this variant's SFT model (no SFT of its own)"""
+    rl: bool = True
+    """false: no GRPO for this variant (its final model is its SFT model), where the experiment has GRPO"""
 
 
 @dataclass(frozen=True)
@@ -502,7 +504,7 @@ class GRPOStageSpec:
     recipe: str
     val_file: str
     overrides: list[Any] | None = None
-    export_step: int | None = field(default=None, metadata={"min": 1})
+    export_step: int | None = field(default=None, metadata={"min": 1, "max": MAX_COUNT})
     """the step exported and evaluated (``recallm-export --step``; the Llama recipe: 60); None: the newest"""
 
 
@@ -526,17 +528,23 @@ class EvalStageSpec:
     """name -> an ``EvalRunSpec``"""
     batch_size: int = field(default=8, metadata={"min": 1, "max": MAX_BATCH})
     overrides: list[Any] | None = None
+    compare: list[Any] | None = None
+    """pairs of run names the report compares prompt by prompt, ``[[recall, norecall], ...]``"""
 
 
 @dataclass(frozen=True)
 class ResultMetric:
     """``experiment.result.metrics.<key>``: a cell of an evaluation summary (``run``, ``benchmark``,
-    ``length``, ``metric``), or a GRPO run's logged metric over its ``first`` or ``last`` steps
-    (``grpo``, ``metric``)."""
+    ``length``, ``metric``); with ``versus``, the paired difference ``run - versus`` on the cell's
+    prompts (``recallm.eval.compare``; ``stat``: ``diff``, or the 95% interval's ``low`` or
+    ``high``); or a GRPO run's logged metric over its ``first`` or ``last`` steps (``grpo``,
+    ``metric``)."""
 
     run: str | None = None
     benchmark: str | None = None
     length: int | None = None
+    versus: str | None = None
+    stat: str = field(default="diff", metadata={"choices": ("diff", "low", "high")})
     grpo: str | None = None
     first: int | None = None
     last: int | None = None
@@ -545,7 +553,19 @@ class ResultMetric:
 
 
 @dataclass(frozen=True)
+class PerLength:
+    """``experiment.result.per_length``: ``<run>_<length>=<metric>`` for each run and each length of
+    its summary of ``benchmark`` (all tasks of the length)."""
+
+    benchmark: str
+    runs: list[Any]
+    metric: str = "correct"
+
+
+@dataclass(frozen=True)
 class ResultSpec:
+    per_length: PerLength | None = None
+    """every run's metric at every length, first in the line"""
     metrics: dict[str, Any] | None = None
     """key -> a ``ResultMetric``"""
 
@@ -685,6 +705,12 @@ def experiment_stages(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         jobs, exports, plans = [], [], []
         step = ["--step", str(grpo.export_step)] if grpo.export_step is not None else []
         for name, variant in variants.items():
+            if not variant.rl:
+                if variant.sft_from is not None:
+                    raise RecallmError(
+                        f"experiment.variants.{name}: sft_from with rl: false would be the same model as {variant.sft_from}"
+                    )
+                continue
             ckpt = run_dir / "grpo" / name
             argv = [
                 *_tool("recallm-grpo"),
@@ -759,6 +785,18 @@ def experiment_stages(exp: Mapping[str, Any], run_dir: Path) -> list[Stage]:
         f"runs=[{','.join(str(run_dir / 'eval' / r) for r in runs)}]",
         f"report_dir={run_dir / 'report'}",
     ]
+    if ev.compare:
+        pairs = []
+        for i, pair in enumerate(ev.compare):
+            if not (isinstance(pair, Sequence) and not isinstance(pair, str) and len(pair) == 2):
+                raise RecallmError(f"experiment.eval.compare[{i}] must be a pair of run names, got {pair!r}")
+            unknown = [str(name) for name in pair if str(name) not in runs]
+            if unknown:
+                raise RecallmError(
+                    f"experiment.eval.compare[{i}]: no evaluation run {unknown[0]!r}; the runs are {', '.join(runs)}"
+                )
+            pairs.append(f"[{pair[0]},{pair[1]}]")
+        report_argv.append(f"compare=[{','.join(pairs)}]")
     if metrics_logs:  # the GRPO runs' training curves (Figure 10's panels) in the same report
         report_argv.append("curves={" + ",".join(f"{name}:{path}" for name, path in metrics_logs.items()) + "}")
     stages.append(Stage("report", [StageJob("report", report_argv, [run_dir / "report"], True)]))
@@ -797,16 +835,47 @@ def _grpo_metric(ref: ResultMetric, run_dir: Path, key: str) -> float:
         raise RecallmError(f"result {key}: {exc}") from None
 
 
+def _summary_cells(run_dir: Path, run: str, benchmark: str, key: str) -> dict[str, Any]:
+    """``by_length`` of a run's summary of ``benchmark``."""
+    path = Path(run_dir) / "eval" / run / "summary.json"
+    try:
+        return dict(json.loads(path.read_text())["benchmarks"][benchmark]["by_length"])
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise RecallmError(f"{key}: cannot read {benchmark} of {run} from {path} ({type(exc).__name__}: {exc})") from None
+
+
 def result_line(exp: Mapping[str, Any], run_dir: Path, state: Mapping[str, Any]) -> str:
     """``RESULT k=v ...`` from the evaluation summaries and the GRPO runs' metric logs
     (``experiment.result``), and the total wall-clock minutes of the stages (every invocation
     counted)."""
     spec = read_experiment(exp).result
     parts = []
+    if spec.per_length is not None:
+        per = spec.per_length
+        for run in per.runs:
+            by_length = _summary_cells(run_dir, str(run), per.benchmark, "experiment.result.per_length")
+            for length in sorted(by_length, key=int):
+                parts.append(f"{run}_{length}={float(by_length[length]['all'][per.metric]):.3f}")
     for key, raw in (spec.metrics or {}).items():
         ref = typed(ResultMetric, raw, f"experiment.result.metrics.{key}")
         if ref.grpo is not None:
             parts.append(f"{key}={_grpo_metric(ref, run_dir, key):.3f}")
+            continue
+        if ref.versus is not None:
+            from recallm.eval.compare import paired_cell
+
+            try:
+                cell = paired_cell(
+                    Path(run_dir) / "eval" / str(ref.run),
+                    Path(run_dir) / "eval" / str(ref.versus),
+                    benchmark=str(ref.benchmark),
+                    length=int(ref.length or 0),
+                    metric=ref.metric or "correct",
+                )
+            except RecallmError as exc:
+                raise RecallmError(f"result {key}: {exc}") from None
+            value = {"diff": cell.diff.diff, "low": cell.diff.low, "high": cell.diff.high}[ref.stat]
+            parts.append(f"{key}={value:+.3f}")
             continue
         summary_path = Path(run_dir) / "eval" / str(ref.run) / "summary.json"
         try:

@@ -9,6 +9,10 @@
 #                 a C++ compiler and the interpreter's headers (Python.h)
 #                              DeepSpeed builds two C++ ops on a CPU; without them its tests are skipped,
 #                              with the reason
+#                 chromium and chromium-driver (Debian's names)
+#                              the HTML report's test opens report.html in headless Chromium (selenium
+#                              drives /usr/bin/chromedriver, offline); without them it is skipped, with
+#                              the reason, unless RECALLM_REQUIRE_CHROMIUM=1 (.ci/run sets it where it has them)
 #
 # What is missing is installed with apt-get when this runs as root on a machine that has apt-get (as a
 # fresh CI machine does); otherwise it says what is missing and how to add it, and exits 0 (the tests
@@ -33,6 +37,8 @@ case "$what" in
   test)
     command -v bwrap >/dev/null 2>&1 || missing+=("bubblewrap|the RLM sandbox's default isolation (bwrap)")
     command -v "${CXX:-c++}" >/dev/null 2>&1 || missing+=("g++|DeepSpeed's C++ ops on a CPU (${CXX:-c++})")
+    command -v chromium >/dev/null 2>&1 || missing+=("chromium|the HTML report's test (headless Chromium)")
+    command -v chromedriver >/dev/null 2>&1 || missing+=("chromium-driver|the HTML report's test (chromedriver)")
     header=$("$python" -c 'import os, sysconfig; print(os.path.join(sysconfig.get_paths()["include"], "Python.h"))')
     if [ ! -f "$header" ]; then
       if [ "$debian_python" = 1 ]; then

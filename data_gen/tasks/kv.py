@@ -19,7 +19,16 @@ from data_gen.base import Draft, Piece, Row, Task, check_choice, register
 from data_gen.text import alnum, uuid_str, words
 from recallm.errors import RecallmError
 
-__all__ = ["KVRetrieval", "MathRetrieval", "KVDictionary", "KV_FORMATS", "KEY_TYPES", "VALUE_TYPES", "PROBLEM_TYPES"]
+__all__ = [
+    "KVRetrieval",
+    "MathRetrieval",
+    "KVDictionary",
+    "KV_FORMATS",
+    "KEY_TYPES",
+    "VALUE_TYPES",
+    "PROBLEM_TYPES",
+    "PAPER_PROBLEM_TYPES",
+]
 
 KV_FORMATS = ("lines", "csv", "json")
 _ALNUM_CHARS = np.array(list("abcdefghijklmnopqrstuvwxyz0123456789"))
@@ -206,7 +215,22 @@ def _arithmetic(rng: random.Random, x: int) -> tuple[str, list[str]]:
     return problem, steps
 
 
-PROBLEM_TYPES = {"linear": _linear, "arithmetic": _arithmetic}
+def _offset(rng: random.Random, x: int) -> tuple[str, list[str]]:
+    """``b + d`` or ``b - d`` with one digit ``d`` and no carry or borrow: only the last digit of
+    ``b`` changes. The lightest reasoning step that still hides the key (a 135M model learns it in
+    a few dozen SFT steps; the two-step problems above it does not)."""
+    last = abs(x) % 10
+    up, down = (last, 9 - last) if x >= 0 else (9 - last, last)  # room for + and - (in |b|'s last digit)
+    ops = [op for op, room in (("+", up), ("-", down)) if room >= 1]
+    op = rng.choice(ops)
+    d = rng.randint(1, up if op == "+" else down)
+    b = x - d if op == "+" else x + d
+    return f"{b} {op} {d}", [f"{b} {op} {d} = {x}."]
+
+
+PROBLEM_TYPES = {"linear": _linear, "arithmetic": _arithmetic, "offset": _offset}
+#: the paper's problem types, the default of ``MathRetrieval`` and of the lost-in-thought benchmark
+PAPER_PROBLEM_TYPES = ("linear", "arithmetic")
 
 
 @register
@@ -223,7 +247,7 @@ class MathRetrieval(_KVBase):
         "Below is a {fmt} dictionary. Solve the problem to obtain a key, then answer with the value associated with that key.",
     )
 
-    def __init__(self, problem_types=tuple(PROBLEM_TYPES), near_keys: int = 6, **kwargs) -> None:
+    def __init__(self, problem_types=PAPER_PROBLEM_TYPES, near_keys: int = 6, **kwargs) -> None:
         kwargs.setdefault("key_digits", 5)  # 90,000 keys: dictionaries up to ~128K tokens and beyond
         super().__init__(**kwargs)
         if not self.dictionary.numeric_keys:

@@ -6,6 +6,12 @@ decoy count, number of target keys, values per key, value type (numbers, words, 
 Answer: every value of the target keys (net recall); evidence: the target needles, at most
 ``max_needles`` of them (6: the paper's Table 5 gives retrieval 1-6 gold pieces; when the drawn
 values per key add up to more, keys lose values at random, each keeping at least one).
+
+Programmatic traces (``trace_style``): ``scan`` recalls the target needles in the order they stand
+in the context (``Found one: <span> Another: <span> ...``); ``by_key`` goes through the keys in
+the order the question names them and recalls each key's needles after naming it
+(``key-a: <span>The special code for key-a is ...</span> key-b: ...``): the span starts with
+what the question gives, as in key-value retrieval.
 """
 
 from __future__ import annotations
@@ -17,9 +23,10 @@ from data_gen.base import Draft, Piece, Row, Task, check_choice, int_range, regi
 from data_gen.text import haystack, number_str, uuid_str, words
 from recallm.errors import RecallmError
 
-__all__ = ["MultiNIAH", "NEEDLE_VALUE_TYPES"]
+__all__ = ["MultiNIAH", "NEEDLE_VALUE_TYPES", "TRACE_STYLES"]
 
 NEEDLE_VALUE_TYPES = ("number", "word", "uuid")
+TRACE_STYLES = ("scan", "by_key")
 
 
 @register
@@ -42,6 +49,7 @@ class MultiNIAH(Task):
         value_types=NEEDLE_VALUE_TYPES,
         question_positions=("end", "beginning", "both"),
         max_needles: int = 6,
+        trace_style: str = "scan",
         data_source: str | None = None,
     ) -> None:
         super().__init__(data_source)
@@ -57,6 +65,9 @@ class MultiNIAH(Task):
         self.max_needles = max_needles
         self.value_types = check_choice("value_types", value_types, NEEDLE_VALUE_TYPES)
         self.question_positions = check_choice("question_positions", question_positions, ("end", "beginning", "both"))
+        if trace_style not in TRACE_STYLES:
+            raise RecallmError(f"trace_style must be one of {list(TRACE_STYLES)}, got {trace_style!r}")
+        self.trace_style = trace_style
 
     @staticmethod
     def _key(rng: random.Random) -> str:
@@ -130,10 +141,24 @@ class MultiNIAH(Task):
         )
 
     def trace(self, row: Row, rng: random.Random) -> list[tuple[str, Any]]:
+        if self.trace_style == "by_key":
+            return self._trace_by_key(row)
         out: list[tuple[str, Any]] = [("text", "I need every special code for the requested keys. ")]
         for i, _gold in enumerate(row.gold):
             out.append(("text", "Found one: " if i == 0 else " Another: "))
             out.append(("recall", i))
+        out.append(("text", f" That makes {len(row.gold)} code(s) in total."))
+        return out
+
+    def _trace_by_key(self, row: Row) -> list[tuple[str, Any]]:
+        per_key = row.trace_info["per_key"]  # the target keys in the order the question names them
+        out: list[tuple[str, Any]] = [("text", f"The question names {len(per_key)} key(s).")]
+        for key in per_key:
+            out.append(("text", f" {key}:"))
+            prefix = f"The special code for {key} is "
+            for i, gold in enumerate(row.gold):
+                if gold["text"].startswith(prefix):
+                    out += [("text", " "), ("recall", i)]
         out.append(("text", f" That makes {len(row.gold)} code(s) in total."))
         return out
 

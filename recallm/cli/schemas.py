@@ -49,7 +49,7 @@ def register() -> None:
     # config group or another schema fills are left untyped here (typed reads them after composition)
     register_schema("sft_run", SFTRun, sections=("sft", "model", "data", "deepspeed"), plus_keys=("_callbacks",))
     # (curves: a mapping that may be null, which OmegaConf cannot set a mapping on when typed)
-    register_schema("eval_run", EvalRun, sections=("eval", "backend", "reward", "curves"))
+    register_schema("eval_run", EvalRun, sections=("eval", "backend", "reward", "curves", "compare"))
     register_schema("data_run", DataRun, sections=("data",))
     register_schema("pipeline_run", PipelineRun, sections=("experiment",))
     rlm_sections = ("tasks", "root", "sub", "rlm", "subcalls", "sandbox", "budget", "sft_data")

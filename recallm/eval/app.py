@@ -41,7 +41,10 @@ _FINGERPRINT_BACKEND_KEYS = (
     "extra_body",
     "engine_kwargs",
     "rlm",  # backend=rlm: the RLM's models, depth, limits and budget
+    "prefill_dtype",  # hf: a prefill in another dtype (recallm.eval.prefill)
 )
+#: keys recorded only when set (runs without them keep the fingerprint they had before the key existed)
+_FINGERPRINT_WHEN_SET = ("rlm", "prefill_dtype")
 
 
 def _print_summary(summary: dict[str, Any]) -> None:
@@ -64,7 +67,7 @@ def run_report(cfg: DictConfig) -> Path:
 
     settings = _settings(cfg)
     runs = settings.runs if settings.runs not in (None, ()) else []
-    report = build_report(runs, Path(settings.report_dir), curves=settings.curves or None)
+    report = build_report(runs, Path(settings.report_dir), curves=settings.curves or None, compare=settings.compare)
     print(f"wrote {report}")
     return report
 
@@ -97,6 +100,9 @@ class EvalRun:
     """mode=report: run out_dirs (a list) or {name: dir}"""
     report_dir: str = "outputs/eval/report"
     curves: dict[str, Any] | None = None
+    compare: list[Any] | None = None
+    """mode=report: pairs of run names compared prompt by prompt, ``[[recall, norecall], ...]``
+    (``recallm.eval.compare``)"""
 
 
 def check(cfg: DictConfig) -> None:
@@ -173,7 +179,7 @@ def run(cfg: DictConfig) -> dict[str, Any] | Path:
         "backend": {
             k: getattr(backend_settings, k)
             for k in _FINGERPRINT_BACKEND_KEYS
-            if k != "rlm" or backend_settings.rlm  # (runs of other backends keep their fingerprint)
+            if k not in _FINGERPRINT_WHEN_SET or getattr(backend_settings, k)
         },
         "suite": {k: getattr(suite_settings, k) for k in ("seed", "tolerance", "answer_region", "system_prompt")},
         "benchmarks": {b.name: {"settings": b.describe(), "generation": asdict(b.generation)} for b in benchmarks},

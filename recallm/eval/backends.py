@@ -95,6 +95,11 @@ class EngineSettings:
     length_extension: str | None = None
     """``pkg.module:factory``: an inference-time length-extension hook (module doc)"""
     length_extension_kwargs: dict[str, Any] = field(default_factory=dict)
+    prefill_dtype: str | None = field(default=None, metadata={"choices": (None, "float32", "bfloat16", "float16")})
+    """hf: prefill every prompt alone in this dtype and decode in the model's (``recallm.eval.prefill``:
+    bfloat16 is ~3x faster on CPUs with AVX512-BF16); null: HF's batched prefill in the model's dtype. When set,
+    Hugging Face ``generate`` decodes (``recallm.generation`` speculates inside spans only without a ``wrap``), so
+    ``span_draft_tokens`` has no effect"""
     force_recall_every: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     """debugging aid: open a span every N tokens outside spans (untrained models rarely do)"""
     force_recall_length: int = field(default=8, metadata={"min": 1, "max": MAX_TOKENS})
@@ -243,7 +248,8 @@ def _token_spans(prompt_ids: Sequence[int], generated: Sequence[int], recall) ->
 
     start_id, end_id, max_recall_tokens = recall
     spans = generated_spans(prompt_ids, generated, start_id, end_id, max_recall_tokens=max_recall_tokens)
-    return SpanStats(count=len(spans), verbatim=sum(s.verbatim for s in spans), source="tokens")
+    flags = tuple(bool(s.verbatim) for s in spans)
+    return SpanStats(count=len(spans), verbatim=sum(flags), source="tokens", flags=flags)
 
 
 class HFBackend(Backend):
@@ -268,6 +274,7 @@ class HFBackend(Backend):
         length_extension_kwargs: Mapping[str, Any] | None = None,
         force_recall_every: int | None = None,
         force_recall_length: int = 8,
+        prefill_dtype: str | None = None,
         span_draft_tokens: int = DEFAULT_SPAN_DRAFT_TOKENS,
         model=None,
     ) -> None:
@@ -316,6 +323,17 @@ class HFBackend(Backend):
         if force_recall_every is not None and self.recall is None:
             raise RecallmError("backend.force_recall_every needs a model with recall tokens")
         self.force = (int(force_recall_every), int(force_recall_length)) if force_recall_every is not None else None
+        self.prefill_dtype = prefill_dtype
+        self.prefill = None
+        if prefill_dtype is not None:
+            if self.extension is not None:
+                raise RecallmError(
+                    "backend.prefill_dtype and backend.length_extension exclude each other (the extension patches "
+                    "the model that decodes, not the copy that prefills); set backend.prefill_dtype=null"
+                )
+            from recallm.eval.prefill import RowPrefill
+
+            self.prefill = RowPrefill(self.model, prefill_dtype)
         self.span_draft_tokens = int(span_draft_tokens)
         self._warned_room = False
 
@@ -325,6 +343,7 @@ class HFBackend(Backend):
             "recall_constrained": self.recall_constrained,
             "length_extension": self.length_extension_name,
             "force_recall": list(self.force) if self.force else None,
+            **({"prefill_dtype": self.prefill_dtype} if self.prefill_dtype else {}),
         }
 
     def _encode(self, text: str) -> list[int]:
@@ -403,7 +422,7 @@ class HFBackend(Backend):
             recall=self.recall is not None and self.recall_constrained,
             force=self.force,
             cancelled=stops,
-            wrap=self.extension,
+            wrap=self.extension if self.prefill is None else self.prefill,
             progress=progress,
             span_draft_tokens=self.span_draft_tokens,
         )
@@ -735,6 +754,7 @@ def make_backend(cfg: Mapping[str, Any] | BackendSettings, model_path: str | Pat
             length_extension_kwargs=settings.length_extension_kwargs,
             force_recall_every=settings.force_recall_every,
             force_recall_length=settings.force_recall_length,
+            prefill_dtype=settings.prefill_dtype,
             span_draft_tokens=settings.span_draft_tokens,
         )
     if name == "vllm":

@@ -212,6 +212,34 @@ class _Plots:
         ax.legend(fontsize="small")
         return self.save(fig, name)
 
+    def lines_ci(
+        self,
+        name: str,
+        title: str,
+        ylabel: str,
+        series: Mapping[str, Mapping[int, tuple[float, float, float] | None]],
+    ) -> str:
+        """One line per run with error bars: ``series[run][length] = (value, low, high)``."""
+        fig, ax = self.plt.subplots(figsize=(6.4, 4.2))
+        lengths = sorted({n for s in series.values() for n in s})
+        markers = "osD^vP*X"
+        for i, (label, points) in enumerate(series.items()):
+            xs = [n for n in lengths if points.get(n) is not None]
+            values = [100 * points[n][0] for n in xs]
+            below = [100 * (points[n][0] - points[n][1]) for n in xs]
+            above = [100 * (points[n][2] - points[n][0]) for n in xs]
+            ax.errorbar(xs, values, yerr=[below, above], marker=markers[i % len(markers)], capsize=3, label=label)
+        if lengths:
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(lengths, [_length_label(n) for n in lengths])
+        ax.set_xlabel("context length (tokens)")
+        ax.set_ylabel(ylabel)
+        ax.set_ylim(-2, 102)
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize="small")
+        return self.save(fig, name)
+
     def bars(
         self, name: str, title: str, groups: Sequence[str], series: Mapping[str, Mapping[str, float | None]]
     ) -> str:
@@ -776,6 +804,7 @@ def _benchmark_sections(ctx: ReportContext) -> list[str]:
             rows.append([run, *cells, _count(avg, total) if avg is not None else "n/a" if present else "–"])
         lines += _table(header, rows)
         lines += [f"![{bench} score]({plots.lines(f'{bench}_score', f'{bench}: score', 'score (%)', scores)})", ""]
+        lines += _accuracy(ctx, bench, lengths, counts)
         usage = _series(summaries, bench, "recall_usage")
         lines += ["Recall usage (% of outputs with at least one recall span; outputs in parentheses):", ""]
         lines += _table(
@@ -786,6 +815,7 @@ def _benchmark_sections(ctx: ReportContext) -> list[str]:
             f"![{bench} recall usage]({plots.lines(f'{bench}_recall_usage', f'{bench}: recall usage', 'outputs with a span (%)', usage)})",
             "",
         ]
+        lines += _spans_by_length(ctx, bench, lengths, counts)
         tasks, per_task = _by_task(summaries, bench, "score")
         _, task_counts = _by_task(summaries, bench, "n")
         if tasks:  # every task any run has (one task too), each run's count beside
@@ -806,6 +836,66 @@ def _benchmark_sections(ctx: ReportContext) -> list[str]:
                 ["category"] + list(summaries), [[t] + [_pct(reward[r].get(t)) for r in summaries] for t in tasks]
             )
     return lines
+
+
+def _accuracy(ctx: ReportContext, bench: str, lengths: Sequence[int], counts) -> list[str]:
+    """Accuracy (share correct) by length with a 95% Wilson interval, a table and one plot of every
+    run (the paper's Figure 1 at the run's own lengths)."""
+    from recallm.eval.stats import wilson_interval
+
+    correct = _series(ctx.summaries, bench, "correct")
+    points: dict[str, dict[int, tuple[float, float, float] | None]] = {}
+    rows = []
+    for run, values in correct.items():
+        points[run] = {}
+        row = [run]
+        for n in lengths:
+            rate, total = values.get(n), counts[run].get(n)
+            if rate is None or not total:
+                row.append("–")
+                continue
+            k = round(float(rate) * int(total))
+            low, high = wilson_interval(k, int(total))
+            points[run][n] = (k / int(total), low, high)
+            row.append(f"{100 * k / int(total):.1f} ({k}/{total}) [{100 * low:.0f}, {100 * high:.0f}]")
+        rows.append(row)
+    if not any(points.values()):
+        return []
+    lines = ["Accuracy (% correct; correct/examples; 95% Wilson interval) by context length:", ""]
+    lines += _table(["run"] + [_length_label(n) for n in lengths], rows)
+    plot = ctx.plots.lines_ci(f"{bench}_accuracy", f"{bench}: accuracy by context length", "correct (%)", points)
+    return lines + [f"![{bench} accuracy]({plot})", ""]
+
+
+def _spans_by_length(ctx: ReportContext, bench: str, lengths: Sequence[int], counts) -> list[str]:
+    """Per run with spans: spans per output, the verbatim share of its spans and the spans' overlap
+    with the gold evidence (the reward's ``recall_overlap``, mean over outputs), by length."""
+    per_output = _series(ctx.summaries, bench, "spans_per_output")
+    verbatim = _series(ctx.summaries, bench, "span_verbatim_rate")
+    overlap = _series(ctx.summaries, bench, "recall_overlap")
+    rows = []
+    for run in ctx.summaries:
+        if not any(per_output[run].get(n) for n in lengths):
+            continue
+        row = [run]
+        for n in lengths:
+            spans = round(float(per_output[run].get(n) or 0.0) * int(counts[run].get(n) or 0))
+            rate, hit = verbatim[run].get(n), overlap[run].get(n)
+            cell = f"{float(per_output[run].get(n) or 0.0):.2f}; " + (
+                "n/a (0 spans)" if not spans or rate is None else f"{_pct(rate)}% of {spans}"
+            )
+            if hit is not None:
+                cell += f"; {_pct(hit)}%"
+            row.append(cell)
+        rows.append(row)
+    if not rows:
+        return []
+    lines = [
+        "Recall spans by length (spans per output; verbatim share of the spans; their overlap with the gold "
+        "evidence, the reward's `recall_overlap`, mean over outputs):",
+        "",
+    ]
+    return lines + _table(["run"] + [_length_label(n) for n in lengths], rows)
 
 
 def _recall_spans(ctx: ReportContext) -> list[str]:
@@ -855,28 +945,132 @@ def build_report(
     *,
     sections: Sequence[Callable[[ReportContext], list[str]]] | None = None,
     curves: Mapping[str, Any] | None = None,
+    compare: Sequence[Sequence[str]] | None = None,
+    html: bool = True,
 ) -> Path:
     """Write ``report.md`` and ``plots/*.png`` for ``runs`` under ``out_dir``; return the report's
     path. ``sections``: the report's sections (default ``SECTIONS``); ``curves``: ``{name: GRPO
-    metrics log}`` whose training curves the report adds (``recallm.eval.curves``)."""
+    metrics log}`` whose training curves the report adds (``recallm.eval.curves``); ``compare``:
+    pairs of run names compared prompt by prompt (``recallm.eval.compare``: a section per benchmark
+    and ``comparison.json``); ``html``: also ``report.html``, one self-contained page (the report,
+    its plots inlined, and example outputs of every run with their recall spans marked:
+    ``recallm.eval.html``)."""
     resolved = resolve_runs(runs)
+    pairs = [tuple(str(x) for x in pair) for pair in (compare or [])]
+    for pair in pairs:
+        if len(pair) != 2 or pair[0] == pair[1]:
+            raise RecallmError(f"compare: each entry must name two different runs, got {list(pair)}")
+        missing = [name for name in pair if name not in resolved]
+        if missing:
+            raise RecallmError(f"compare: no run named {missing[0]!r}; the runs are {', '.join(resolved)}")
     summaries = {name: load_summary(path) for name, path in resolved.items()}
     out_dir = Path(out_dir)
     made = [p for p in (out_dir, out_dir / "plots") if not p.exists()]  # removed again if the report fails
     out_dir.mkdir(parents=True, exist_ok=True)
     try:
-        return _write_report(ctx_args=(summaries, resolved, out_dir), sections=sections, curves=curves)
+        return _write_report(
+            ctx_args=(summaries, resolved, out_dir), sections=sections, curves=curves, pairs=pairs, html=html
+        )
     except BaseException:
         for path in reversed(made):
             shutil.rmtree(path, ignore_errors=True)
         raise
 
 
-def _write_report(ctx_args, sections, curves) -> Path:
+def _rate(k: int, n: int) -> str:
+    from recallm.eval.stats import wilson_interval
+
+    if not n:
+        return "–"
+    low, high = wilson_interval(k, n)
+    return f"{k / n:.3f} ({k}/{n}) [{low:.2f}, {high:.2f}]"
+
+
+def _signed(x: float) -> str:
+    return f"{x:+.3f}"
+
+
+def _p(p: float) -> str:
+    return f"{p:.2g}" if p >= 1e-4 else "<1e-4"
+
+
+def _comparison_section(
+    records: Mapping[str, Sequence[Mapping]], pairs: Sequence[tuple[str, str]], benchmark: str
+) -> list[str]:
+    """Markdown: per pair, a table of paired cells; then every run's wrong answers by kind."""
+    from collections import Counter
+
+    from recallm.eval.compare import ALL, ERROR_KINDS, error_counts, paired_cells
+
+    lines = [f"## {benchmark}: paired comparisons", ""]
+    lines += [
+        "Each row compares two runs on the same prompts: their accuracy (share correct, with the count and a 95% "
+        "Wilson interval), the difference with a 95% paired bootstrap interval (10,000 resamples of prompts; the "
+        "pooled row resamples within each task) and McNemar's exact test (prompts only the first run got right / "
+        "only the second, two-sided p).",
+        "",
+    ]
+    for a, b in pairs:
+        cells = paired_cells(records[a], records[b], benchmark=benchmark)
+        if not cells:
+            lines += [f"### {a} vs {b}", "", "no prompts in common", ""]
+            continue
+        rows = []
+        for (length, task), cell in cells.items():
+            rows.append(
+                [
+                    _length_label(length),
+                    f"**{task}**" if task == ALL else task,
+                    _rate(cell.a_correct, cell.n),
+                    _rate(cell.b_correct, cell.n),
+                    f"{_signed(cell.diff.diff)} [{_signed(cell.diff.low)}, {_signed(cell.diff.high)}]",
+                    f"{cell.mcnemar.a_only} / {cell.mcnemar.b_only}",
+                    _p(cell.mcnemar.p_value),
+                ]
+            )
+        lines += [f"### {a} vs {b}", ""]
+        lines += _table(["length", "task", a, b, f"{a} − {b} [95% CI]", "only a / only b", "McNemar p"], rows)
+    lines += ["### Wrong answers by kind", ""]
+    lines += ["; ".join(f"`{k}`: {v}" for k, v in ERROR_KINDS.items()) + ".", ""]
+    rows = []
+    for run, recs in records.items():
+        counts = error_counts([r for r in recs if r.get("benchmark") == benchmark])
+        totals = Counter((int(r["length"]), r["task"]) for r in recs if r.get("benchmark") == benchmark)
+        for (length, task), counter in sorted(counts.items()):
+            kinds = ", ".join(f"{k} {counter[k]}" for k in ERROR_KINDS if counter.get(k))
+            rows.append([run, _length_label(length), task, f"{sum(counter.values())}/{totals[(length, task)]}", kinds])
+    lines += _table(["run", "length", "task", "wrong", "kinds"], rows) if rows else ["no wrong answers", ""]
+    return lines
+
+
+def _comparisons(ctx: ReportContext, pairs, out_dir: Path) -> list[str]:
+    """The paired comparisons of every benchmark both runs of a pair have (and ``comparison.json``)."""
+    from recallm.eval.compare import comparison_json, write_comparison
+
+    lines: list[str] = []
+    data = {}
+    benches = sorted({b for s in ctx.summaries.values() for b in (s.get("benchmarks") or {})})
+    for bench in benches:
+        usable = [(a, b) for a, b in pairs if ctx.records(a, bench) and ctx.records(b, bench)]
+        if not usable:
+            continue
+        records = {run: ctx.records(run, bench) for run in ctx.summaries}
+        lines += _comparison_section(records, usable, bench)
+        data[bench] = comparison_json(records, usable, bench)
+    if data:
+        write_comparison(out_dir / "comparison.json", data)
+    return lines
+
+
+def _write_report(ctx_args, sections, curves, pairs=(), html=True) -> Path:
     summaries, resolved, out_dir = ctx_args
     ctx = ReportContext(summaries, resolved, _Plots(out_dir), load_reference())
     lines = ["# RecaLLM evaluation report", ""]
-    for section in SECTIONS if sections is None else sections:
+    chosen = list(SECTIONS if sections is None else sections)
+    if pairs:  # after the per-benchmark sections
+        index = chosen.index(_benchmark_sections) + 1 if _benchmark_sections in chosen else len(chosen)
+        chosen.insert(index, lambda c: _comparisons(c, pairs, out_dir))
+    for section in chosen:
         try:
             lines += section(ctx)
         except RecallmError:
@@ -893,5 +1087,9 @@ def _write_report(ctx_args, sections, curves) -> Path:
 
         lines += ["", *report_section(curves, out_dir)]
     report = write_text_atomic(out_dir / "report.md", "\n".join(lines))
+    if html:
+        from recallm.eval.html import write_html
+
+        write_html(out_dir / "report.html", "\n".join(lines), out_dir, ctx)
     log.info("wrote %s and %d plots", report, len(ctx.plots.files))
     return report

@@ -2,7 +2,7 @@
 
 ``run_eval`` plans every example of the benchmarks (ids only), skips the ones already in
 ``<out_dir>/results.jsonl``, and for each batch of pending examples (one benchmark per batch,
-sorted by length): builds the prompts, generates, generates the follow-ups the benchmark asks
+sorted by length, then task): builds the prompts, generates, generates the follow-ups the benchmark asks
 for (the lost-in-thought injection), scores, and appends one JSON line per example - flushed and
 fsynced once per batch. A crash loses at most the batch in flight; a partial last line (the
 process died mid-write) is cut off on the next start, never parsed. A rerun with the same
@@ -17,7 +17,8 @@ totals are logged at the end.
 
 Files in ``out_dir``: ``results.jsonl`` (per example: benchmark, task, example id, length,
 prompt tokens, prompt id (a hash of the prompt text), output, output tokens, finish reason,
-parsed answer, score, correct, metrics, recall spans (count, verbatim), follow-up), ``run.json``
+parsed answer, score, correct, metrics, the reference answers (``gold``, where the benchmark gives
+them), recall spans (count, verbatim, each span's verdict), follow-up), ``run.json``
 (the fingerprint) and ``summary.json`` (``summarize``).
 
 Summary: per benchmark, per length and task (category for in-domain) and for all tasks of a
@@ -181,6 +182,7 @@ def _record(
         "score": float(score.score),
         "correct": bool(score.correct),
         "metrics": {k: float(v) for k, v in score.metrics.items()},
+        **({"gold": [str(g) for g in score.gold]} if score.gold is not None else {}),
         "spans": spans.as_dict(),
         "followup": None
         if followup is None
@@ -287,7 +289,12 @@ def run_eval(
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     by_name = {b.name: b for b in benchmarks}
-    plan = sorted(specs if specs is not None else [s for b in benchmarks for s in b.specs()])
+    # by length, then benchmark and task: a batch holds prompts of one length and, where it can, one task
+    # (similar prompt and output lengths: less padding, and fewer rows that wait for a long one to finish)
+    plan = sorted(
+        specs if specs is not None else [s for b in benchmarks for s in b.specs()],
+        key=lambda s: (s.length, s.benchmark, s.task, s.index),
+    )
     ids = [s.example_id for s in plan]
     if len(set(ids)) != len(ids):
         raise RecallmError("two examples share an id; a benchmark is listed twice")

@@ -212,11 +212,11 @@ def text_span_stats(output: str, prompt_text: str) -> SpanStats:
     from rewards.parsing import START_MARKERS, parse_response
 
     spans = parse_response(output).spans
-    verbatim = 0
+    flags = []
     for span in spans:
         opened = max(output.rfind(marker, 0, span.start) for marker in START_MARKERS)
-        verbatim += span.text in prompt_text + output[: max(opened, 0)]
-    return SpanStats(count=len(spans), verbatim=verbatim, source="text")
+        flags.append(span.text in prompt_text + output[: max(opened, 0)])
+    return SpanStats(count=len(spans), verbatim=sum(flags), source="text", flags=tuple(flags))
 
 
 # --------------------------------------------------------------------------- HELMET

@@ -75,14 +75,19 @@ class TextRequest:
 @dataclass(frozen=True)
 class SpanStats:
     """Recall spans of one output: how many, how many are verbatim copies of their searchable
-    context, and whether that was judged on token ids (``tokens``) or on text (``text``)."""
+    context, and whether that was judged on token ids (``tokens``) or on text (``text``);
+    ``flags``: each span's verdict, in output order (the HTML report colours spans by it)."""
 
     count: int
     verbatim: int
     source: str
+    flags: tuple[bool, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
-        return {"count": self.count, "verbatim": self.verbatim, "source": self.source}
+        out: dict[str, Any] = {"count": self.count, "verbatim": self.verbatim, "source": self.source}
+        if self.flags:
+            out["flags"] = [bool(f) for f in self.flags]
+        return out
 
 
 @dataclass(frozen=True)
@@ -134,6 +139,7 @@ class Score:
     correct: bool
     answer: str | None
     metrics: dict[str, float] = field(default_factory=dict)
+    gold: list[str] | None = None  # the reference answers, where the benchmark has them (shown in reports)
 
 
 _SUFFIX = {"k": 1024, "m": 1024 * 1024}

@@ -8,7 +8,8 @@ cluster; it never loads a model. Units: bytes and seconds; ``GiB`` = 2**30 bytes
 The modules, in the order of a printed plan:
 
 * :mod:`recallm.plan.model`: the model's shape and parameter count (a model directory's, or a paper base's);
-* :mod:`recallm.plan.cluster`: what the plan is checked against (flags, or this node's own values);
+* :mod:`recallm.plan.cluster`: what the plan is checked against (flags, or this node's own values; a run on the
+  CPU: this machine's RAM, :func:`host_memory`);
 * :mod:`recallm.plan.memory`: GPU memory of GRPO's actor update (verl's FSDP2 engine) and of the vLLM
   rollout; what host RAM holds;
 * :mod:`recallm.plan.lora`: what LoRA changes in those terms (GRPO's ``lora_rank``, SFT's ``sft.lora.rank``);
@@ -26,9 +27,10 @@ from __future__ import annotations
 from typing import Any
 
 from recallm.plan.checkpoints import SAVE_SAFETY, TORCH_NCCL_TIMEOUT, VERL_SAVE_LEAD, checkpoint_bytes
-from recallm.plan.cluster import Cluster, measure_write_bandwidth, node_cluster
-from recallm.plan.grpo import grpo_plan
+from recallm.plan.cluster import Cluster, host_memory, measure_write_bandwidth, node_cluster
+from recallm.plan.grpo import CPU_PLATFORMS, grpo_plan
 from recallm.plan.memory import (
+    CPU_PROCESS_RAM,
     CUDA_CONTEXT,
     CUDA_GRAPHS,
     FRAGMENTATION,
@@ -38,7 +40,7 @@ from recallm.plan.memory import (
     vllm_budget,
 )
 from recallm.plan.model import PAPER_MODELS, ModelShape, model_shape
-from recallm.plan.report import GB, GiB, Line, Plan
+from recallm.plan.report import GB, GiB, Line, Plan, gib
 from recallm.plan.sft import sft_plan
 from recallm.plan.throughput import mean_step_seconds
 
@@ -50,8 +52,10 @@ __all__ = [
     "Plan",
     "model_shape",
     "node_cluster",
+    "host_memory",
     "measure_write_bandwidth",
     "grpo_plan",
+    "CPU_PLATFORMS",
     "sft_plan",
     "actor_update_bytes",
     "vllm_budget",
@@ -60,10 +64,12 @@ __all__ = [
     "mean_step_seconds",
     "GiB",
     "GB",
+    "gib",
     "CUDA_CONTEXT",
     "FRAGMENTATION",
     "CUDA_GRAPHS",
     "PROCESS_RAM",
+    "CPU_PROCESS_RAM",
     "VERL_SAVE_LEAD",
     "TORCH_NCCL_TIMEOUT",
     "SAVE_SAFETY",

@@ -1,6 +1,7 @@
 """What a plan is checked against: GPUs per node and their memory, nodes, host RAM, the free disk and the
 write bandwidth at the checkpoint directory; given as flags (``recallm-plan``) or read from this node
-(:func:`node_cluster`: torch's CUDA devices, ``sysconf``, a 256 MiB fsynced write)."""
+(:func:`node_cluster`: torch's CUDA devices, ``sysconf``, a 256 MiB fsynced write). A run on the CPU is checked
+against the memory this machine has available now (:func:`host_memory`: ``/proc/meminfo``)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Cluster", "node_cluster", "measure_write_bandwidth"]
+__all__ = ["Cluster", "node_cluster", "measure_write_bandwidth", "host_memory"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,25 @@ def measure_write_bandwidth(directory: Path, size: int = 256 * 2**20) -> float:
     finally:
         probe.unlink(missing_ok=True)
     return written / max(elapsed, 1e-6)
+
+
+def host_memory(meminfo: str | Path = "/proc/meminfo") -> tuple[int, int | None]:
+    """(total, available) bytes of this machine's memory: ``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo``
+    (available: what the kernel can give new processes without swapping, free pages and the caches it can drop;
+    on a shared machine what a run started now can use). Where the file does not say: the total from ``sysconf``
+    and no available figure (None)."""
+    found: dict[str, int] = {}
+    try:
+        with open(meminfo, encoding="ascii") as f:
+            for line in f:
+                name, _, rest = line.partition(":")
+                fields = rest.split()
+                if name in ("MemTotal", "MemAvailable") and fields and fields[0].isdigit():
+                    found[name] = int(fields[0]) * (1024 if fields[1:] == ["kB"] else 1)
+    except (OSError, ValueError):
+        pass
+    total = found.get("MemTotal") or os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    return total, found.get("MemAvailable")
 
 
 def node_cluster(checkpoint_dir: str | None, *, measure_write: bool = True) -> dict[str, tuple[Any, str]]:

@@ -13,12 +13,19 @@ from typing import Any
 from recallm.plan.checkpoints import SAVE_SAFETY, TORCH_NCCL_TIMEOUT, VERL_SAVE_LEAD, checkpoint_bytes, kept_saves
 from recallm.plan.cluster import Cluster
 from recallm.plan.lora import lora_kept_bytes
-from recallm.plan.memory import CUDA_CONTEXT, FRAGMENTATION, PROCESS_RAM, actor_update_bytes, vllm_budget
+from recallm.plan.memory import (
+    CPU_PROCESS_RAM,
+    CUDA_CONTEXT,
+    FRAGMENTATION,
+    PROCESS_RAM,
+    actor_update_bytes,
+    vllm_budget,
+)
 from recallm.plan.model import ModelShape
 from recallm.plan.report import GB, Plan, gib
 from recallm.plan.throughput import time_lines
 
-__all__ = ["grpo_plan"]
+__all__ = ["grpo_plan", "CPU_PLATFORMS"]
 
 ARR = "actor_rollout_ref"
 ROLLOUT = f"{ARR}.rollout"
@@ -325,6 +332,111 @@ def _save_time_lines(plan: Plan, run: _Run, one: int) -> None:
     )
 
 
+#: the platforms that train on the CPU (``recallm.grpo.settings.GRPOSettings.cpu``)
+CPU_PLATFORMS = ("cpu", "vllm_cpu")
+_DTYPE_BYTES = {"float32": 4, "fp32": 4, "bfloat16": 2, "bf16": 2, "float16": 2, "fp16": 2, "half": 2}
+
+
+def _cpu_rollout_parts(run: _Run) -> tuple[int, int, str]:
+    """The CPU rollout's engines (one per training process, ``tensor_model_parallel_size`` 1): their weights, the
+    KV cache of the sequences one engine generates at once (fp32 K and V of every layer), and those words. The
+    ``hf_cpu`` server generates up to ``engine_kwargs.hf_cpu.max_batch_size`` requests together in its ``dtype``
+    (``recallm.grpo.cpu.hf_generate.HFCPUSettings``); vLLM's CPU build (``vllm_cpu``) in ``rollout.dtype``, up to
+    ``max_num_seqs`` at once."""
+    cfg, shape, ranks = run.cfg, run.shape, run.cluster.gpus
+    engines = max(ranks // run.tp, 1)
+    rollouts = int(_sel(cfg, "data.train_batch_size")) * int(_sel(cfg, f"{ROLLOUT}.n"))
+    if run.vllm:
+        dtype = str(_sel(cfg, f"{ROLLOUT}.dtype", "float32") or "float32")
+        at_once = int(_sel(cfg, f"{ROLLOUT}.max_num_seqs", 256) or 256)
+        name = "vLLM (CPU build)"
+    else:
+        from recallm.config import typed
+        from recallm.grpo.cpu.hf_generate import HFCPUSettings
+
+        settings = typed(
+            HFCPUSettings, _sel(cfg, f"{ROLLOUT}.engine_kwargs.hf_cpu") or {}, f"{ROLLOUT}.engine_kwargs.hf_cpu"
+        )
+        dtype, at_once, name = settings.dtype, settings.max_batch_size, "hf_cpu"
+    weights = _DTYPE_BYTES.get(dtype, 4) * (shape.params + run.lora) * engines
+    sequences = min(at_once, -(-rollouts // engines))
+    kv = engines * sequences * run.longest * shape.kv_bytes_per_token * 2  # (kv_bytes_per_token is bf16's)
+    return weights, kv, f"{engines} {name} engine(s) in {dtype}, {sequences} of {rollouts:,} rollouts at once each"
+
+
+def _cpu_host_line(plan: Plan, run: _Run) -> None:
+    """On the CPU platform everything is in this machine's RAM: the actor's training processes (fp32: state,
+    update), the reference, the rollout's engines and every process; the update and the generation take turns."""
+    cfg, shape, cluster, ranks = run.cfg, run.shape, run.cluster, run.cluster.gpus
+    parts = actor_update_bytes(
+        shape,
+        ranks,
+        run.tokens,
+        checkpointing=run.checkpointing,
+        defer_grad_sync=run.defer,
+        attn=run.attn,
+        longest_sequence=run.longest,
+        compute_bytes=4,  # (the CPU platform computes in fp32: configs/grpo/platform/cpu.yaml)
+        sharded=ranks > 1,
+        logits_copies=5,  # (fp32: the logits, the masked copy, the log-softmax and their gradients; measured)
+        lora_params=run.lora,
+        lora_width=shape.lora_width(run.rank, run.targets),
+        param_bytes=run.param_bytes,
+    )
+    working = {"gathered layers", "activations", "logits"}
+    state = ranks * sum(v for k, v in parts.items() if k.split(" (")[0] not in working)
+    update = ranks * sum(v for k, v in parts.items() if k.split(" (")[0] in working)
+    ref_dtype = str(_sel(cfg, f"{ARR}.ref.fsdp_config.model_dtype", "fp32") or "fp32")
+    use_ref = _sel(cfg, f"{ARR}.actor.use_kl_loss", False) and not run.lora  # (LoRA: the actor without its adapter)
+    reference = _DTYPE_BYTES.get(ref_dtype, 4) * shape.params if use_ref else 0
+    weights, kv, engines = _cpu_rollout_parts(run)
+    workers = int(_sel(cfg, f"{ROLLOUT}.agent.num_workers", 1) or 1) + int(_sel(cfg, "reward.num_workers", 1) or 1)
+    processes = ranks + max(ranks // run.tp, 1) + workers + 2  # (+ the driver's task runner and Ray's own)
+    host = {
+        "actor state": state,
+        "reference": reference,
+        "rollout weights": weights,
+        f"{processes} processes": processes * CPU_PROCESS_RAM,
+    }
+    phase = max(update, kv)
+    plan.add(
+        "host RAM (this machine)",
+        "host RAM",
+        sum(host.values()) + phase,
+        cluster.host_ram,
+        "GiB",
+        ", ".join(f"{k} {gib(v)}" for k, v in host.items() if v)
+        + f", and the larger of the actor's update {gib(update)} ({ranks} process(es): micro-batch of {run.how}) "
+        f"and the rollout's KV cache {gib(kv)} ({engines})",
+        fix=f"lower {ARR}.actor.ppo_micro_batch_size_per_gpu and the log-prob micro batches (to 2), "
+        "data.max_response_length or actor_rollout_ref.rollout.n",
+    )
+
+
+def _cpu_plan(run: _Run, rollout: str, step_seconds: float | None, time_limit_h: float | None) -> Plan:
+    """The plan of a run on the CPU platform (``recallm.platform`` ``cpu`` or ``vllm_cpu``): host RAM, disk, the
+    time of a save (when the write bandwidth is known), the run's time. No GPU, no SLURM deadline, no NCCL."""
+    shape, cluster = run.shape, run.cluster
+    plan = Plan(
+        f"plan: GRPO {shape.name} ({shape.params / 1e9:.2f}B parameters) on the CPU platform: {cluster.gpus} "
+        f"training process(es), the {rollout} rollout"
+        + (f", LoRA rank {run.rank} ({run.lora / 1e6:,.1f}M adapter parameters)" if run.lora else "")
+    )
+    _cpu_host_line(plan, run)
+    one, total = _disk_line(plan, run)
+    if cluster.write_bandwidth:
+        plan.add(
+            "time",
+            "one save",
+            2 * one / cluster.write_bandwidth,
+            None,
+            "s",
+            f"{one / GB:,.2f} GB at {cluster.write_bandwidth / GB:.2f} GB/s, and its checksums as long again",
+        )
+    time_lines(plan, total, step_seconds, time_limit_h)
+    return plan
+
+
 def grpo_plan(
     cfg: Any,
     cluster: Cluster,
@@ -335,8 +447,12 @@ def grpo_plan(
     flash_attn_installed: bool | None = None,
     mean_tokens: int = 11000,
 ) -> Plan:
-    """The plan of a composed GRPO config (``configs/grpo.yaml`` with a recipe) on ``cluster``."""
+    """The plan of a composed GRPO config (``configs/grpo.yaml`` with a recipe) on ``cluster``; on the CPU platform
+    (``recallm.platform``: :data:`CPU_PLATFORMS`) the CPU's plan, ``cluster`` holding its training processes
+    (``gpus_per_node``) and this machine's RAM."""
     run = _read(cfg, cluster, shape)
+    if _sel(cfg, "recallm.platform") in CPU_PLATFORMS:
+        return _cpu_plan(run, str(_sel(cfg, f"{ROLLOUT}.name")), step_seconds, time_limit_h)
     plan = Plan(
         f"plan: GRPO {shape.name} ({shape.params / 1e9:.2f}B parameters) on {cluster.nodes} node(s) x "
         f"{cluster.gpus_per_node} GPU(s) of {gib(cluster.gpu_memory)}"

@@ -51,6 +51,14 @@ What the node's ranks offload: the actor's fp32 parameters, gradients and AdamW 
 when offloaded), the reference's bf16 parameters (``2P``), the sleeping vLLM engines' weights
 (``2P`` per engine), the staging of one save (each rank's shard of model and optimizer state,
 ``12P`` in all), and :data:`PROCESS_RAM` per GPU (Python, torch, CUDA libraries, Ray, vLLM).
+
+The CPU platform (``recallm.plan.grpo``: ``recallm.platform`` ``cpu``/``vllm_cpu``; ``recallm.plan.sft`` with ``cpu``)
+-----------------------------------------------------------------------------------------------------------------
+Everything is in the machine's RAM and in fp32 (``configs/grpo/platform/cpu.yaml``: fp32 mixed precision; SFT:
+bf16 only on a GPU): the actor's update is :func:`actor_update_bytes` with ``compute_bytes=4``, five fp32 copies
+of the logits (the step measured on the CPU) and, with one training process, nothing gathered; its state, the
+fp32 reference and the rollout engines' weights stay resident, the update and the rollout's KV cache take turns,
+and each process costs :data:`CPU_PROCESS_RAM`.
 """
 
 from __future__ import annotations
@@ -64,6 +72,7 @@ __all__ = [
     "FRAGMENTATION",
     "CUDA_GRAPHS",
     "PROCESS_RAM",
+    "CPU_PROCESS_RAM",
     "attention_bytes",
     "actor_update_bytes",
     "vllm_budget",
@@ -77,6 +86,10 @@ FRAGMENTATION = 0.10
 CUDA_GRAPHS = 1 * GiB
 #: host memory per GPU besides the offloaded state: the Python processes (trainer, vLLM, Ray workers)
 PROCESS_RAM = 8 * GiB
+#: host memory of one process of a run on the CPU platform beyond its tensors (Python with torch, transformers,
+#: verl and Ray imported is 0.47 GiB resident before it builds anything: measured with VmRSS on the 2-core test
+#: machine; tokenizer, data loader and Ray's plumbing come on top)
+CPU_PROCESS_RAM = 1 * GiB
 
 
 def attention_bytes(shape: ModelShape, tokens: int, attn: str) -> int:
@@ -114,7 +127,7 @@ def actor_update_bytes(
     else:
         activations = shape.layers * layer_act
     activations += attention_bytes(shape, longest_sequence or tokens, attn) * (1 if checkpointing else shape.layers)
-    gathered = (2 * 2 * shape.layer_params + 2 * shape.embedding_params) if sharded else 0
+    gathered = (2 * compute_bytes * shape.layer_params + compute_bytes * shape.embedding_params) if sharded else 0
     logits = logits_copies * compute_bytes * tokens * shape.vocab
     if lora_params > 0:  # (recallm.plan.lora)
         activations += adapter_activation_bytes(

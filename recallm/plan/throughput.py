@@ -10,6 +10,7 @@ import json
 import math
 from pathlib import Path
 
+from recallm.config import MAX_SECONDS
 from recallm.errors import RecallmError
 from recallm.plan.report import Plan
 
@@ -24,20 +25,33 @@ def mean_step_seconds(metrics: str | Path) -> float:
         from recallm.paths import METRICS_FILE
 
         path = path / METRICS_FILE
-    if not path.is_file():
+    if not path.exists():
         raise RecallmError(f"--metrics {metrics}: no such metrics log")
+    from recallm.io import check_in_file
+
+    check_in_file(path, "--metrics", kind="jsonl")  # (a FIFO, a device, a binary file: one line, nothing read)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise RecallmError(f"--metrics {path} is not UTF-8 text (byte {exc.start}): not a metrics log") from None
+    except OSError as exc:
+        raise RecallmError(f"--metrics {path} cannot be read ({exc.strerror})") from None
     steps: dict[int, float] = {}
-    for number, raw in enumerate(path.read_text().splitlines(), 1):
+    for number, raw in enumerate(text.splitlines(), 1):
         if not raw.strip():
             continue
         try:
             record = json.loads(raw)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # (not JSON; an integer of more than 4300 digits; deep nesting)
             raise RecallmError(f"--metrics {path}: line {number} is not JSON") from None
         data = record.get("data", record) if isinstance(record, dict) else {}
         step = record.get("step") if isinstance(record, dict) else None
         value = data.get("timing_s/step") if isinstance(data, dict) else None
-        if isinstance(step, int) and isinstance(value, (int, float)):
+        if isinstance(step, int) and isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not 0 < value <= MAX_SECONDS:  # (nan and inf too)
+                raise RecallmError(
+                    f"--metrics {path}: line {number}: timing_s/step must be in (0, {MAX_SECONDS}] seconds, got {value}"
+                )
             steps[step] = float(value)
     if not steps:
         raise RecallmError(f"--metrics {path}: no step has timing_s/step")

@@ -268,7 +268,7 @@ def _lora_problems(run: SFTRun):
         yield problem
 
 
-def _max_length(run: SFTRun) -> SFTRun:
+def resolve_max_length(run: SFTRun) -> SFTRun:
     """``sft.max_length`` null: the longest trace of ``train_file`` and ``val_file``; either way within the
     model's positions."""
     from recallm.sft.data import trace_lengths
@@ -336,7 +336,7 @@ def check_config(cfg: Any) -> SFTRun:
     )
     if not found:  # the data files are there and readable: the lengths can be read from them
         sized: list[SFTRun] = []
-        found = collect(lambda: sized.append(_max_length(run)))
+        found = collect(lambda: sized.append(resolve_max_length(run)))
         run = sized[0] if sized else run
     raise_problems(found)
     return run

@@ -259,6 +259,49 @@ def test_tiny_cpu_stages(tmp_path):
         experiment_stages(experiment(model={"path": str(tmp_path)}), tmp_path)
 
 
+def test_smollm2_cpu_plan(tmp_path):
+    """The real-model experiment: GRPO for the recall model only, the recall runs on its SFT model and the
+    GRPO run on the exported GRPO model, the bfloat16 prefill, the paired comparisons passed to the report,
+    and a RESULT line of every run's accuracy by length and the paired difference at the longest."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recallm.paths import config_dir
+
+    with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+        cfg = compose(config_name="pipeline", overrides=["experiment=smollm2_cpu"])
+    exp = OmegaConf.to_container(cfg.experiment, resolve=True)
+    stages = experiment_stages(exp, tmp_path)
+    root = tmp_path.resolve()
+    assert [s.name for s in stages] == ["model", "data", "sft_embed", "sft_full", "grpo", "export", "eval", "report"]
+    jobs = {j.name: j for s in stages for j in s.jobs}
+    assert "grpo/recall" in jobs and "grpo/norecall" not in jobs and "export/norecall" not in jobs
+    assert f"actor_rollout_ref.model.path={root / 'sft' / 'recall' / 'full' / 'final'}" in jobs["grpo/recall"].argv
+    model_of = {
+        name.split("/")[1]: next(a for a in job.argv if a.startswith("model_path="))
+        for name, job in jobs.items()
+        if name.startswith("eval/")
+    }
+    assert model_of == {
+        "base": f"model_path={root / 'base'}",
+        "recall": f"model_path={root / 'sft' / 'recall' / 'full' / 'final'}",
+        "recall_unconstrained": f"model_path={root / 'sft' / 'recall' / 'full' / 'final'}",
+        "norecall": f"model_path={root / 'sft' / 'norecall' / 'full' / 'final'}",
+        "grpo": f"model_path={root / 'models' / 'recall'}",
+    }
+    assert all("backend.prefill_dtype=bfloat16" in jobs[f"eval/{run}"].argv for run in model_of)
+    assert "compare=[[recall,norecall],[recall,base],[recall,recall_unconstrained],[grpo,recall]]" in jobs["report"].argv
+    assert exp["result"]["metrics"]["diff_longest"] == {
+        "run": "recall", "versus": "norecall", "benchmark": "synthetic", "length": 2048
+    }  # fmt: skip
+    bad = {**exp, "eval": {**exp["eval"], "compare": [["recall", "nothing"]]}}
+    with pytest.raises(RecallmError, match="compare\\[0\\]: no evaluation run 'nothing'"):
+        experiment_stages(bad, tmp_path)
+    twin = {**exp, "variants": {**exp["variants"], "twin": {"sft_from": "recall", "rl": False}}}
+    with pytest.raises(RecallmError, match="sft_from with rl: false"):
+        experiment_stages(twin, tmp_path)
+
+
 def test_result_line(tmp_path):
     exp = experiment()
     for run, acc in (("recall", {"360": 0.9, "1440": 0.6}), ("norecall", {"360": 0.8, "1440": 0.1})):

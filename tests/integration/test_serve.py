@@ -110,16 +110,21 @@ def test_cli_refuses_an_untested_vllm_in_one_line(tiny_dir, capsys, monkeypatch)
     assert main([str(tiny_dir)]) == 0 and executed and executed[0][2:4] == ["recallm.serve", "serve"]
 
 
+def _values(command: list[str], flag: str) -> list[str]:
+    """The values of ``flag`` in a command line: what follows it up to the next flag (``--middleware`` follows)."""
+    i = command.index(flag)
+    end = next((k for k in range(i + 1, len(command)) if command[k].startswith("--")), len(command))
+    return command[i + 1 : end]
+
+
 def test_user_names_of_the_processor_are_not_doubled(tiny_dir):
     from recallm.serve import RECALL_PROCESSORS
 
     for name in RECALL_PROCESSORS:
         command = serve_command(ServeSettings(tiny_dir), ["--logits-processors", name])
-        i = command.index("--logits-processors")
-        assert command[i + 1 :] == [name]
+        assert _values(command, "--logits-processors") == [name] and command.count(name) == 1, command
         plain = serve_command(ServeSettings(tiny_dir, recall_constrained=False), ["--logits-processors", name, "x:Y"])
-        i = plain.index("--logits-processors")
-        assert plain[i + 1 :] == ["x:Y"]
+        assert _values(plain, "--logits-processors") == ["x:Y"] and name not in plain, plain
 
 
 def test_the_served_process_knows_the_recallm_configs_before_vllm_reads_them(tmp_path, tiny_dir):

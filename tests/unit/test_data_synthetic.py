@@ -109,6 +109,58 @@ def test_math_problems_are_right_and_near_keys_present(renderer):
         assert f"{key}" not in row.question.split("Problem:")[0]
 
 
+@pytest.mark.parametrize("key_type", ["int", "signed"])
+def test_offset_problems_change_only_the_last_digit(key_type):
+    """The one-digit offset (``b + d`` / ``b - d``, no carry or borrow): right, and ``b`` differs from
+    the key in its last digit only; both signs occur; the paper's problem types stay the default."""
+    import random
+
+    from data_gen.tasks.kv import PAPER_PROBLEM_TYPES, PROBLEM_TYPES
+
+    rng, ops = random.Random(0), set()
+    for _ in range(400):
+        x = rng.randint(-99999, 99999) if key_type == "signed" else rng.randint(10000, 99999)
+        problem, steps = PROBLEM_TYPES["offset"](rng, x)
+        b, op, d = problem.split(" ")
+        ops.add(op)
+        assert eval(problem, {"__builtins__": {}}) == x and 1 <= int(d) <= 9  # digits and + - only
+        assert b.lstrip("-")[:-1] == str(x).lstrip("-")[:-1] and b.startswith("-") == (x < 0)
+        assert steps == [f"{problem} = {x}."]
+    assert ops == {"+", "-"}
+    assert make_task("math_retrieval").problem_types == PAPER_PROBLEM_TYPES == ("linear", "arithmetic")
+
+
+def test_math_retrieval_with_offset_problems(renderer):
+    task = make_task("math_retrieval", problem_types=["offset"], near_keys=2)
+    for seed in range(10):
+        row = _row(task, renderer, 512, seed)
+        key = int(row.trace_info["key"])
+        expr = re.search(r"compute (\d+ [+-] \d)\.", row.question).group(1)
+        assert eval(expr, {"__builtins__": {}}) == key and str(key) not in row.question
+
+
+def test_niah_trace_by_key(renderer):
+    """trace_style=by_key: the keys in the question's order, each named, then its needles recalled."""
+    from data_gen.traces import programmatic_trace
+
+    task = make_task("multi_niah", decoys=2, target_keys=3, values_per_key=[1, 2], trace_style="by_key")
+    for seed in range(6):
+        row = _row(task, renderer, 512, seed)
+        segments = programmatic_trace(task, row, random.Random(seed))
+        keys = list(row.trace_info["per_key"])
+        named = re.search(r"codes for (.+)\? List", row.question).group(1).replace(" and ", ", ").split(", ")
+        assert keys == named and segments[0] == ("text", f"The question names {len(keys)} key(s).")
+        spans = [row.prompt_text[a:b] for kind, (a, b) in ((k, v) for k, v in segments if k == "span")]
+        assert sorted(spans) == sorted(g["text"] for g in row.gold)
+        order = [next(k for k in keys if s.startswith(f"The special code for {k} is ")) for s in spans]
+        assert order == sorted(order, key=keys.index)  # grouped by key, in the question's order
+        texts = [v for k, v in segments if k == "text"]
+        for key in keys:
+            assert f" {key}:" in texts
+    with pytest.raises(RecallmError, match="trace_style must be one of"):
+        make_task("multi_niah", trace_style="sorted")
+
+
 def test_votes_ranking_holds_in_the_prompt(renderer):
     for name, top in (("majority_vote", 1), ("top_n_vote", 3)):
         task = make_task(name)

@@ -473,6 +473,56 @@ def test_synthetic_task_settings_are_checked():
         make("synthetic", task="toy_lookup", lengths=[360]).specs()
 
 
+def test_synthetic_per_cell_at_one_length(renderer):
+    """More prompts at one length; the first per_cell prompts there are the same prompts either way, and the
+    option stays out of the fingerprint when unset."""
+    kw = dict(task="toy_lookup", params={"pairs": None}, lengths=[360, "1K"])
+    bench = make("synthetic", per_cell=2, per_cell_at={"1K": 5}, **kw)
+    ids = [s.example_id for s in bench.specs()]
+    assert ids == [f"synthetic/toy_lookup/360/{i}" for i in range(2)] + [f"synthetic/toy_lookup/1024/{i}" for i in range(5)]
+    plain = make("synthetic", per_cell=2, **kw)
+    spec = bench.specs()[3]  # 1024/1
+    assert plain.build(spec, renderer).prompt_text == bench.build(spec, renderer).prompt_text
+    assert "per_cell_at" not in plain.describe() and bench.describe()["per_cell_at"] == {"1K": 5}
+    with pytest.raises(RecallmError, match="per_cell_at: 2048 is not one of the lengths"):
+        make("synthetic", per_cell=2, per_cell_at={2048: 5}, **kw)
+    for bad in (0, -1, 9 * 10**18, True, 2.0, "3"):
+        with pytest.raises(RecallmError, match=r"per_cell_at.360 must be an integer in \[1, 1000000000\]"):
+            make("synthetic", per_cell=2, per_cell_at={360: bad}, **kw)
+    with pytest.raises(RecallmError, match="per_cell_at"):
+        make("synthetic", per_cell=2, per_cell_at={"lots": 5}, **kw)
+
+
+def test_smollm2_suite_takes_more_prompts_at_the_longest_length():
+    """The SmolLM2 experiment's suite: 24 prompts per task and length, and the override its results page gives
+    for a +-0.08 interval at 2,048 tokens (no ``+``: the suite lists the key)."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from recallm.paths import config_dir
+
+    def specs(*overrides):
+        with initialize_config_dir(config_dir=str(config_dir()), version_base="1.3"):
+            cfg = compose(config_name="eval", overrides=["eval=smollm2", *overrides])
+        (bench,) = make_benchmarks(OmegaConf.to_container(cfg.eval, resolve=True), reward_config=cfg.reward)
+        return Counter(s.length for s in bench.specs())
+
+    assert specs() == {256: 72, 1024: 72, 2048: 72}
+    assert specs("eval.benchmarks.synthetic.per_cell_at={2048:72}") == {256: 72, 1024: 72, 2048: 216}
+
+
+def test_synthetic_answer_diagnostics_in_the_metrics(renderer):
+    """The synthetic benchmark adds the answer diagnostics to a key-value score (its key given, the answer copied
+    from the prompt) and none to a multi-needle one (no single key)."""
+    niah = {"task": "multi_niah", "params": {"decoys": 0, "target_keys": 1, "values_per_key": 1, "value_types": ["number"]}}
+    bench = make("synthetic", tasks=[{"task": "kv_retrieval"}, niah], lengths=[1024], per_cell=1)
+    kv, niah = (bench.build(s, renderer) for s in bench.specs())
+    key, value = kv.reference["key"], kv.reference["ground_truth"]["answers"][0]
+    scored = bench.score(kv, gen(f"key {key}</think>\nAnswer: {value}", n_tokens=9), None)
+    assert scored.gold == [value] and scored.metrics["key_in_output"] == 1.0 == scored.metrics["answer_in_prompt"]
+    assert "key" not in niah.reference and "answer_similarity" not in bench.score(niah, gen("x", 1), None).metrics
+
+
 def test_in_domain_reads_natural_length_cells(renderer, tmp_path):
     from data_gen.base import make_task
     from data_gen.generate import build_row

@@ -325,3 +325,126 @@ def test_wandb_mode(tmp_path):
     (tmp_path / ".netrc").write_text("machine api.wandb.ai\n  login user\n  password secret\n")
     (tmp_path / ".netrc").chmod(0o600)
     assert wandb_mode(home)[0] == "online"
+
+
+# ----------------------------------------------------------------------------------- the CPU platform (issue 38)
+def _cpu_grpo_cfg(**changes):
+    """A run of the CPU platform (configs/grpo/platform/cpu.yaml's keys): fp32, unpacked sdpa, no offload, the
+    hf_cpu rollout, micro batches of 2 over 6 + 10 tokens, a batch of 4 prompts x 4 rollouts."""
+    from omegaconf import OmegaConf
+
+    cfg = {
+        "recallm": {"platform": "cpu"},
+        "data": {"max_prompt_length": 6, "max_response_length": 10, "train_batch_size": 4},
+        "actor_rollout_ref": {
+            "model": {"use_remove_padding": False, "enable_gradient_checkpointing": False,
+                      "override_config": {"attn_implementation": "sdpa"}},
+            "actor": {"use_dynamic_bsz": False, "ppo_micro_batch_size_per_gpu": 2, "use_kl_loss": True,
+                      "fsdp_config": {}, "checkpoint": {"save_contents": ["model", "optimizer", "extra"]}},
+            "rollout": {"name": "hf_cpu", "n": 4, "tensor_model_parallel_size": 1},
+        },
+        "trainer": {"total_training_steps": 10, "save_freq": 5},
+    }  # fmt: skip
+    cfg = OmegaConf.create(cfg)
+    for key, value in changes.items():
+        OmegaConf.update(cfg, key.replace("__", "."), value)
+    return cfg
+
+
+def test_grpo_plan_on_the_cpu_platform_by_hand():
+    """What the CPU platform runs, all in this machine's RAM (no GPU line, no vLLM, no SLURM deadline)."""
+    from recallm.plan import CPU_PROCESS_RAM, grpo_plan
+
+    p = SMALL.params  # 2792
+    machine = _cluster(gpus_per_node=1, gpu_memory=0, host_ram=24 * GiB, write_bandwidth=0.0)
+    plan = grpo_plan(_cpu_grpo_cfg(), machine, SMALL)
+    assert "on the CPU platform: 1 training process(es), the hf_cpu rollout" in plan.title
+    assert [line.what for line in plan.lines] == ["host RAM", "checkpoints"]  # (no bandwidth: no save time)
+    host = plan.lines[0]
+    assert host.section == "host RAM (this machine)" and host.have == 24 * GiB and host.fits
+    # micro batch 2 x 16 tokens = 32, fp32: each layer keeps 32 x (12h + 4Kd + 8I) = 32 x 240 floats (no
+    # checkpointing), the logits 5 fp32 copies of 32 x V
+    update = 2 * 32 * 240 * 4 + 5 * 4 * 32 * 100
+    # the rollout: 16 rollouts at once (max_batch_size 64), 16 tokens each, fp32 K and V of 2 layers x 1 head x 4
+    kv = 16 * 16 * (2 * 2 * 1 * 4 * 4)
+    state, reference, rollout_weights = 16 * p, 4 * p, 4 * p  # fp32 actor + AdamW; fp32 reference and rollout
+    processes = 1 + 1 + 1 + 1 + 2  # the training process, the rollout server, the agent and reward workers, driver, Ray
+    assert host.need == state + reference + rollout_weights + processes * CPU_PROCESS_RAM + max(update, kv)
+    # a save: fp32 model shards and AdamW state, two saves kept (every save)
+    assert plan.lines[1].need == 2 * 12 * p
+    # a known bandwidth: the save and its checksum pass; LoRA: no reference copy
+    plan = grpo_plan(_cpu_grpo_cfg(actor_rollout_ref__model__lora_rank=2), _cluster(gpus_per_node=1), SMALL)
+    assert plan.lines[-1].what == "one save" and "reference" not in plan.lines[0].why
+    # two training processes: the update's working set twice, the state once (sharded); vLLM's CPU build
+    two = grpo_plan(_cpu_grpo_cfg(recallm__platform="vllm_cpu", actor_rollout_ref__rollout__name="vllm",
+                                  actor_rollout_ref__rollout__max_num_seqs=8),
+                    _cluster(gpus_per_node=2, host_ram=24 * GiB, write_bandwidth=0.0), SMALL)  # fmt: skip
+    assert "2 vLLM (CPU build) engine(s) in float32, 8 of 16 rollouts at once each" in two.lines[0].why
+    assert "GPU" not in two.render() and "DOES NOT FIT" not in two.render()
+    # a machine too small: the line names the micro batches to lower
+    small = grpo_plan(_cpu_grpo_cfg(), _cluster(gpus_per_node=1, host_ram=1 * GiB, write_bandwidth=0.0), SMALL)
+    assert not small.fits and "ppo_micro_batch_size_per_gpu" in small.lines[0].fix
+
+
+def test_sft_plan_on_the_cpu_by_hand():
+    from recallm.plan import CPU_PROCESS_RAM, sft_plan
+
+    p = SMALL.params
+    sft = {"per_device_batch_size": 2, "max_length": 16, "gradient_checkpointing": False, "save_total_limit": 1}
+    machine = _cluster(gpus_per_node=1, gpu_memory=0, host_ram=24 * GiB, write_bandwidth=0.0)
+    plan = sft_plan({"stage": "full", "sft": sft}, machine, SMALL, cpu=True)
+    assert "on the CPU (one process, fp32)" in plan.title and "GPU" not in plan.render()
+    step, disk = plan.lines
+    assert step.section == "host RAM (this machine)" and step.fits
+    # fp32 model, gradients, AdamW; activations of 32 tokens in fp32 (2 layers), 5 fp32 copies of the logits
+    assert step.need == 16 * p + 2 * 32 * 240 * 4 + 5 * 4 * 32 * 100 + CPU_PROCESS_RAM
+    assert disk.need == 2 * 12 * p + 4 * p  # (fp32 model + AdamW) x (1 kept + 1 being written), the fp32 final model
+    # the embedding stage trains the embeddings only; LoRA the adapter
+    embed = sft_plan({"stage": "embed", "sft": sft}, machine, SMALL, cpu=True).lines[0]
+    assert step.need - embed.need == 12 * (p - SMALL.embedding_params)
+    a = SMALL.lora_params(2)
+    lora = sft_plan({"stage": "full", "sft": {**sft, "lora": {"rank": 2}}}, machine, SMALL, cpu=True).lines[0]
+    assert step.need - lora.need == 12 * (p - a) - 32 * 2 * 7 * 4 * 2  # (+ A's outputs, every layer, fp32)
+
+
+def test_host_memory_reads_meminfo(tmp_path):
+    import os
+
+    from recallm.plan import host_memory
+
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text("MemTotal:       24683784 kB\nMemFree:         1000000 kB\nMemAvailable:   17000000 kB\n")
+    assert host_memory(meminfo) == (24683784 * 1024, 17000000 * 1024)
+    sysconf = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    assert host_memory(tmp_path / "missing") == (sysconf, None)  # (no /proc: the total from sysconf, no figure now)
+    total, available = host_memory()  # this machine's: the kernel's MemTotal is sysconf's physical pages
+    assert total == sysconf and available is not None and 0 < available <= total
+
+
+def test_where_sft_runs_and_the_flags_ranges(monkeypatch):
+    import argparse
+
+    import recallm.cli.plan as cli
+
+    def args(**kw):
+        return argparse.Namespace(**{**{f: None for f in ("gpus", "gpu_mem_gib")}, **kw})
+
+    monkeypatch.setattr(cli, "_cuda_here", lambda: False)
+    assert cli._sft_on_cpu({"deepspeed": {"file": "zero2_cpu.json"}}, args(gpus=4))  # DeepSpeed's CPU file
+    assert not cli._sft_on_cpu({"deepspeed": {"file": "zero2.json"}}, args())  # the GPU file: planned for GPUs
+    assert cli._sft_on_cpu({"deepspeed": {"file": None}}, args())  # no GPU here, none described
+    assert not cli._sft_on_cpu({"deepspeed": {"file": None}}, args(gpu_mem_gib=80.0))  # a plan for a GPU node
+    monkeypatch.setattr(cli, "_cuda_here", lambda: True)
+    assert not cli._sft_on_cpu({}, args())
+    parser = cli._parser("recallm-plan")
+    for flags, message in [
+        (["--gpu-mem-gib", "inf"], "--gpu-mem-gib must be a finite number, got inf"),
+        (["--write-gbps", "nan"], "--write-gbps must be a finite number, got nan"),
+        (["--gpus", "0"], "--gpus must be positive, got 0"),
+        (["--mean-tokens", "-5"], "--mean-tokens must be positive, got -5"),
+        (["--time-limit-hours", "1e9"], "--time-limit-hours must be <= 720.0, got 1000000000.0"),
+    ]:
+        with pytest.raises(RecallmError) as exc:
+            cli.checked_flags(parser.parse_args(["grpo", *flags]))
+        assert str(exc.value) == message
+    assert cli.checked_flags(parser.parse_args(["grpo", "--gpu-mem-gib", "80"])).gpu_mem_gib == 80.0

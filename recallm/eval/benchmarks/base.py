@@ -241,4 +241,19 @@ def score_with_reward(
         row = check_ground_truth(ground_truth, ref["data_source"], reward_config)
         answer = final_answer(generation.text, "full")
         score = float(answer_reward(answer, row, ground_truth))
-    return Score(score=score, correct=score >= 1.0, answer=answer, metrics=metrics)
+    return Score(score=score, correct=score >= 1.0, answer=answer, metrics=metrics, gold=_gold(ref["ground_truth"]))
+
+
+def _gold(ground_truth) -> list[str] | None:
+    """The reference answers of a ground truth as text (an answer with aliases: its first form)."""
+    from rewards.config import as_ground_truth
+
+    answers = as_ground_truth(ground_truth).get("answers")
+    if not isinstance(answers, (list, tuple)):
+        return None
+    out = []
+    for answer in answers:
+        if isinstance(answer, (list, tuple)):
+            answer = answer[0] if answer else ""
+        out.append(str(answer))
+    return out

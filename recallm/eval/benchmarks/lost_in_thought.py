@@ -45,7 +45,7 @@ from typing import Any
 
 from data_gen.base import Draft, Piece, check_choice
 from data_gen.fit import PromptRenderer, build_row
-from data_gen.tasks.kv import KV_FORMATS, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
+from data_gen.tasks.kv import KV_FORMATS, PAPER_PROBLEM_TYPES, PROBLEM_TYPES, VALUE_TYPES, KVDictionary
 from recallm.config import MAX_COUNT, MAX_TOKENS
 from recallm.errors import RecallmError
 from recallm.eval.benchmarks.base import Benchmark, BenchmarkOptions, EvalTask, Followup
@@ -97,7 +97,7 @@ class LostInThoughtOptions(BenchmarkOptions):
 
     formats: Any = field(default_factory=lambda: list(KV_FORMATS))
     query_positions: Any = field(default_factory=lambda: ["beginning", "end"])
-    problem_types: Any = field(default_factory=lambda: list(PROBLEM_TYPES))
+    problem_types: Any = field(default_factory=lambda: list(PAPER_PROBLEM_TYPES))
     key_type: str = "signed"
     """``signed`` (keys +-1..10^d-1, as the paper's Figure 5a), ``int`` (positive d-digit keys) or ``toy``"""
     value_type: str = "alnum"

@@ -8,8 +8,7 @@ times, afterwards (no output directory, no Hydra log directory, no lock file, no
 Issue 38 adds four classes: **special files** (a FIFO, private character devices made with ``mknod`` in the
 test's directory, never the machine's ``/dev``, a socket) as inputs and outputs; **LoRA adapters** damaged in
 every way ``recallm.modeling.adapter_problem`` names, given to every command that takes a model; **ranges**
-(LoRA ranks, rows, tokens, seeds, verl's keys, ``recallm-plan``'s flags and keys: the plan's cases are
-expected to fail until the plan's ranges land, ``xfail(strict=True)``); and the generic cases every command
+(LoRA ranks, rows, tokens, seeds, verl's keys, ``recallm-plan``'s flags and keys, and the metrics log it reads); and the generic cases every command
 gets by default (from ``pyproject.toml``'s scripts: a command without a case fails
 ``test_every_command_is_fuzzed``; every Hydra command gets a run directory under a file and under
 ``/proc``; every numeric key of a command's own schema a value far out of range). Concurrency (two writers
@@ -381,8 +380,8 @@ for module, spec in OWN_SCHEMAS.items():
         value = str(9 * 10**18) if kind is int else "1e300"
         CASES.append((f"{module.rsplit('.', 1)[1]}-own-{key}-huge", module, [*HYDRA_VALID[module], f"{key}={value}"]))
 
-# recallm-plan (and --plan): its ranges are the plan split's second round (issue 38); the cases are kept here and
-# expected to fail until then
+# recallm-plan (and recallm-sft --plan, recallm-grpo --plan): its flags' ranges (recallm.cli.plan.PlanFlags), verl's
+# keys' (recallm.grpo.ranges), SFT's settings' (recallm.sft.settings), the metrics log it reads (issue 38)
 _FITS = ["grpo", "grpo=qwen2.5_7b", "--gpus", "4", "--gpu-mem-gib", "80", "--host-ram-gib", "2048", "--disk-free-gb",
          "100000", "--write-gbps", "5", "--no-measure"]  # (a cluster the paper's GRPO recipe fits)
 PLAN_CASES = [
@@ -399,8 +398,49 @@ PLAN_CASES = [
     ("plan-gpu-mem-util-5", PLAN, [*_FITS, "actor_rollout_ref.rollout.gpu_memory_utilization=5"]),
     ("plan-negative-rank", PLAN, [*_FITS, "actor_rollout_ref.model.lora_rank=-8"]),
     ("plan-sft-negative-rank", PLAN, ["sft", "sft=qwen2.5_7b", "model=qwen2.5_7b", *_FITS[2:], "sft.lora.rank=-8"]),
+    ("plan-gpu-mem-nan", PLAN, [*_FITS, "--gpu-mem-gib", "nan"]),
+    ("plan-step-seconds-nan", PLAN, [*_FITS, "--step-seconds", "nan"]),
+    ("plan-nodes-0", PLAN, [*_FITS, "--nodes", "0"]),
+    ("plan-negative-length", PLAN, [*_FITS, "data.max_prompt_length=-20", "data.max_response_length=0"]),
+    ("plan-metrics-fifo", PLAN, [*_FITS, "--metrics", "fifo.jsonl"]),
+    ("plan-metrics-chardev", PLAN, [*_FITS, "--metrics", "zero.jsonl"]),
+    ("plan-metrics-not-utf8", PLAN, [*_FITS, "--metrics", "notutf8.jsonl"]),
+    ("plan-metrics-5000-digits", PLAN, [*_FITS, "--metrics", "bigint.jsonl"]),
+    ("plan-sft-max-length-0", PLAN, ["sft", "sft=qwen2.5_7b", "model=qwen2.5_7b", *_FITS[2:], "sft.max_length=0"]),
+    ("plan-sft-own-no-data", PLAN, ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full",
+                                    "train_file=missing.jsonl", "val_file=null"]),
+    ("plan-grpo-own-no-lengths", PLAN, ["grpo", "--no-measure", "grpo=own_cpu", "actor_rollout_ref.model.path=m_ok"]),
+    ("sft-plan-host-ram-inf", SFT, ["--plan", "sft=qwen2.5_7b", "model=qwen2.5_7b", *_FITS[2:], "--host-ram-gib", "inf"]),
+    ("grpo-plan-rollout-n-0", GRPO, ["--plan", *_FITS[1:], "actor_rollout_ref.rollout.n=0"]),
 ]  # fmt: skip
-_PLAN_XFAIL = pytest.mark.xfail(strict=True, reason="plan ranges: after the plan split")
+SAYS.update({
+    "plan-gpu-mem-inf": r"--gpu-mem-gib must be a finite number, got inf",
+    "plan-gpu-mem-nan": r"--gpu-mem-gib must be a finite number, got nan",
+    "plan-host-ram-inf": r"--host-ram-gib must be a finite number, got inf",
+    "plan-mean-tokens-0": r"--mean-tokens must be positive, got 0",
+    "plan-metrics-binary": r"--metrics m_ok/model.safetensors is a binary file, not JSONL",
+    "plan-fit-negative-batch": r"data.train_batch_size=-4 is out of range: use >= 1",
+    "plan-fit-negative-prompt": r"data.max_prompt_length=-20 is out of range: use >= 1",
+    "plan-fit-negative-time": r"--time-limit-hours must be positive, got -1",
+    "plan-fit-negative-mean-tokens": r"--mean-tokens must be positive, got -5",
+    "plan-rollout-n-0": r"actor_rollout_ref.rollout.n=0 is out of range: use \[1, 1024\]",
+    "plan-nnodes-0": r"trainer.nnodes=0 is out of range: use >= 1",
+    "plan-gpu-mem-util-5": r"gpu_memory_utilization=5 is out of range: use \(0, 1\]",
+    "plan-negative-rank": r"actor_rollout_ref.model.lora_rank=-8 is out of range: use >= 0",
+    "plan-sft-negative-rank": r"sft.lora.rank must be >= 0, got -8",
+    "plan-step-seconds-nan": r"--step-seconds must be a finite number, got nan",
+    "plan-nodes-0": r"--nodes must be positive, got 0",
+    "plan-metrics-fifo": r"--metrics fifo.jsonl is a FIFO \(named pipe\), not a regular file",
+    "plan-metrics-chardev": r"--metrics zero.jsonl is a character device, not a regular file",
+    "plan-metrics-not-utf8": r"--metrics notutf8.jsonl is not UTF-8 text",
+    "plan-metrics-5000-digits": r"--metrics bigint.jsonl: line 1 is not JSON",
+    "plan-sft-max-length-0": r"sft.max_length must be >= 1, got 0",
+    "plan-sft-own-no-data": r"sft.max_length is null \(the longest trace of the data\) and train_file missing.jsonl does "
+                            r"not exist: create the data first, or plan with sft.max_length=<tokens>",
+    "plan-grpo-own-no-lengths": r"data.max_prompt_length is null and .*summary.json does not give the longest training prompt",
+    "sft-plan-host-ram-inf": r"--host-ram-gib must be a finite number, got inf",
+    "grpo-plan-rollout-n-0": r"actor_rollout_ref.rollout.n=0 is out of range",
+})  # fmt: skip
 
 
 @pytest.fixture
@@ -422,9 +462,27 @@ def _alarm(signum, frame):
     raise _TooLong("a hostile case ran for more than 60 s: it was not refused")
 
 
-_PARAMS = [pytest.param(case, module, args, id=case) for case, module, args in CASES] + [
-    pytest.param(case, module, args, id=case, marks=_PLAN_XFAIL) for case, module, args in PLAN_CASES
-]
+
+
+def _plan_flag_cases() -> list[tuple[str, str, list[str]]]:
+    """Every number recallm-plan's flags give (``recallm.cli.plan.PlanFlags``: a new flag is probed without a line
+    here) at nan, -1 and far above its bound (an integer flag at 0 instead of nan)."""
+    import dataclasses
+
+    from recallm.cli.plan import PlanFlags
+
+    cases = []
+    for f in dataclasses.fields(PlanFlags):
+        integer = f.type.startswith("int")
+        for value in ("0" if integer else "nan", "-1", str(10 ** 30) if integer else "1e300"):
+            flag = "--" + f.name.replace("_", "-")
+            cases.append((f"plan-flag-{f.name}-{value[:5]}", PLAN, [*_FITS, flag, value]))
+            SAYS[cases[-1][0]] = f"{flag} (must be|is out of range)|argument {flag}"
+    return cases
+
+
+PLAN_CASES += _plan_flag_cases()
+_PARAMS = [pytest.param(case, module, args, id=case) for case, module, args in CASES + PLAN_CASES]
 
 
 @pytest.mark.parametrize("case,module,args", _PARAMS)
@@ -509,20 +567,24 @@ def test_the_null_device_is_written_in_place(cwd, monkeypatch, capsys):
     }
 
 
-@_PLAN_XFAIL
 @pytest.mark.parametrize(
     "args",
     [
-        ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full", "train_file=ok.jsonl", "val_file=null"],
+        ["sft", "--no-measure", "sft=own_cpu", "model.path=m_ok", "stage=full", "train_file={traces}", "val_file=null"],
         ["grpo", "--no-measure", "grpo=own_cpu", "actor_rollout_ref.model.path=m_ok", "data.max_prompt_length=256",
          "data.max_response_length=128"],
     ],
     ids=["sft", "grpo"],
 )  # fmt: skip
-def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, monkeypatch, capsys, args):
+def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, tmp_path, monkeypatch, capsys, args):
     """The newcomer's own-model recipes (issue 38): recallm-plan plans what the command runs, the CPU platform on
     this machine's RAM (it stopped with a TypeError traceback, then planned four assumed 79 GiB GPUs and said a
-    135M model's host RAM "DOES NOT FIT")."""
+    135M model's host RAM "DOES NOT FIT"). SFT's sft.max_length null is the longest trace of its data, as
+    recallm-sft sets it: the data is there (two traces, the longest 300 tokens)."""
+    traces = tmp_path / "traces.jsonl"
+    traces.write_text("".join(json.dumps({"prompt_ids": [1] * p, "completion_ids": [2] * c}) + "\n"
+                              for p, c in ((100, 200), (50, 60))))  # fmt: skip
+    args = [a.format(traces=traces) for a in args]
     monkeypatch.setattr(sys, "argv", [PLAN, *args])
     code: object = 0
     try:
@@ -533,3 +595,5 @@ def test_the_plan_of_an_own_model_recipe_is_the_run_it_plans(cwd, monkeypatch, c
     out, err = said.out, said.err.splitlines()
     assert code in (0, None) and "Traceback" not in said.err, err[-5:]
     assert "assumed" not in out and "DOES NOT FIT" not in out and "cpu" in out.lower(), out
+    if args[0] == "sft":
+        assert f"{4 * 300:,} tokens per step" in out, out  # 4 per device x the longest trace, 300
