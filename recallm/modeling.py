@@ -168,7 +168,11 @@ class RecallMaskMixin:
 
         num_items = kwargs.pop("num_items_in_batch", None)
         body = self.get_decoder()(
-            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False, **kwargs
+            input_ids=input_ids,
+            attention_mask=_causal_only_mask(attention_mask, labels),
+            position_ids=position_ids,
+            use_cache=False,
+            **kwargs,
         )
         hidden = body.last_hidden_state
         targets = labels[:, 1:].to(hidden.device)
@@ -228,6 +232,25 @@ class RecallMaskMixin:
             kwargs["logits_processor"] = processors
         with self.recall_mask_in_forward(False):
             return super().generate(*args, **kwargs)
+
+
+def _causal_only_mask(attention_mask, labels):
+    """The attention mask a labelled forward needs: an all-ones mask for a right-padded batch whose
+    padding carries no label (SFT's collator), else ``attention_mask`` itself.
+
+    In a causal model a position attends only to earlier ones, so the padding at a row's end changes
+    nothing at the row's real positions; the hidden states there are the same without the padding
+    mask, and with an all-ones mask the attention runs as plain causal attention (``is_causal``, no
+    ``(batch, 1, T, T)`` mask built and read). All ones rather than ``None``: without a mask,
+    transformers reads non-consecutive position ids (PoSE's skips) as packed sequences and would cut
+    the attention at each skip."""
+    if attention_mask is None or attention_mask.dim() != 2 or bool(attention_mask.all()):
+        return attention_mask
+    keep = attention_mask.bool()
+    right_padded = bool((keep[:, :-1] | ~keep[:, 1:]).all())  # no real token after a padded one
+    if not right_padded or bool(((labels != -100) & ~keep.to(labels.device)).any()):
+        return attention_mask
+    return torch.ones_like(attention_mask)
 
 
 def _make_config_class(base: type) -> type:

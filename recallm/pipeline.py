@@ -149,10 +149,13 @@ def _state(run_dir: Path) -> dict[str, Any]:
         bad = "no mapping of jobs"
     elif any(not isinstance(v, dict) for v in state["jobs"].values()):
         bad = "a job entry that is not a mapping"
-    elif not isinstance(state.get("stage_seconds", {}), dict) or not all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) for v in state.get("stage_seconds", {}).values()
-    ):
-        bad = "stage_seconds that are not numbers"
+    else:
+        for key in ("stage_seconds", "stage_cpu_seconds"):
+            if not isinstance(state.get(key, {}), dict) or not all(
+                isinstance(v, (int, float)) and not isinstance(v, bool) for v in state.get(key, {}).values()
+            ):
+                bad = f"{key} that are not numbers"
+                break
     if bad:
         raise RecallmError(f"{path} is not a pipeline state file ({bad}); delete it to rerun every stage")
     return state
@@ -257,6 +260,7 @@ class Pipeline:
                             path.rename(aside)
                             echo(f"redo {stage.name}: moved {path} to {aside}")
                 state.get("stage_seconds", {}).pop(stage.name, None)
+                state.get("stage_cpu_seconds", {}).pop(stage.name, None)
         names = [s.name for s in self.stages]
         first = min((names.index(name) for name in redo), default=len(names))
         kept = [
@@ -279,14 +283,19 @@ class Pipeline:
                 echo(f"{head}: done earlier, skipped")
                 continue
             echo(f"{head}: {', '.join(j.name for j in todo)}")
-            started = time.perf_counter()
+            started, cpu_before = time.perf_counter(), _children_cpu()
             try:
                 self._run_stage(stage, todo, state, echo)
-            finally:  # wall time of the stage, summed over invocations (an interrupted one included)
+            finally:  # wall and CPU time of the stage, summed over invocations (an interrupted one included)
                 walls = state.setdefault("stage_seconds", {})
                 walls[stage.name] = round(walls.get(stage.name, 0.0) + time.perf_counter() - started, 1)
+                cpus = state.setdefault("stage_cpu_seconds", {})
+                cpus[stage.name] = round(cpus.get(stage.name, 0.0) + _children_cpu() - cpu_before, 1)
                 _save_state(self.run_dir, state)
-            echo(f"{head}: finished in {_minutes(time.perf_counter() - started)}")
+            echo(
+                f"{head}: finished in {_minutes(time.perf_counter() - started)} "
+                f"({_children_cpu() - cpu_before:.0f} CPU seconds)"
+            )
         return state
 
     def _run_stage(self, stage: Stage, todo: list[StageJob], state: dict[str, Any], echo) -> None:
@@ -304,15 +313,20 @@ class Pipeline:
                     state["jobs"][job.name] = {"started": time.time(), "log": str(running[job.name][3])}
                     _save_state(self.run_dir, state)  # (--status says it runs)
                 for name, (proc, job, began, log) in list(running.items()):
-                    code = proc.poll()
+                    code, cpu = _reap(proc)
                     if code is None:
                         continue
                     del running[name]
                     seconds = time.perf_counter() - began
                     if code == 0:
-                        state["jobs"][name] = {"done": True, "seconds": round(seconds, 1), "log": str(log)}
+                        state["jobs"][name] = {
+                            "done": True,
+                            "seconds": round(seconds, 1),
+                            "cpu_seconds": round(cpu, 1),
+                            "log": str(log),
+                        }
                         _save_state(self.run_dir, state)
-                        echo(f"  {name}: done in {_minutes(seconds)}")
+                        echo(f"  {name}: done in {_minutes(seconds)} ({cpu:.0f} CPU seconds)")
                     else:
                         state["jobs"].pop(name, None)  # (not running any more: todo again)
                         _save_state(self.run_dir, state)
@@ -398,6 +412,32 @@ def _last_error(log: Path) -> str:
         if line.startswith("error:") or "Error" in line:
             return line[:300]
     return lines[-1][:300] if lines else "(empty log)"
+
+
+def _reap(proc: subprocess.Popen) -> tuple[int | None, float]:
+    """``(exit code, CPU seconds)`` of a finished job, ``(None, 0.0)`` while it runs. The CPU seconds
+    (user + system, the job's reaped child processes included) come from ``wait4``, which
+    ``Popen.poll`` does not report."""
+    if proc.returncode is not None:
+        return proc.returncode, 0.0
+    try:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+    except ChildProcessError:  # reaped elsewhere: Popen knows its code
+        return proc.poll(), 0.0
+    if pid == 0:
+        return None, 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
+def _children_cpu() -> float:
+    """User + system CPU seconds of the finished (reaped) child processes so far, their own reaped
+    children included: the difference over a stage is the CPU its jobs used, which a loaded machine
+    changes far less than their wall time."""
+    import resource
+
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 def _minutes(seconds: float) -> str:

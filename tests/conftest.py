@@ -20,6 +20,9 @@ from recallm.cli.schemas import register as _register_schemas  # noqa: E402
 
 _register_schemas()
 
+# `heavy` tests: one pytest-xdist group, one worker, one at a time (make test's -n 2 --dist loadgroup)
+from tests.heavy_group import pytest_collection_modifyitems  # noqa: E402, F401
+
 
 @pytest.fixture(autouse=True)
 def _root_logging_restored():

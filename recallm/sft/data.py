@@ -16,6 +16,10 @@ Options of the recipe that act here:
   ``{at, lo, hi}`` (progress fraction of the run -> a window of length quantiles, linearly
   interpolated); draw ``i`` of ``n`` is uniform over the examples whose length rank lies in
   the window at ``i / n``. The draws are a fixed sequence (seeded), read in order;
+* ``length_group`` — with a curriculum, the draws of ``length_group`` consecutive steps are sorted
+  by length and cut into those steps' batches, and the steps shuffled among themselves (seeded):
+  the same examples in nearly the same order, but a batch holds examples of similar length, so it
+  pads little (the padded tokens cost as much as the real ones);
 * ``position_skip`` — positional skip-wise training (PoSE, Zhu et al. 2024) for length
   extension: each example's position ids jump by a random skip ``u ~ U[0, position_skip - n]``
   at a random point inside the prompt, so relative distances up to ``position_skip`` are seen
@@ -35,7 +39,16 @@ import torch
 from recallm.errors import RecallmError
 from recallm.io import iter_jsonl
 
-__all__ = ["SFTDataset", "SFTCollator", "load_sft_file", "trace_lengths", "strip_recall_spans", "curriculum_order", "check_curriculum"]
+__all__ = [
+    "SFTDataset",
+    "SFTCollator",
+    "load_sft_file",
+    "trace_lengths",
+    "strip_recall_spans",
+    "curriculum_order",
+    "check_curriculum",
+    "group_by_length",
+]
 
 log = logging.getLogger(__name__)
 IGNORE_INDEX = -100
@@ -148,6 +161,25 @@ def curriculum_order(lengths: list[int], draws: int, schedule, seed: int = 0) ->
     hi = np.maximum(np.ceil(np.interp(progress, ats, his) * n).astype(int), lo + 1)
     ranks = lo + np.floor(rng.random(draws) * (hi - lo)).astype(int)
     return by_length[np.minimum(ranks, n - 1)].tolist()
+
+
+def group_by_length(order: list[int], lengths: list[int], batch: int, steps: int, seed: int = 0) -> list[int]:
+    """``order`` (draws, read ``batch`` at a time) regrouped: each run of ``steps`` consecutive
+    batches is sorted by ``lengths[i]`` and cut into batches again, and those batches are put in a
+    seeded random order. Every draw stays within ``steps`` batches of where it was drawn."""
+    import numpy as np
+
+    if steps <= 1:
+        return list(order)
+    rng = np.random.default_rng([seed, 0x6C656E])
+    out: list[int] = []
+    span = batch * steps
+    for start in range(0, len(order), span):
+        chunk = sorted(order[start : start + span], key=lambda i: lengths[i])
+        batches = [chunk[i : i + batch] for i in range(0, len(chunk), batch)]
+        for j in rng.permutation(len(batches)):
+            out.extend(batches[j])
+    return out
 
 
 def trace_lengths(path: str | Path) -> list[int]:

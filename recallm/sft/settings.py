@@ -138,8 +138,17 @@ class SFTRecipe:
     """[{at, lo, hi}, ...]: order draws by prompt length (``recallm.sft.data.check_curriculum``)"""
     position_skip: int | None = field(default=None, metadata={"min": 1, "max": MAX_TOKENS})
     """PoSE length extension: position ids spread over this many tokens (> max_length)"""
+    length_group: int = field(default=1, metadata={"min": 1, "max": MAX_COUNT})
+    """with ``curriculum``: the draws of this many consecutive steps are sorted by length into the
+    steps' batches (then the steps shuffled among themselves), so a batch pads little
+    (``recallm.sft.data.group_by_length``); 1: the draws as drawn"""
 
     def __post_init__(self) -> None:
+        if self.length_group > 1 and self.curriculum is None:
+            raise RecallmError(
+                f"sft.length_group={self.length_group} groups the draws of a curriculum; set sft.curriculum or "
+                "sft.length_group=1"
+            )
         if self.position_skip is not None and self.max_length is not None and not self.position_skip > self.max_length:
             raise RecallmError(f"position_skip must exceed sft.max_length={self.max_length}, got {self.position_skip}")
         if self.curriculum is not None:

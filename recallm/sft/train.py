@@ -27,8 +27,8 @@ Features:
 * recipe options (``configs/sft/*.yaml``): ``label_logits_only`` (default on: logits and the
   recall mask only where the loss is, see ``RecallMaskMixin.label_logits_only``), a stage's
   ``steps`` instead of ``epochs``, ``warmup_steps``, and the data options of
-  ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum``,
-  ``position_skip`` (PoSE length extension);
+  ``recallm.sft.data``: ``strip_spans`` (the no-recall ablation), ``curriculum`` and
+  ``length_group`` (batches of similar lengths), ``position_skip`` (PoSE length extension);
 * ``sft.lora.rank`` > 0: stage ``full`` trains a LoRA adapter (PEFT) instead of every weight
   (``recallm.sft.lora``: the same masked loss, resume and checkpoints; ``final`` is the merged model
   with the adapter alone under ``final/adapter``); the embedding stage is unchanged;
@@ -555,11 +555,12 @@ def _schedule(run: SFTRun, train_set):
         total_steps = math.ceil(len(train_set) / global_batch) * epochs
     sampling = "random"
     if recipe.curriculum is not None:  # the draws, in order, for the whole stage
-        from recallm.sft.data import SFTDataset, curriculum_order
+        from recallm.sft.data import SFTDataset, curriculum_order, group_by_length
 
         draws = int(math.ceil(total_steps)) * global_batch
         lengths = [len(e["input_ids"]) for e in train_set.records]
         order = curriculum_order(lengths, draws, recipe.curriculum, seed=recipe.seed)
+        order = group_by_length(order, lengths, global_batch, recipe.length_group, seed=recipe.seed)
         train_set = SFTDataset([train_set.records[i] for i in order])
         sampling = "sequential"
         epochs, total_steps = 1, int(math.ceil(total_steps))

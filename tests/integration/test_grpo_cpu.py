@@ -354,6 +354,7 @@ print("ok")
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
     from data_gen.generate import run_schedule, schedule_from_config
 
@@ -456,6 +457,7 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_grpo_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_run(tiny_dir, tmp_path):
     """A run stopped by SIGTERM after step 1 (it saves the step under way and exits, as under SLURM's
     warning) and run again resumes and ends with the final weights of the same run never interrupted,

@@ -28,6 +28,7 @@ def test_lora_sets_the_merged_weight_push_for_the_cpu_rollout():
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_lora_grpo_on_cpu_keeps_spans_verbatim_and_log_probs_agreed(tiny_dir, tmp_path, capsys):
     from data_gen.generate import run_schedule, schedule_from_config
     from recallm.modeling import load_recallm_model

@@ -50,6 +50,7 @@ def model_dir(request):
     return request.getfixturevalue("tiny_dir" if request.param == "tiny" else "smollm2_dir")
 
 
+@pytest.mark.heavy  # its smollm2 case builds the session's SmolLM2 (smollm2_dir) on the worker that runs test_smollm2.py
 def test_readme_python_blocks_run_and_batches_pad_on_the_left(model_dir):
     from recallm.recall import find_spans
 

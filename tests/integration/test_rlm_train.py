@@ -316,6 +316,7 @@ def step_metrics(log: str) -> dict[int, dict[str, float]]:
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_two_grpo_steps_of_the_tiny_root_on_cpu_then_resume(tmp_path, tiny_dir):
     ckpt, rollouts = tmp_path / "ckpt", tmp_path / "rollouts"
     common = [

@@ -377,6 +377,7 @@ def ext_dir(tmp_path_factory):
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, monkeypatch):
     pytest.importorskip("deepspeed")
@@ -420,6 +421,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
 
 
 @pytest.mark.slow
+@pytest.mark.heavy
 def test_deepspeed_offload_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, ext_dir, monkeypatch):
     """zero2_cpu.json (the GPU file's structure: optimizer offloaded, DeepSpeed's CPU Adam) with 2 ranks through
     torchrun: a run whose last save and final model are gone (as a job killed after step 4 leaves it)

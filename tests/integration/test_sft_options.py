@@ -14,6 +14,7 @@ from recallm.sft.data import (
     SFTCollator,
     check_curriculum,
     curriculum_order,
+    group_by_length,
     load_sft_file,
     strip_recall_spans,
 )
@@ -126,6 +127,76 @@ def test_curriculum_order_follows_the_windows():
     assert max(first_half) <= ranked[50]  # the shortest 10% only
     assert min(lengths[i] for i in order[-20:]) >= ranked[int(0.78 * 500)]  # near the end: the longest ~20%
     assert len(set(order[:500])) > 40  # draws spread over the window
+
+
+def test_group_by_length_keeps_the_draws_and_pads_less():
+    rng = random.Random(0)
+    lengths = [rng.randint(10, 1000) for _ in range(500)]
+    schedule = [{"at": 0.0, "lo": 0.0, "hi": 0.1}, {"at": 0.5, "lo": 0.0, "hi": 0.1}, {"at": 1.0, "lo": 0.5, "hi": 1.0}]
+    order = curriculum_order(lengths, 800, schedule, seed=3)
+    grouped = group_by_length(order, lengths, 16, 8, seed=3)
+    assert grouped == group_by_length(order, lengths, 16, 8, seed=3)  # seeded
+    assert group_by_length(order, lengths, 16, 1) == order
+    span = 16 * 8
+    for start in range(0, len(order), span):  # the same draws within each run of 8 steps
+        assert sorted(grouped[start : start + span]) == sorted(order[start : start + span])
+
+    def padded(o):
+        return sum(16 * max(lengths[i] for i in o[k : k + 16]) for k in range(0, len(o), 16))
+
+    real = sum(lengths[i] for i in order)
+    assert padded(grouped) - real < 0.25 * (padded(order) - real)
+    firsts = [lengths[grouped[k]] for k in range(0, span, 16)]
+    assert firsts != sorted(firsts)  # the steps of a run are shuffled, not longest last
+
+
+def test_length_group_needs_a_curriculum():
+    from recallm.sft.settings import SFTRecipe, StageRecipe
+
+    stage = StageRecipe(steps=10, lr=1e-3)
+    with pytest.raises(RecallmError, match="sft.length_group=4 groups the draws of a curriculum"):
+        SFTRecipe(max_length=64, per_device_batch_size=2, global_batch_size=2, embed=stage, full=stage, length_group=4)
+
+
+def test_right_padded_training_batches_attend_causally(toy_sft, model_and_tokenizer, monkeypatch):
+    """A right-padded labelled batch reaches the decoder with an all-ones mask (plain causal attention)
+    and gives the loss and gradients of the padding-masked forward; a left-padded one keeps its mask."""
+    from recallm.modeling import _causal_only_mask
+
+    model, tokenizer = model_and_tokenizer
+    data, _ = load_sft_file(toy_sft, tokenizer, max_length=1024, vocab_size=model.config.vocab_size)
+    batch = SFTCollator(tokenizer.pad_token_id, position_skip=2048)([data[i] for i in range(8)])
+    assert not batch["attention_mask"].all()  # the batch is padded
+    ones = _causal_only_mask(batch["attention_mask"], batch["labels"])
+    assert ones.all() and ones.shape == batch["attention_mask"].shape
+    left = batch["attention_mask"].flip(-1)
+    assert _causal_only_mask(left, batch["labels"].flip(-1)) is left
+    labelled_pad = batch["labels"].clone()
+    labelled_pad[batch["attention_mask"] == 0] = 5
+    assert _causal_only_mask(batch["attention_mask"], labelled_pad) is batch["attention_mask"]
+
+    weight = model.get_input_embeddings().weight
+    seen = []  # the attention mask the decoder receives
+    hook = model.get_decoder().register_forward_pre_hook(
+        lambda module, args, kwargs: seen.append(kwargs["attention_mask"]), with_kwargs=True
+    )
+    results = []
+    try:
+        for causal in (True, False):
+            if not causal:
+                monkeypatch.setattr("recallm.modeling._causal_only_mask", lambda mask, labels: mask)
+            model.label_logits_only(True)
+            try:
+                loss = model(**batch).loss
+                (grad,) = torch.autograd.grad(loss, weight)
+            finally:
+                model.label_logits_only(False)
+            results.append((loss.detach(), grad))
+    finally:
+        hook.remove()
+    assert seen[0].all() and seen[1] is batch["attention_mask"]
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(results[0][1], results[1][1], rtol=1e-5, atol=1e-8)
 
 
 @pytest.mark.parametrize(

@@ -16,7 +16,7 @@ import math
 import pytest
 import torch
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.heavy]  # SmolLM2's runs: one at a time (tests/conftest.py)
 
 SMOLLM2_MIX = {
     "seed": 0,
