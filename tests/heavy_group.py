@@ -1,5 +1,5 @@
 """The ``heavy`` mark as a pytest-xdist group (imported by ``tests/conftest.py``; see
-docs/development-tests.md).
+docs/development/test-suite.md).
 
 ``make test`` runs the suite on two pytest-xdist workers (``-n 2 --dist loadgroup``). A test marked
 ``heavy`` (a GRPO run with its Ray processes, DeepSpeed, SmolLM2: a few GiB and both cores each) joins
