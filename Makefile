@@ -46,10 +46,12 @@ $(SMOLLM2)/config.json: | $(STAMP)
 system-deps: $(STAMP)
 	bash scripts/system_deps.sh test $(PY)
 
-XDIST := -n 2 --dist loadgroup
+# --max-worker-restart=0: a worker that dies (a crash in native code) ends the run at once, naming the test;
+# with restarts, xdist's loadgroup scheduler has been seen to wait forever for the dead worker's group.
+XDIST := -n 2 --dist loadgroup --max-worker-restart=0
 
 test: $(STAMP) system-deps
-	$(PY) -m pytest -q $(XDIST)
+	$(PY) -m pytest -q $(XDIST) --durations=10
 
 test-fast: $(STAMP)
 	$(PY) -m pytest -q -n 2 tests/unit   # two workers: the 2-core machine

@@ -74,7 +74,7 @@ def _pages_with_shell() -> list[Path]:
 @pytest.fixture(scope="module")
 def shell_env(tmp_path_factory, tiny_dir, tiny_base_dir):
     """A working directory the blocks run in (``models/tiny`` the tiny model, ``models/tiny-base`` the tiny
-    model without the recall tokens; ``slurm/``, ``configs/`` and ``bench/`` of the checkout) and a ``PATH`` of
+    model without the recall tokens; ``slurm/``, ``configs/`` and ``bench/`` of the checkout: copies of each) and a ``PATH`` of
     the shims and the allowed programs only."""
     root = tmp_path_factory.mktemp("docs-run")
     bin_dir = root / "bin"
@@ -88,12 +88,15 @@ def shell_env(tmp_path_factory, tiny_dir, tiny_base_dir):
         found = shutil.which(prog)
         if found and not (bin_dir / prog).exists():
             (bin_dir / prog).symlink_to(found)
+    # copies, not links: a block may damage what it is given (the troubleshooting page truncates a `cp -r` of
+    # models/tiny, and `cp -r` of a link copies the link), and the session's tiny model, which other tests
+    # hold memory-mapped, or the checkout must never be what it damages
     work = root / "work"
     (work / "models").mkdir(parents=True)
-    (work / "models" / "tiny").symlink_to(tiny_dir)
-    (work / "models" / "tiny-base").symlink_to(tiny_base_dir)
+    shutil.copytree(tiny_dir, work / "models" / "tiny")
+    shutil.copytree(tiny_base_dir, work / "models" / "tiny-base")
     for name in ("slurm", "configs", "bench"):
-        (work / name).symlink_to(REPO_ROOT / name)
+        shutil.copytree(REPO_ROOT / name, work / name, ignore=shutil.ignore_patterns("__pycache__"))
     return {"bin": bin_dir, "work": work}
 
 
