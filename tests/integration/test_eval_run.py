@@ -478,7 +478,7 @@ def test_openai_backend_scores_are_exact(stub, tiny_dir, tmp_path):
 
     recs = {r["example_id"]: r for r in records(out)}
     rr = recs["lost_in_thought/reasoning_retrieval/512/0"]
-    assert rr["spans"] == {"count": 1, "verbatim": 1, "source": "text"}
+    assert rr["spans"] == {"count": 1, "verbatim": 1, "source": "text", "flags": [True]}  # flags: each span verbatim or not
     prefix = rr["followup"]["prefix"]  # the output cut after the key, then the injection (lines format: "key: ")
     m = re.search(r"\nLooking up key (-?\d+) in the dictionary: (.*)$", prefix)
     assert m.group(2) == f"Key {m.group(1)}: " and rr["output"].startswith(prefix[: m.start()])

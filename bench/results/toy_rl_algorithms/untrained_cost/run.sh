@@ -1,7 +1,7 @@
 #!/bin/bash
 # each arm of experiment=toy_rl_algorithms: its GRPO overrides, 4 steps, from the untrained tiny model and the toy data
 # that `recallm-pipeline experiment=toy_rl_algorithms run_dir=/tmp/rltools-toy` wrote (stages model, data)
-cd /work/wt/rltools
+cd "$(dirname "$0")/../../../.."   # the checkout
 T=/tmp/rltools-toy
 for arm in grpo dapo gspo one_step_off; do
   case $arm in
