@@ -1,5 +1,5 @@
 """`recallm-decoding-demo`: constrained recall on the tiny default model, in a minute (`make demo` is another thing:
-the whole tiny pipeline, data -> SFT -> GRPO -> eval, in about 30 minutes).
+the whole tiny pipeline, data -> SFT -> GRPO -> eval, in about 11 minutes).
 
 Builds the tiny model, adds the RecaLLM tokens, and generates on a synthetic key-value prompt
 three ways: with spans forced open and the recall constraint on; with a span injected right

@@ -1,7 +1,7 @@
 """`recallm-pipeline`: the whole recipe under one run directory, resumable stage by stage
 (see ``recallm.pipeline``).
 
-recallm-pipeline experiment=tiny_cpu                       # what `make demo` runs: CPU, ~30 min
+recallm-pipeline experiment=tiny_cpu                       # what `make demo` runs: CPU, ~11 min
 recallm-pipeline experiment=tiny_cpu redo=[eval,report]    # run two stages again
 recallm-pipeline experiment=tiny_cpu only=[data]           # one stage
 recallm-pipeline experiment=tiny_cpu --status              # which jobs are done, running, to do
