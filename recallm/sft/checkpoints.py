@@ -34,10 +34,20 @@ from typing import Any
 from transformers import TrainerCallback
 
 from recallm.errors import RecallmError
-from recallm.io import MANIFEST_FILE, atomic_dir, move_aside, replace, verify_manifest, write_manifest
+from recallm.io import (
+    MANIFEST_FILE,
+    atomic_dir,
+    move_aside,
+    replace,
+    verify_manifest,
+    write_json_atomic,
+    write_manifest,
+)
 
 __all__ = [
+    "CollatorStateCallback",
     "ManifestCallback",
+    "restore_collator_state",
     "check_checkpoint",
     "find_checkpoint",
     "model_dir_problem",
@@ -172,6 +182,41 @@ def model_dir_problem(path: str | Path) -> str | None:
 
 
 # ------------------------------------------------------------------------------------- writing
+COLLATOR_STATE = "recallm_collator.json"
+
+
+class CollatorStateCallback(TrainerCallback):
+    """With each checkpoint (before its manifest, so that the manifest covers it): the collator's batch counter
+    (``SFTCollator._calls``, which seeds the PoSE position skips of the next batch), so that a resumed run draws
+    the skips an uninterrupted one draws. Without it the counter restarted at 0 on resume."""
+
+    def __init__(self, collator) -> None:
+        self.collator = collator
+
+    def on_save(self, args, state, control, **kwargs):
+        if state.is_world_process_zero:
+            checkpoint = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            write_json_atomic(checkpoint / COLLATOR_STATE, {"calls": int(self.collator._calls)})
+        return control
+
+
+def restore_collator_state(collator, checkpoint: Path) -> None:
+    """The batch counter saved with ``checkpoint`` (:class:`CollatorStateCallback`) into ``collator``; a
+    checkpoint written before the counter was saved leaves it at 0 (its PoSE skips then differ from the
+    uninterrupted run's, as they did), said in the log."""
+    path = Path(checkpoint) / COLLATOR_STATE
+    if not path.is_file():
+        log.warning("%s has no %s: the resumed run's PoSE position skips restart their sequence", checkpoint, COLLATOR_STATE)
+        return
+    try:
+        calls = json.loads(path.read_text())["calls"]
+        if not isinstance(calls, int) or isinstance(calls, bool) or calls < 0:
+            raise ValueError(calls)
+    except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
+        raise RecallmError(f"{path} is not a collator state ({{\"calls\": <count>}}): {exc!r}"[:300]) from None
+    collator._calls = calls
+
+
 class ManifestCallback(TrainerCallback):
     """After each checkpoint save: wait for every process, then the saving process(es) record the
     checkpoint's manifest (``recallm.io.write_manifest``)."""

@@ -64,12 +64,14 @@ from recallm.config import typed
 from recallm.errors import RecallmError, collect, raise_problems
 from recallm.io import check_in_file, check_out_dir, iter_jsonl, lock_dir
 from recallm.sft.checkpoints import (
+    CollatorStateCallback,
     ManifestCallback,
     agreed,
     check_checkpoint,
     final_from_checkpoint,
     find_checkpoint,
     model_dir_problem,
+    restore_collator_state,
     save_final,
 )
 from recallm.sft.preemption import SaveOnSignal, Stopped
@@ -454,19 +456,24 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         extra_args=extra_args,
     )
     stop = SaveOnSignal()  # SIGTERM / SIGUSR1 (preemption, the time limit's warning): save, stop, raise Stopped
+    collator = SFTCollator(
+        pad_token_id(tokenizer=tokenizer, config=model.config), position_skip=recipe.position_skip or None, seed=recipe.seed
+    )
     trainer = RecallTrainer(
         model=model,
         args=args,
         train_dataset=train_set,
         eval_dataset=val_set,
-        data_collator=SFTCollator(
-            pad_token_id(tokenizer=tokenizer, config=model.config),
-            position_skip=recipe.position_skip or None,
-            seed=recipe.seed,
-        ),
+        data_collator=collator,
         processing_class=tokenizer,
         recall_eval={"records": val_records, "max_new_tokens": recipe.eval.max_new_tokens},
-        callbacks=[ManifestCallback(), LogEverySeconds(recipe.logging_seconds), stop, *(run._callbacks or [])],
+        callbacks=[
+            CollatorStateCallback(collator),  # before the manifest, which then covers it
+            ManifestCallback(),
+            LogEverySeconds(recipe.logging_seconds),
+            stop,
+            *(run._callbacks or []),
+        ],
     )
     checkpoint = None
     if resume == "auto":
@@ -475,6 +482,7 @@ def _run_stage(run: SFTRun, stage_dir: Path, deepspeed, resume: str) -> Path:
         checkpoint = Path(resume)
     if checkpoint is not None:
         log.info("resuming from %s", checkpoint)
+        restore_collator_state(collator, checkpoint)
     if trainer.is_world_process_zero():
         print(
             f"SFT stage={stage}: {train_stats['examples']} examples ({train_stats['dropped_too_long']} dropped as longer "

@@ -173,8 +173,15 @@ class _Kill(Exception):
     pass
 
 
-def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
+@pytest.mark.parametrize("pose", [False, True], ids=["plain", "pose"])
+def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, pose):
+    """Killed after step 4 and resumed from checkpoint-4: the weights of the run never killed. With PoSE
+    (``sft.position_skip``) the skips of the batches after the resume are the uninterrupted run's too: the collator's
+    batch counter, which seeds them, is saved with each checkpoint and restored (an evaluation in between
+    advances it, as in the uninterrupted run)."""
     from transformers import AutoModelForCausalLM, TrainerCallback
+
+    from recallm.sft.checkpoints import COLLATOR_STATE
 
     class KillAfter(TrainerCallback):
         def on_step_begin(self, args, state, control, **kwargs):
@@ -182,11 +189,15 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
                 raise _Kill
 
     common = ["stage=full", f"init_from={tiny_dir}", "max_steps=6", "sft.save_steps=2", "sft.eval.steps=1000"]
+    if pose:
+        common += ["sft.position_skip=2048", "sft.eval.steps=3"]
     whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
     cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *common)
     with pytest.raises(_Kill):
         run_sft({**cfg, "_callbacks": [KillAfter()]})
     assert find_checkpoint(tmp_path / "b" / "run" / "full").name == "checkpoint-4"
+    saved = json.loads((tmp_path / "b" / "run" / "full" / "checkpoint-4" / COLLATOR_STATE).read_text())["calls"]
+    assert saved >= 4  # four training batches, and with pose the evaluation's after step 3
     resumed = run_sft(cfg)  # resume=auto
     a, b = AutoModelForCausalLM.from_pretrained(whole), AutoModelForCausalLM.from_pretrained(resumed)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
