@@ -195,12 +195,8 @@ class _Plots:
         self.files.append(path)
         return f"plots/{path.name}"
 
-    def lines(self, name: str, title: str, ylabel: str, series: Mapping[str, Mapping[int, float | None]]) -> str:
-        fig, ax = self.plt.subplots(figsize=(6.4, 4.0))
-        lengths = sorted({n for s in series.values() for n in s})
-        for label, points in series.items():
-            xs = [n for n in lengths if points.get(n) is not None]
-            ax.plot(xs, [100 * points[n] for n in xs], marker="o", label=label)
+    def _length_axes(self, fig, ax, name: str, title: str, ylabel: str, lengths: list[int]) -> str:
+        """A percentage against context length (log2 axis, a tick per length), labelled; saved as ``name``."""
         if lengths:
             ax.set_xscale("log", base=2)
             ax.set_xticks(lengths, [_length_label(n) for n in lengths])
@@ -211,6 +207,14 @@ class _Plots:
         ax.grid(alpha=0.3)
         ax.legend(fontsize="small")
         return self.save(fig, name)
+
+    def lines(self, name: str, title: str, ylabel: str, series: Mapping[str, Mapping[int, float | None]]) -> str:
+        fig, ax = self.plt.subplots(figsize=(6.4, 4.0))
+        lengths = sorted({n for s in series.values() for n in s})
+        for label, points in series.items():
+            xs = [n for n in lengths if points.get(n) is not None]
+            ax.plot(xs, [100 * points[n] for n in xs], marker="o", label=label)
+        return self._length_axes(fig, ax, name, title, ylabel, lengths)
 
     def lines_ci(
         self,
@@ -229,16 +233,7 @@ class _Plots:
             below = [100 * (points[n][0] - points[n][1]) for n in xs]
             above = [100 * (points[n][2] - points[n][0]) for n in xs]
             ax.errorbar(xs, values, yerr=[below, above], marker=markers[i % len(markers)], capsize=3, label=label)
-        if lengths:
-            ax.set_xscale("log", base=2)
-            ax.set_xticks(lengths, [_length_label(n) for n in lengths])
-        ax.set_xlabel("context length (tokens)")
-        ax.set_ylabel(ylabel)
-        ax.set_ylim(-2, 102)
-        ax.set_title(title)
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize="small")
-        return self.save(fig, name)
+        return self._length_axes(fig, ax, name, title, ylabel, lengths)
 
     def bars(
         self, name: str, title: str, groups: Sequence[str], series: Mapping[str, Mapping[str, float | None]]
