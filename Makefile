@@ -48,6 +48,8 @@ system-deps: $(STAMP)
 
 # --max-worker-restart=0: a worker that dies (a crash in native code) ends the run at once, naming the test;
 # with restarts, xdist's loadgroup scheduler has been seen to wait forever for the dead worker's group.
+# Each worker computes on one thread (the cores divided by the workers; tests/conftest.py), and so do the processes
+# it starts: two workers of two threads on two cores stall each other (docs/development/test-suite.md).
 XDIST := -n 2 --dist loadgroup --max-worker-restart=0
 
 test: $(STAMP) system-deps

@@ -15,6 +15,23 @@ logging.getLogger("transformers").setLevel(logging.ERROR)
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
+
+def _worker_threads() -> int | None:
+    """The cores of one pytest-xdist worker: the machine's cores shared out among the workers (None: no workers)."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0"))
+    return max(1, len(os.sched_getaffinity(0)) // workers) if workers else None
+
+
+# Under ``-n 2`` on two cores each worker computes on one thread, and so do the processes it starts (CLI runs,
+# verl's workers: OMP_NUM_THREADS; the hf_cpu rollout: tests/grpo_runs.py), unless OMP_NUM_THREADS is set: two
+# workers of two threads each on two cores stall every parallel region on a thread that is not running (a SmolLM2
+# SFT test took 69 s on two threads beside another busy process, 49 s on one; docs/development/test-suite.md).
+if (_threads := _worker_threads()) is not None and "OMP_NUM_THREADS" not in os.environ:
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = str(_threads)
+    import torch
+
+    torch.set_num_threads(_threads)
+
 # the config schemas eval.yaml and rlm.yaml put under their sections, for tests that compose() directly
 from recallm.cli.schemas import register as _register_schemas  # noqa: E402
 

@@ -69,6 +69,13 @@ _ROLLOUT_ARGS = {
 _EXPERIMENT = {"hf_cpu": "grpo_cpu", "vllm": "grpo_vllm_cpu"}
 
 
+def _rollout_threads(rollout: str) -> tuple[str, ...]:
+    """The ``hf_cpu`` server's threads: ``OMP_NUM_THREADS`` where it is set (one per pytest-xdist worker under
+    ``make test``, tests/conftest.py), else the server's default (every core)."""
+    threads = os.environ.get("OMP_NUM_THREADS")
+    return (f"+{_ARR}.rollout.engine_kwargs.hf_cpu.threads={threads}",) if rollout == "hf_cpu" and threads else ()
+
+
 def step_metrics(log: str) -> dict[int, dict[str, float]]:
     """verl's console logger lines ``step:N - key:value - ...`` as {N: {key: value}}."""
     steps: dict[int, dict[str, float]] = {}
@@ -77,6 +84,18 @@ def step_metrics(log: str) -> dict[int, dict[str, float]]:
         if not m:
             continue
         steps[int(m.group(1))] = {k: float(v) for k, v in _METRIC.findall(line[m.start() :])}
+    return steps
+
+
+def file_metrics(ckpt: Path) -> dict[int, dict[str, float]]:
+    """verl's file logger's lines (``trainer.logger=[console,file]``: ``<trainer.default_local_dir>/metrics.jsonl``)
+    as {step: {key: value}}: every step, whatever reached the console through Ray's log forwarding."""
+    from recallm.paths import METRICS_FILE
+
+    steps: dict[int, dict[str, float]] = {}
+    for line in (ckpt / METRICS_FILE).read_text().splitlines():
+        row = json.loads(line)
+        steps[int(row["step"])] = {k: v for k, v in row["data"].items() if isinstance(v, (int, float))}
     return steps
 
 
@@ -103,6 +122,7 @@ def grpo_command(
         f"{_ARR}.actor.optim.lr=1e-3",
         f"{_ARR}.actor.entropy_coeff=0.01",  # a gradient every step: a stale rollout model would show
         *_ROLLOUT_ARGS[rollout],
+        *_rollout_threads(rollout),
         "trainer.project_name=recallm_test",
         f"trainer.experiment_name={_EXPERIMENT[rollout]}",
         f"trainer.default_local_dir={ckpt}",

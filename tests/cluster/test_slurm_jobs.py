@@ -14,12 +14,13 @@ from pathlib import Path
 import pytest
 import torch
 
+from tests.deepspeed_ops import torch_extensions_dir
 from tests.grpo_runs import MIX as GRPO_MIX
 from tests.grpo_runs import grpo_command, step_metrics
 
 CPUS = str(len(os.sched_getaffinity(0)))
 CPU_JOB = ("--gpus-per-node=0", f"--cpus-per-task={CPUS}")  # the scripts ask for 4 GPUs and 32-64 CPUs
-EXT_DIR = Path(os.environ.get("RECALLM_TEST_EXT_DIR", Path.home() / ".cache" / "recallm" / "torch_extensions"))
+EXT_DIR = torch_extensions_dir()  # DeepSpeed's C++ ops, shared with make test's (tests/deepspeed_ops.py)
 
 SFT_MIX = {
     "seed": 0,

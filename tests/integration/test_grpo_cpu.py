@@ -1,6 +1,7 @@
 """verl's own GRPO trainer on a CPU (``recallm.grpo.cpu``): the ``hf_cpu`` rollout's generation,
-the overrides and environment, and (slow) two real ``verl.trainer.main_ppo`` runs — two steps
-with a checkpoint, then an automatic resume that does a third."""
+the overrides and environment, and (slow) four real ``verl.trainer.main_ppo`` runs in one test: three
+steps with a checkpoint after each, the same run stopped by SIGTERM and resumed to the same weights, and a
+resume past a damaged checkpoint; then the export."""
 
 from __future__ import annotations
 
@@ -355,23 +356,35 @@ print("ok")
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
+def test_grpo_on_cpu_trains_saves_stops_and_resumes_to_the_uninterrupted_weights(tiny_dir, tmp_path, capsys):
+    """Four real runs of verl's trainer on the CPU (one test: each run costs a Ray cluster's start-up).
+
+    1. ``whole``: three steps with a checkpoint after each (checksummed), the step metrics and verbatim spans.
+    2. ``stopped``: the same run stopped by SIGTERM after step 1 (it saves the step under way and exits, as under
+       SLURM's warning) and 3. run again: it resumes and ends with the final weights of ``whole``, with no flag:
+       every response samples from its own stream (``seed_per_request``, on by default), so what the rollout's
+       batches hold, and when each request arrived, changes nothing (saving after every step or not, neither).
+    4. ``whole`` with one flipped byte in its newest step's weights, asked for a fourth step: the resume takes
+       the newest intact step instead, keeps the damaged one aside and redoes step 3.
+    Then the export of the checkpoint to a Hugging Face directory that generates with constrained recall."""
     from data_gen.generate import run_schedule, schedule_from_config
+    from recallm.grpo.checkpoints import check_step
 
     data_dir = tmp_path / "data"
     run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
-    data, ckpt, rollouts = data_dir / "train.parquet", tmp_path / "ckpt", tmp_path / "rollouts"
-    cmd = grpo_command(tiny_dir, data, ckpt, rollouts)
 
-    first = run_grpo(cmd + ["trainer.save_freq=1"], tmp_path)
+    def command(name: str, *extra: str) -> list[str]:
+        ckpt = tmp_path / name / "ckpt"
+        return grpo_command(tiny_dir, data_dir / "train.parquet", ckpt, ckpt.with_name("rollouts"), *extra, steps=3)
+
+    ckpt, rollouts = tmp_path / "whole" / "ckpt", tmp_path / "whole" / "rollouts"
+    first = run_grpo(command("whole", "trainer.save_freq=1"), tmp_path)
     assert first.returncode == 0, first.stdout[-8000:]
-    assert (ckpt / "global_step_2" / "actor").is_dir()
-    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    from recallm.grpo.checkpoints import check_step
-
-    assert check_step(ckpt / "global_step_1") and check_step(ckpt / "global_step_2")  # checksummed when saved
+    assert (ckpt / "global_step_3" / "actor").is_dir()
+    assert (ckpt / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    assert all(check_step(ckpt / f"global_step_{n}") for n in (1, 2, 3))  # checksummed when saved
     metrics = step_metrics(first.stdout)
-    assert sorted(metrics) == [1, 2], first.stdout[-4000:]
+    assert sorted(metrics) == [1, 2, 3], first.stdout[-4000:]
     for step, m in metrics.items():
         assert math.isfinite(m["critic/score/mean"])
         assert m["training/rollout_probs_diff_valid"] == 1
@@ -396,25 +409,47 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
         ):
             assert math.isfinite(m[f"recallm/reward/{key}"]), key
 
-    # one flipped byte in the newest step's weights: the resume takes the newest intact step instead
-    shard = ckpt / "global_step_2" / "actor" / "model_world_size_1_rank_0.pt"
-    damaged = bytearray(shard.read_bytes())
-    damaged[len(damaged) // 2] ^= 0x01
-    shard.write_bytes(bytes(damaged))
-    second = run_grpo(cmd + ["trainer.total_training_steps=3"], tmp_path)
-    assert second.returncode == 0, second.stdout[-8000:]
-    assert "warning: checkpoint global_step_2 is damaged: actor/model_world_size_1_rank_0.pt changed" in second.stdout
-    assert "resume:       global_step_1 (checksums verified)" in second.stdout
-    assert f"Resuming from {ckpt / 'global_step_1'}" in second.stdout
-    assert (ckpt / "corrupt-global_step_2").is_dir()  # kept aside, not deleted
-    metrics = step_metrics(second.stdout)
-    assert sorted(metrics) == [2, 3], second.stdout[-4000:]  # step 1 not redone
-    assert metrics[3]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
-    assert (ckpt / "global_step_3" / "actor").is_dir()
-
-    # export: a Hugging Face RecaLLM directory that generates with constrained recall
+    # stopped after step 1 (saving only the last step and the one the stop saves), then run again
+    stopped = run_grpo_stopped(command("stopped", "trainer.save_freq=100"), tmp_path, after_step=1)
+    saved = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint \S+ saved", stopped.stdout)
+    assert stopped.returncode == 128 + 15 and len(saved) == 1, stopped.stdout[-8000:]
+    step = int(saved[0])
+    assert step < 3 and check_step(tmp_path / "stopped" / "ckpt" / f"global_step_{step}")
+    resumed = run_grpo(command("stopped", "trainer.save_freq=100"), tmp_path)
+    assert resumed.returncode == 0, resumed.stdout[-8000:]
+    assert f"resume:       global_step_{step} (checksums verified)" in resumed.stdout
+    assert sorted(step_metrics(stopped.stdout)) + sorted(step_metrics(resumed.stdout)) == [1, 2, 3]
+    shard = Path("global_step_3") / "actor" / "model_world_size_1_rank_0.pt"
+    ours, theirs = (torch.load(tmp_path / name / "ckpt" / shard, weights_only=False) for name in ("stopped", "whole"))
+    assert ours.keys() == theirs.keys()
     from transformers import AutoModelForCausalLM
 
+    initial = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
+    moved = 0.0
+    for name, tensor in ours.items():
+        local = getattr(tensor, "to_local", lambda t=tensor: t)()
+        other = getattr(theirs[name], "to_local", lambda t=theirs[name]: t)()
+        torch.testing.assert_close(local, other, rtol=0, atol=1e-6, msg=name)
+        if name in initial:
+            moved = max(moved, (local.float() - initial[name].float()).abs().max().item())
+    assert moved > 1e-4  # three steps moved the weights: the agreement is not that of untrained weights
+
+    # one flipped byte in the newest step's weights: the resume takes the newest intact step instead
+    damaged = bytearray((ckpt / shard).read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01
+    (ckpt / shard).write_bytes(bytes(damaged))
+    second = run_grpo(command("whole", "trainer.save_freq=1", "trainer.total_training_steps=4"), tmp_path)
+    assert second.returncode == 0, second.stdout[-8000:]
+    assert "warning: checkpoint global_step_3 is damaged: actor/model_world_size_1_rank_0.pt changed" in second.stdout
+    assert "resume:       global_step_2 (checksums verified)" in second.stdout
+    assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
+    assert (ckpt / "corrupt-global_step_3").is_dir()  # kept aside, not deleted
+    metrics = step_metrics(second.stdout)
+    assert sorted(metrics) == [3, 4], second.stdout[-4000:]  # steps 1 and 2 not redone
+    assert metrics[4]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
+    assert (ckpt / "global_step_4" / "actor").is_dir()
+
+    # export: a Hugging Face RecaLLM directory that generates with constrained recall
     from recallm.grpo.export import export_checkpoint
     from recallm.modeling import vllm_hf_overrides
     from recallm.recall import ForceRecallSpans
@@ -454,47 +489,3 @@ def test_grpo_on_cpu_trains_saves_and_resumes(tiny_dir, tmp_path, capsys):
 
     with pytest.raises(_Err, match="is not empty"):
         export_checkpoint(ckpt, out)
-
-
-@pytest.mark.slow
-@pytest.mark.heavy
-def test_grpo_stopped_and_resumed_ends_with_the_weights_of_an_uninterrupted_run(tiny_dir, tmp_path):
-    """A run stopped by SIGTERM after step 1 (it saves the step under way and exits, as under SLURM's
-    warning) and run again resumes and ends with the final weights of the same run never interrupted,
-    with no flag: every response samples from its own stream (``seed_per_request``, on by default), so
-    what the rollout's batches hold, and when each request arrived, changes nothing."""
-    from data_gen.generate import run_schedule, schedule_from_config
-    from recallm.grpo.checkpoints import check_step
-
-    data_dir = tmp_path / "data"
-    run_schedule(schedule_from_config(MIX), data_dir, tiny_dir, workers=1, progress=False)
-
-    def command(name: str) -> list[str]:  # saves only the last step (and the one a stop saves)
-        ckpt = tmp_path / name / "ckpt"
-        return grpo_command(tiny_dir, data_dir / "train.parquet", ckpt, ckpt.with_name("rollouts"), "trainer.save_freq=100", steps=3)
-
-    whole = run_grpo(command("whole"), tmp_path)
-    assert whole.returncode == 0, whole.stdout[-8000:]
-    stopped = run_grpo_stopped(command("stopped"), tmp_path, after_step=1)
-    saved = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint \S+ saved", stopped.stdout)
-    assert stopped.returncode == 128 + 15 and len(saved) == 1, stopped.stdout[-8000:]
-    step = int(saved[0])
-    assert step < 3 and check_step(tmp_path / "stopped" / "ckpt" / f"global_step_{step}")
-    resumed = run_grpo(command("stopped"), tmp_path)
-    assert resumed.returncode == 0, resumed.stdout[-8000:]
-    assert f"resume:       global_step_{step} (checksums verified)" in resumed.stdout
-    assert sorted(step_metrics(stopped.stdout)) + sorted(step_metrics(resumed.stdout)) == [1, 2, 3]
-    shard = Path("global_step_3") / "actor" / "model_world_size_1_rank_0.pt"
-    ours, theirs = (torch.load(tmp_path / name / "ckpt" / shard, weights_only=False) for name in ("stopped", "whole"))
-    assert ours.keys() == theirs.keys()
-    from transformers import AutoModelForCausalLM
-
-    initial = AutoModelForCausalLM.from_pretrained(tiny_dir).state_dict()
-    moved = 0.0
-    for name, tensor in ours.items():
-        local = getattr(tensor, "to_local", lambda t=tensor: t)()
-        other = getattr(theirs[name], "to_local", lambda t=theirs[name]: t)()
-        torch.testing.assert_close(local, other, rtol=0, atol=1e-6, msg=name)
-        if name in initial:
-            moved = max(moved, (local.float() - initial[name].float()).abs().max().item())
-    assert moved > 1e-4  # three steps moved the weights: the agreement is not that of untrained weights

@@ -19,6 +19,7 @@ from recallm.errors import RecallmError
 from recallm.paths import config_dir
 from recallm.sft.data import IGNORE_INDEX, SFTCollator, load_sft_file
 from recallm.sft.train import check_checkpoint, find_checkpoint, run_sft
+from tests.deepspeed_ops import cpp_build_missing, torch_extensions_dir
 
 TINY_MIX = {
     "seed": 0,
@@ -173,8 +174,19 @@ class _Kill(Exception):
     pass
 
 
+def _six_full_steps(tiny_dir, save_steps: int) -> list[str]:
+    return ["stage=full", f"init_from={tiny_dir}", "max_steps=6", f"sft.save_steps={save_steps}", "sft.eval.steps=1000"]
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory, sft_data, tiny_dir):
+    """The final model of six full-stage steps never interrupted (and saved only at the end), which the resumed
+    runs below must end with whatever their checkpoints: one run for the module, not one per test."""
+    return run_sft(_cfg(tmp_path_factory.mktemp("uninterrupted"), sft_data, tiny_dir, *_six_full_steps(tiny_dir, 1000)))
+
+
 @pytest.mark.parametrize("pose", [False, True], ids=["plain", "pose"])
-def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, pose):
+def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, pose, request):
     """Killed after step 4 and resumed from checkpoint-4: the weights of the run never killed. With PoSE
     (``sft.position_skip``) the skips of the batches after the resume are the uninterrupted run's too: the collator's
     batch counter, which seeds them, is saved with each checkpoint and restored (an evaluation in between
@@ -188,10 +200,12 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, pose):
             if state.global_step == 4:
                 raise _Kill
 
-    common = ["stage=full", f"init_from={tiny_dir}", "max_steps=6", "sft.save_steps=2", "sft.eval.steps=1000"]
+    common = _six_full_steps(tiny_dir, 2)
     if pose:
         common += ["sft.position_skip=2048", "sft.eval.steps=3"]
-    whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
+        whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
+    else:
+        whole = request.getfixturevalue("uninterrupted")
     cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *common)
     with pytest.raises(_Kill):
         run_sft({**cfg, "_callbacks": [KillAfter()]})
@@ -205,7 +219,7 @@ def test_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, pose):
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGUSR1])
-def test_a_signal_saves_stops_and_the_rerun_ends_with_the_same_weights(tmp_path, sft_data, tiny_dir, sig):
+def test_a_signal_saves_stops_and_the_rerun_ends_with_the_same_weights(tmp_path, sft_data, tiny_dir, sig, uninterrupted):
     """SIGTERM / SIGUSR1 during step 3 (save_steps=4): step 3 ends, checkpoint-3 is saved, no final, Stopped; the
     rerun resumes from checkpoint-3 and ends with the weights of a run never stopped (tests/cluster: under SLURM)."""
     from transformers import AutoModelForCausalLM, TrainerCallback
@@ -217,9 +231,7 @@ def test_a_signal_saves_stops_and_the_rerun_ends_with_the_same_weights(tmp_path,
             if state.global_step == 2:
                 os.kill(os.getpid(), sig)
 
-    common = ["stage=full", f"init_from={tiny_dir}", "max_steps=6", "sft.save_steps=4", "sft.eval.steps=1000"]
-    whole = run_sft(_cfg(tmp_path / "a", sft_data, tiny_dir, *common))
-    cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *common)
+    cfg = _cfg(tmp_path / "b", sft_data, tiny_dir, *_six_full_steps(tiny_dir, 4))
     before = signal.getsignal(sig)
     with pytest.raises(Stopped, match=f"stopped by {sig.name} after step 3") as stopped:
         run_sft({**cfg, "_callbacks": [SignalDuringStep3()]})
@@ -229,7 +241,7 @@ def test_a_signal_saves_stops_and_the_rerun_ends_with_the_same_weights(tmp_path,
     assert find_checkpoint(stage).name == "checkpoint-3" and not (stage / "final").exists()
     resumed = run_sft(cfg)  # resume=auto
     assert json.loads((stage / "checkpoint-6" / "trainer_state.json").read_text())["global_step"] == 6
-    a, b = AutoModelForCausalLM.from_pretrained(whole), AutoModelForCausalLM.from_pretrained(resumed)
+    a, b = AutoModelForCausalLM.from_pretrained(uninterrupted), AutoModelForCausalLM.from_pretrained(resumed)
     for (name, x), (_, y) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
         torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-6, msg=name)
 
@@ -285,7 +297,7 @@ def test_config_errors(tmp_path, sft_data, tiny_dir):
         run_sft(_cfg(tmp_path, sft_data, tiny_dir, "stage=full"))
 
 
-def _cli(tmp_path, *args, nproc=None, env=None, timeout=1800):  # the first run builds DeepSpeed's C++ ops
+def _cli(tmp_path, *args, nproc=None, env=None, timeout=1800):  # the first run on a machine builds DeepSpeed's C++ ops
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc)] if nproc else [sys.executable]
     )
@@ -294,7 +306,7 @@ def _cli(tmp_path, *args, nproc=None, env=None, timeout=1800):  # the first run 
         "HF_HUB_OFFLINE": "1",
         "OMP_NUM_THREADS": "1",
         "DS_ACCELERATOR": "cpu",
-        "TORCH_EXTENSIONS_DIR": str(Path(os.environ.get("RECALLM_TEST_EXT_DIR", tmp_path / "ext"))),
+        "TORCH_EXTENSIONS_DIR": str(torch_extensions_dir()),
         **(env or {}),
     }
     return subprocess.run(
@@ -367,30 +379,17 @@ def test_the_loss_is_logged_at_least_every_logging_seconds_and_at_the_last_step(
     assert control.should_log
 
 
-def cpp_build_missing() -> str | None:
-    """Why DeepSpeed cannot build its C++ ops on this machine (None: it can). On a CPU it builds two
-    (shared-memory comm, cpu_adam) with the C++ compiler torch uses (``$CXX``, else ``c++``) against
-    the Python headers; ``make test`` installs both with apt-get where it can (``make system-deps``)."""
-    import sysconfig
-
-    compiler = os.environ.get("CXX", "c++")
-    if shutil.which(compiler) is None:
-        return f"DeepSpeed builds C++ ops on a CPU, but there is no C++ compiler ({compiler}): apt-get install g++"
-    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
-    if not header.is_file():
-        return f"DeepSpeed builds C++ ops on a CPU, but there are no Python headers ({header}): apt-get install python3-dev"
-    return None
-
-
 @pytest.fixture(scope="module")
-def ext_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("torch-ext")  # DeepSpeed's C++ ops, built once for this module
+def ext_dir():
+    return torch_extensions_dir()  # DeepSpeed's C++ ops, built once per machine (tests/deepspeed_ops.py)
 
 
 @pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.parametrize("nproc", [1, 2])
 def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, monkeypatch):
+    """The embedding stage under ZeRO-2 on one rank and on two (the optimizer's state partitioned: the frozen rows
+    stay bit-identical), then the full stage on one."""
     pytest.importorskip("deepspeed")
     if cpp_build_missing():
         pytest.skip(cpp_build_missing())
@@ -421,6 +420,8 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
     rows = list(RecallTokenIds.from_config(initial.config).as_config().values())
     assert changed_outside_rows(frozen_snapshot(initial), after, rows) == []
     assert not torch.equal(after.get_input_embeddings().weight[rows], initial.get_input_embeddings().weight[rows])
+    if nproc == 2:  # the full stage on two ranks: test_deepspeed_offload_resume_gives_the_same_weights (zero2_cpu too)
+        return
     full = _cli(tmp_path, "stage=full", *common, nproc=nproc)
     assert full.returncode == 0, full.stderr[-4000:]
     trained = AutoModelForCausalLM.from_pretrained(tmp_path / "run" / "full" / "final")

@@ -1,0 +1,36 @@
+"""DeepSpeed's C++ ops in the tests: where they are built, and why they cannot be.
+
+On a CPU DeepSpeed builds two ops (shared-memory comm, ``cpu_adam``) with torch's JIT extension builder the
+first time a run needs them, about 90 s on two cores. The tests build them once per machine into
+``$RECALLM_TEST_EXT_DIR``, else ``<recallm cache>/torch_extensions`` (``recallm.gguf.cache_dir``: the cache that
+``recallm-create-model --fetch`` uses, outside the checkout), shared by ``make test`` and ``make test-cluster``;
+torch rebuilds an op there when its sources or flags change, and locks the directory while it builds."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+
+def torch_extensions_dir() -> Path:
+    if os.environ.get("RECALLM_TEST_EXT_DIR"):
+        return Path(os.environ["RECALLM_TEST_EXT_DIR"])
+    from recallm.gguf import cache_dir
+
+    return cache_dir() / "torch_extensions"
+
+
+def cpp_build_missing() -> str | None:
+    """Why DeepSpeed cannot build its C++ ops on this machine (None: it can). It builds them with the C++
+    compiler torch uses (``$CXX``, else ``c++``) against the Python headers; ``make test`` installs both with
+    apt-get where it can (``make system-deps``)."""
+    import sysconfig
+
+    compiler = os.environ.get("CXX", "c++")
+    if shutil.which(compiler) is None:
+        return f"DeepSpeed builds C++ ops on a CPU, but there is no C++ compiler ({compiler}): apt-get install g++"
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    if not header.is_file():
+        return f"DeepSpeed builds C++ ops on a CPU, but there are no Python headers ({header}): apt-get install python3-dev"
+    return None
