@@ -11,17 +11,17 @@ sources or flags change, and locks the directory while it builds."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
+import sys
+import sysconfig
 from pathlib import Path
 
 
 def torch_extensions_dir() -> Path:
     if os.environ.get("RECALLM_TEST_EXT_DIR"):
         return Path(os.environ["RECALLM_TEST_EXT_DIR"])
-    import hashlib
-    import sys
-
     from recallm.gguf import cache_dir
 
     return cache_dir() / "torch_extensions" / hashlib.sha256(sys.prefix.encode()).hexdigest()[:12]
@@ -31,8 +31,6 @@ def cpp_build_missing() -> str | None:
     """Why DeepSpeed cannot build its C++ ops on this machine (None: it can). It builds them with the C++
     compiler torch uses (``$CXX``, else ``c++``) against the Python headers; ``make test`` installs both with
     apt-get where it can (``make system-deps``)."""
-    import sysconfig
-
     compiler = os.environ.get("CXX", "c++")
     if shutil.which(compiler) is None:
         return f"DeepSpeed builds C++ ops on a CPU, but there is no C++ compiler ({compiler}): apt-get install g++"

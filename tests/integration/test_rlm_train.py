@@ -16,6 +16,7 @@ import pytest
 
 from recallm.errors import RecallmError
 from tests import REPO_ROOT
+from tests.grpo_runs import step_metrics
 from tests.rlm_helpers import isolation_override
 
 ROOMY = ("data.max_response_length=1024", "recallm.rlm.rlm.root_max_new_tokens=200")
@@ -300,19 +301,6 @@ def _train(args: list[str], cwd: Path, timeout: float = 1800) -> subprocess.Comp
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
     return subprocess.CompletedProcess(cmd, proc.returncode, out, "")
-
-
-def step_metrics(log: str) -> dict[int, dict[str, float]]:
-    """verl's console logger lines ``step:N - key:value - ...`` as {N: {key: value}}."""
-    import re
-
-    steps: dict[int, dict[str, float]] = {}
-    for line in log.splitlines():
-        m = re.search(r"(?:^|\s)step:(\d+) - ", line)
-        if m:
-            found = re.findall(r"([\w/@.\-]+):(?:np\.\w+\()?([-+0-9.eE]+|nan|inf)\)?", line[m.start() :])
-            steps[int(m.group(1))] = {k: float(v) for k, v in found}
-    return steps
 
 
 @pytest.mark.slow

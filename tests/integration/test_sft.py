@@ -379,15 +379,10 @@ def test_the_loss_is_logged_at_least_every_logging_seconds_and_at_the_last_step(
     assert control.should_log
 
 
-@pytest.fixture(scope="module")
-def ext_dir():
-    return torch_extensions_dir()  # DeepSpeed's C++ ops, built once per machine (tests/deepspeed_ops.py)
-
-
 @pytest.mark.slow
 @pytest.mark.heavy
 @pytest.mark.parametrize("nproc", [1, 2])
-def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, monkeypatch):
+def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, nproc):
     """The embedding stage under ZeRO-2 on one rank and on two (the optimizer's state partitioned: the frozen rows
     stay bit-identical), then the full stage on one."""
     pytest.importorskip("deepspeed")
@@ -399,7 +394,6 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
     from recallm.sft.freeze import changed_outside_rows, frozen_snapshot
     from recallm.tokens import RecallTokenIds
 
-    monkeypatch.setenv("RECALLM_TEST_EXT_DIR", str(ext_dir))
     common = [
         f"train_file={sft_data[0]}",
         f"val_file={sft_data[1]}",
@@ -434,7 +428,7 @@ def test_deepspeed_zero2_on_cpu(tmp_path, sft_data, tiny_dir, ext_dir, nproc, mo
 
 @pytest.mark.slow
 @pytest.mark.heavy
-def test_deepspeed_offload_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir, ext_dir, monkeypatch):
+def test_deepspeed_offload_resume_gives_the_same_weights(tmp_path, sft_data, tiny_dir):
     """zero2_cpu.json (the GPU file's structure: optimizer offloaded, DeepSpeed's CPU Adam) with 2 ranks through
     torchrun: a run whose last save and final model are gone (as a job killed after step 4 leaves it)
     resumes from checkpoint-4 to the same weights as the run that was never interrupted."""
@@ -445,7 +439,6 @@ def test_deepspeed_offload_resume_gives_the_same_weights(tmp_path, sft_data, tin
 
     import recallm.modeling  # noqa: F401
 
-    monkeypatch.setenv("RECALLM_TEST_EXT_DIR", str(ext_dir))
     common = [
         f"train_file={sft_data[0]}",
         f"val_file={sft_data[1]}",
