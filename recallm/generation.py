@@ -57,6 +57,10 @@ What it does, once for every caller:
   an end-of-sequence token or their own ``max_new_tokens``); rows that end with their batch (a
   cancelled one, or the last) are counted after it, so every request is counted as finished once.
   Progress bars move per token and per request, not per batch.
+* **Attention without copying the cache**: a model on ``sdpa`` attention with grouped query heads is
+  switched to ``recallm.attention.GQA_SDPA`` (the same numbers; on a CPU a masked decoding step no longer
+  repeats every key-value head of the cache: SmolLM2-135M's evaluation at 2,048 tokens spent 44% of its
+  time in that copy).
 * ``wrap`` (optional) is called once per batch,
   ``wrap(input_ids=, attention_mask=, prompt_lengths=, max_new_tokens=)``, and returns a context
   manager the ``generate`` call runs inside; it may yield a mapping of extra ``generate`` keyword
@@ -85,6 +89,7 @@ from transformers import (
     TopPLogitsWarper,
 )
 
+from recallm.attention import use_gqa_sdpa
 from recallm.decoding import Chain, RowStreams, decode, supports_speculation
 from recallm.errors import RecallmError
 from recallm.tokens import DEFAULT_SPAN_DRAFT_TOKENS
@@ -275,6 +280,7 @@ def generate(
         raise RecallmError(f"span_draft_tokens must be an integer >= 0, got {span_draft_tokens!r}")
     if cancelled is not None and len(cancelled) != len(requests):
         raise RecallmError(f"cancelled has {len(cancelled)} predicates for {len(requests)} requests")
+    use_gqa_sdpa(model)
     config = model.config
     gen_config = getattr(model, "generation_config", None)
     if eos_token_ids is None:
