@@ -12,7 +12,7 @@ On a CPU, torch's grouped-query mode takes a mask at full speed and gives the sa
 products, summed in the same order: identical outputs in ``tests/unit/test_attention.py``). So
 :data:`GQA_SDPA` (``"recallm_sdpa"``) is ``sdpa`` with ``enable_gqa=True`` for a masked call on CPU
 tensors, and transformers' own ``sdpa`` function for everything else (CUDA, no mask, no grouping). It
-is registered with transformers' attention and mask interfaces under its own name: ``sdpa`` itself is
+is registered with transformers' attention and mask interfaces (on first use) under its own name: ``sdpa`` itself is
 untouched, and a model uses it only when asked (:func:`use_gqa_sdpa`, which ``recallm.generation``
 calls on the model it decodes with). The name is not saved with a model: a saved config carries no
 attention implementation.
@@ -21,9 +21,6 @@ attention implementation.
 from __future__ import annotations
 
 import torch
-from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = ["GQA_SDPA", "gqa_sdpa_attention", "use_gqa_sdpa"]
 
@@ -42,6 +39,8 @@ def gqa_sdpa_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Transformers' attention-function signature (``AttentionInterface``); see the module doc."""
+    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     if not grouped or attention_mask is None or query.device.type != "cpu" or kwargs.get("output_attentions"):
         return sdpa_attention_forward(
@@ -54,8 +53,14 @@ def gqa_sdpa_attention(
     return out.transpose(1, 2).contiguous(), None
 
 
-AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
-AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
+def _register() -> None:
+    """Register :data:`GQA_SDPA` with transformers (on first use: importing transformers' model code
+    takes a second, which a command that never decodes should not pay)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+    AttentionInterface.register(GQA_SDPA, gqa_sdpa_attention)
+    AttentionMaskInterface.register(GQA_SDPA, sdpa_mask)
 
 
 def use_gqa_sdpa(model) -> bool:
@@ -69,5 +74,6 @@ def use_gqa_sdpa(model) -> bool:
     kv_heads = getattr(config, "num_key_value_heads", None) or heads
     if current != "sdpa" or not heads or kv_heads == heads or not hasattr(model, "set_attn_implementation"):
         return False
+    _register()
     model.set_attn_implementation(GQA_SDPA)
     return model.config._attn_implementation == GQA_SDPA

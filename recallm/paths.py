@@ -32,6 +32,7 @@ __all__ = [
     "model_name",
     "model_label",
     "RESOLVERS",
+    "package_dir",
     "TRACKER",
     "METRICS_FILE",
     "GRPO_LOG",
@@ -188,5 +189,25 @@ def model_label(path: str | os.PathLike) -> str:
     return f"{name}-{stage}" if stage else name
 
 
-#: the config resolvers of this module: ``${recallm.model_name:PATH}``, ``${recallm.model_label:PATH}``
-RESOLVERS = {"recallm.model_name": model_name, "recallm.model_label": model_label}
+def package_dir(name: str | os.PathLike) -> str:
+    """The directory of the installed top-level package ``name``, found without importing it.
+
+    ``configs/grpo.yaml`` and ``configs/rlm_train.yaml`` find verl's YAML tree with it
+    (``file://${recallm.package_dir:verl}/trainer/config``): Hydra's ``pkg://verl.trainer.config``
+    imports verl (tensordict, torch's compiler) to find a directory of YAML files, 2.4 s of every
+    ``recallm-grpo --help`` and ``recallm-plan grpo``."""
+    import importlib.util
+
+    from recallm.errors import RecallmError
+
+    text = str(name)
+    spec = importlib.util.find_spec(text) if text.isidentifier() else None
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    if not locations:
+        raise RecallmError(f"the package {text} is not installed (a config needs its files)")
+    return str(Path(locations[0]))
+
+
+#: the config resolvers of this module: ``${recallm.model_name:PATH}``, ``${recallm.model_label:PATH}``,
+#: ``${recallm.package_dir:NAME}``
+RESOLVERS = {"recallm.model_name": model_name, "recallm.model_label": model_label, "recallm.package_dir": package_dir}

@@ -13,7 +13,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from recallm.errors import Problems, RecallmError, collect, raise_problems
-from recallm.paths import CONFIG_DIR, model_label, model_name
+from recallm.paths import CONFIG_DIR, model_label, model_name, package_dir
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -96,6 +96,25 @@ def test_own_groups_file_every_stage_under_the_model_name():
     # the tiny recipe names its run after its model too (the default path gives the old name)
     assert _compose("grpo", []).trainer.default_local_dir == "outputs/grpo/tiny_cpu"
     assert _compose("eval", []).out_dir == "outputs/eval/tiny/tiny-hf"
+
+
+def test_grpo_configs_find_verls_yaml_without_importing_verl():
+    import omegaconf
+
+    assert Path(package_dir("omegaconf")) == Path(omegaconf.__file__).parent
+    for bad in ("no_such_package_here", "verl.trainer", "../verl"):
+        with pytest.raises(RecallmError, match="is not installed"):
+            package_dir(bad)
+    code = (
+        "import sys\n"
+        "from recallm.cli.schemas import register\n"
+        "from recallm.grpo.compose import compose\n"
+        "register()\n"
+        "assert compose([]).actor_rollout_ref.rollout.n >= 1 and compose([], config_name='rlm_train').trainer\n"
+        "print(sorted(m for m in sys.modules if m == 'verl' or m.startswith('verl.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"  # verl's ppo_trainer composed, verl not imported
 
 
 def test_collect_gathers_every_problem():
