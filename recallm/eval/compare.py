@@ -94,10 +94,13 @@ def _matched(a: Sequence[Mapping], b: Sequence[Mapping]) -> list[tuple[Mapping, 
         other = by_id.get(r["example_id"])
         if other is None:
             continue
-        if r.get("prompt_id") != other.get("prompt_id"):
+        same_content = r.get("content_id") is not None and r.get("content_id") == other.get("content_id")
+        if r.get("prompt_id") != other.get("prompt_id") and not same_content:
             raise RecallmError(
                 f"example {r['example_id']} has another prompt in each run (prompt ids {r.get('prompt_id')} and "
-                f"{other.get('prompt_id')}): the runs used other suites or seeds and cannot be compared prompt by prompt"
+                f"{other.get('prompt_id')}, content ids {r.get('content_id')} and {other.get('content_id')}): the runs "
+                "used other suites or seeds and cannot be compared prompt by prompt (results written before content "
+                "ids were recorded match only when the rendered prompts are equal)"
             )
         pairs.append((r, other))
     return pairs

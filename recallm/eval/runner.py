@@ -162,6 +162,15 @@ def _seed(base: int, example_id: str, stage: int = 0) -> int:
     return example_seed(base, example_id, stage) % (2**31 - 1)
 
 
+def content_id(messages: Sequence[Mapping[str, Any]]) -> str:
+    """The id of a prompt's content — its chat messages before any chat template renders them. Two runs
+    whose models render the same messages differently (a base model's own template, a reasoning model's
+    ``<think>`` prefix) have other ``prompt_id``s and the same ``content_id``: the same question
+    (``recallm.eval.compare`` pairs them by it)."""
+    text = json.dumps([dict(m) for m in messages], sort_keys=True, ensure_ascii=False)
+    return hashlib.sha1(text.encode()).hexdigest()[:16]
+
+
 def _record(
     example: Example, generation: Generation, score, followup, followup_generation: Generation | None
 ) -> dict[str, Any]:
@@ -175,6 +184,7 @@ def _record(
         "index": spec.index,
         "prompt_tokens": example.prompt_tokens,
         "prompt_id": hashlib.sha1(example.prompt_text.encode()).hexdigest()[:16],
+        "content_id": content_id(example.messages),
         "output": generation.text,
         "output_tokens": generation.n_tokens,
         "finish_reason": generation.finish_reason,

@@ -77,6 +77,21 @@ def test_runs_with_other_prompts_are_not_compared():
         paired_cells(a, b, benchmark="synthetic")
 
 
+def test_the_same_messages_rendered_by_another_chat_template_are_paired():
+    from recallm.eval.runner import content_id
+
+    messages = [{"role": "user", "content": "the value of key 12?"}]
+    assert content_id(messages) == content_id([{"content": "the value of key 12?", "role": "user"}])
+    assert content_id(messages) != content_id([{"role": "user", "content": "the value of key 13?"}])
+    a, b = two_runs()
+    a = [dict(r, content_id=f"c{r['example_id']}") for r in a]
+    b = [dict(r, content_id=f"c{r['example_id']}", prompt_id=r["prompt_id"] + "<think>") for r in b]
+    assert paired_cells(a, b, benchmark="synthetic") == paired_cells(*two_runs(), benchmark="synthetic")
+    b[0] = dict(b[0], content_id="another question")
+    with pytest.raises(RecallmError, match="another prompt in each run"):
+        paired_cells(a, b, benchmark="synthetic")
+
+
 def test_only_the_prompts_both_runs_have_are_paired():
     a, b = two_runs()
     cells = paired_cells(a, b[:3], benchmark="synthetic")  # b finished 3 kv prompts at 256
