@@ -15,48 +15,20 @@ same_output=<k>/<n> same_correct=<k>/<n> baseline_correct=<k> fast_correct=<k>``
 
 from __future__ import annotations
 
-import argparse
-import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-DEFAULT_MODEL = Path.home() / ".cache" / "recallm" / "models" / "smollm2-135m-instruct-recallm"
+from bench.smollm2_prompts import parser, suite_prompts  # noqa: E402
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", type=Path, default=DEFAULT_MODEL)
-    parser.add_argument("--length", type=int, default=2048)
-    parser.add_argument("--per-task", type=int, default=8, help="prompts of each of the 3 tasks")
-    parser.add_argument("--max-new-tokens", type=int, default=160)
-    parser.add_argument("--threads", type=int, default=int(os.environ.get("RECALLM_NUM_THREADS", "0")) or None)
-    args = parser.parse_args()
-    if not (args.model / "config.json").is_file():
-        raise SystemExit(f"error: {args.model} is not a model directory (make smollm2, or --model DIR)")
-    import torch
-    import yaml
+    args = parser(__doc__.split("\n\n")[0], per_task=8).parse_args()
+    bench, examples, requests, tok = suite_prompts(args)
 
-    if args.threads:
-        torch.set_num_threads(args.threads)
-    from data_gen.fit import PromptRenderer
     from recallm.eval.backends import HFBackend
-    from recallm.eval.benchmarks import make_benchmarks
-    from recallm.eval.types import TextRequest
-    from recallm.paths import CONFIG_DIR
-    from recallm.tokens import load_tokenizer
-
-    suite = yaml.safe_load((CONFIG_DIR / "eval" / "smollm2.yaml").read_text())
-    suite["benchmarks"]["synthetic"].update(lengths=[args.length], per_cell=args.per_task)
-    suite["benchmarks"]["in_domain"]["enabled"] = False
-    suite["generation"]["max_new_tokens"] = args.max_new_tokens
-    (bench,) = make_benchmarks(suite)
-    tok = load_tokenizer(args.model)
-    renderer = PromptRenderer(tok, suite.get("system_prompt"))
-    examples = [bench.build(spec, renderer) for spec in sorted(bench.specs(), key=lambda s: (s.task, s.index))]
-    requests = [TextRequest(e.prompt_text, None, args.max_new_tokens) for e in examples]
     settings = bench.generation
     print(f"{len(examples)} prompts of ~{args.length} tokens, up to {args.max_new_tokens} new tokens, greedy")
 
