@@ -21,6 +21,7 @@ attention implementation.
 from __future__ import annotations
 
 import torch
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 __all__ = ["GQA_SDPA", "gqa_sdpa_attention", "use_gqa_sdpa"]
 
@@ -39,8 +40,6 @@ def gqa_sdpa_attention(
     **kwargs,
 ) -> tuple[torch.Tensor, None]:
     """Transformers' attention-function signature (``AttentionInterface``); see the module doc."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
     grouped = getattr(module, "num_key_value_groups", 1) > 1
     if not grouped or attention_mask is None or query.device.type != "cpu" or kwargs.get("output_attentions"):
         return sdpa_attention_forward(
