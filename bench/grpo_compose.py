@@ -18,28 +18,23 @@ from __future__ import annotations
 
 import argparse
 import os
-import resource
 import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.child_cpu import run_cpu_seconds  # noqa: E402
+
 NOW = "file://${recallm.package_dir:verl}/trainer/config"
 BASELINE = "pkg://verl.trainer.config"
 COMMANDS = {
     "help": ["-m", "recallm.cli.grpo", "--help"],
     "plan": ["-m", "recallm.cli.plan", "grpo", "--model", "qwen2.5_7b", "--step-seconds", "60"],
 }
-
-
-def _cpu_seconds(argv: list[str], env: dict[str, str], cwd: Path) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, *argv], env=env, cwd=cwd, check=True, capture_output=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def main() -> None:
@@ -63,7 +58,8 @@ def main() -> None:
         for _ in range(args.runs):
             for command, argv in COMMANDS.items():
                 for which, env in envs.items():
-                    times.setdefault((command, which), []).append(_cpu_seconds(argv, env, Path(tmp)))
+                    cpu, _ = run_cpu_seconds([sys.executable, *argv], cwd=Path(tmp), env=env, quiet=True)
+                    times.setdefault((command, which), []).append(cpu)
     medians = {key: statistics.median(values) for key, values in times.items()}
     for (command, which), value in sorted(medians.items()):
         print(f"{command:5s} {which:9s} {value:6.2f} CPU s (median of {args.runs})")

@@ -19,14 +19,15 @@ rewards_vs_modeling=<ratio>``.
 from __future__ import annotations
 
 import argparse
-import resource
 import statistics
-import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.child_cpu import run_cpu_seconds  # noqa: E402
+
 ROWS = {
     "python -c pass": "pass",
     "import recallm": "import recallm",
@@ -41,12 +42,7 @@ ROWS = {
 def _time(code: str) -> float:
     """CPU seconds (user + system) of a fresh interpreter running ``code``: on a shared machine the
     wall time is mostly waiting for a core, the CPU time is what the import costs."""
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True)
-    wall = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    cpu, wall = run_cpu_seconds([sys.executable, "-c", code], cwd=ROOT)
     _WALL.append(wall)
     return cpu
 
