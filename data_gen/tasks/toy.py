@@ -7,8 +7,9 @@ tokenizer (``recallm.tiny``): keys are numbers, values invented words, instructi
 
 Prompt (user message): an instruction, ``pairs`` lines ``k: v`` (distinct keys in
 ``[1, max_key]``, distinct values), then ``q = n ; key = q + 1`` with ``n = key - 1`` — the key
-never appears in the question. Trace: ``key = k`` (the reasoning step), a recall span over the
-gold line, and the answer ``v``. With ``pairs`` (a count or ``[min, max]``) the dictionary's size
+never appears in the question. Trace (``trace: worked``, the default): ``q = n ; key = k`` (the
+reasoning step: the question's number copied, then the key computed from it), a recall span over
+the gold line, and the answer ``v``; ``trace: short`` writes the step as ``key = k`` alone. With ``pairs`` (a count or ``[min, max]``) the dictionary's size
 is drawn and the mixture's ``lengths`` are upper bounds (natural length); with ``pairs: null``
 lines are added until the prompt reaches the target length (evaluation at 1x and 4x the longest
 training prompt; at most ``max_key`` lines).
@@ -40,8 +41,15 @@ class ToyLookup(Task):
         "give the value of the key",
     )
 
-    def __init__(self, pairs=(2, 64), max_key: int = 299, data_source: str | None = None) -> None:
+    TRACES = ("worked", "short")
+
+    def __init__(
+        self, pairs=(2, 64), max_key: int = 299, trace: str = "worked", data_source: str | None = None
+    ) -> None:
         super().__init__(data_source)
+        if trace not in self.TRACES:
+            raise RecallmError(f"trace must be one of {list(self.TRACES)}, got {trace!r}")
+        self.trace_style = trace
         from recallm.tiny import TOY_KEYS, TOY_VALUES
 
         if not 1 <= int(max_key) < len(TOY_KEYS):
@@ -82,4 +90,10 @@ class ToyLookup(Task):
         return Draft(placed=[], distractors=iter(lines), fit_length=False, **common)
 
     def trace(self, row: Row, rng: random.Random) -> list[tuple[str, Any]]:
-        return [("text", f"key = {row.trace_info['key']} "), ("recall", 0)]
+        # "worked" writes the step in two parts a ~1M-parameter model learns separately: ``n`` copied
+        # after ``q =`` and ``n -> n + 1`` from a number a fixed few tokens back. "short" (``key = k``
+        # alone) makes it find ``n`` and add at once, which it learnt late, at a step that varied from
+        # run to run and between CPUs' rounding (docs/benchmarks.md, the toy demo).
+        key = int(row.trace_info["key"])
+        step = f"q = {key - 1} ; key = {key} " if self.trace_style == "worked" else f"key = {key} "
+        return [("text", step), ("recall", 0)]

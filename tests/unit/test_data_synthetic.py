@@ -269,7 +269,7 @@ def test_toy_lookup_derives_the_key(renderer):
         example = sft_example(renderer.tokenizer, row, segments, task.answer_text(row))
         assert (
             example.completion
-            == f"key = {key} <|start_recall|>{key}: {value}<|end_recall|></think>\nAnswer: {value}<|im_end|>"
+            == f"q = {int(key) - 1} ; key = {key} <|start_recall|>{key}: {value}<|end_recall|></think>\nAnswer: {value}<|im_end|>"
         )
         assert (
             score_response(example.completion, row.ground_truth, prompt_text=row.prompt_text, config=CFG).answer == 1.0
@@ -277,6 +277,18 @@ def test_toy_lookup_derives_the_key(renderer):
     again = build_row(task, task.draft(random.Random(7)), renderer, 400, random.Random(7), seed=7)
     first = build_row(task, task.draft(random.Random(7)), renderer, 400, random.Random(7), seed=7)
     assert again.prompt_text == first.prompt_text
+
+
+def test_toy_lookup_short_trace_and_bad_trace(renderer):
+    worked, short = make_task("toy_lookup", pairs=[3, 40]), make_task("toy_lookup", pairs=[3, 40], trace="short")
+    row = build_row(worked, worked.draft(random.Random(3)), renderer, 400, random.Random(3), seed=3)
+    again = build_row(short, short.draft(random.Random(3)), renderer, 400, random.Random(3), seed=3)
+    assert again.prompt_text == row.prompt_text  # the trace changes the completion only
+    key, value = row.trace_info["key"], row.answers[0]
+    completion = sft_example(renderer.tokenizer, again, programmatic_trace(short, again, random.Random(0)), value)
+    assert completion.completion.startswith(f"key = {key} <|start_recall|>{key}: {value}<|end_recall|>")
+    with pytest.raises(RecallmError, match=r"trace must be one of \['worked', 'short'\], got 'long'"):
+        make_task("toy_lookup", trace="long")
 
 
 def test_toy_lookup_fitted_to_a_length(renderer):
