@@ -192,10 +192,18 @@ def _plain_text(text: str) -> str:
 class Pipeline:
     """Runs stages of jobs with resume (see module doc)."""
 
-    def __init__(self, run_dir: Path, stages: Sequence[Stage], *, threads: int | None = None) -> None:
+    def __init__(
+        self,
+        run_dir: Path,
+        stages: Sequence[Stage],
+        *,
+        threads: int | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
         self.run_dir = Path(run_dir)
         self.stages = list(stages)
         self.threads = threads or os.cpu_count() or 1
+        self.env = dict(env or {})
         names = [j.name for s in self.stages for j in s.jobs]
         if len(set(names)) != len(names):
             raise RecallmError(f"pipeline job names repeat: {names}")
@@ -361,6 +369,7 @@ class Pipeline:
                     path.unlink()
         log = self.run_dir / "logs" / f"{job.name.replace('/', '-')}.log"
         env = dict(os.environ)
+        env.update(self.env)
         env.update(
             OMP_NUM_THREADS=str(threads),
             MKL_NUM_THREADS=str(threads),
@@ -597,6 +606,9 @@ class Experiment:
     sft_processes: int = field(default=1, metadata={"min": 1, "max": MAX_WORKERS})
     """processes of each SFT run, one per GPU: more than 1 runs ``recallm-sft`` under ``torchrun --standalone
     --nproc_per_node N`` (the paper's runs: 4, with ``deepspeed=zero2`` among ``sft_overrides``)"""
+    env: dict[str, Any] | None = None
+    """environment variables set for every job of the run (over the caller's own): the toy demo pins the
+    CPU kernels with them so that every x86-64 CPU computes the same numbers (``configs/experiment/tiny_cpu.yaml``)"""
     inputs: dict[str, Any] | None = None
     """what the user brings (model, data and traces directories), named once: the file's other values
     interpolate them (``${experiment.inputs.<name>}``); a required one is ``???`` until set on the command line"""
@@ -608,6 +620,22 @@ def read_experiment(exp: Mapping[str, Any]) -> Experiment:
         if key not in exp or exp[key] is None:
             raise RecallmError(f"experiment: {key} is required")
     return typed(Experiment, exp, "experiment")
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def experiment_env(exp: Mapping[str, Any]) -> dict[str, str]:
+    """``experiment.env`` as the strings a process environment holds (one-line errors for a bad name or value)."""
+    env = read_experiment(exp).env or {}
+    out: dict[str, str] = {}
+    for name, value in env.items():
+        if not isinstance(name, str) or not _ENV_NAME.fullmatch(name):
+            raise RecallmError(f"experiment.env: {name!r} is not an environment variable name")
+        if value is None or isinstance(value, (dict, list, tuple)):
+            raise RecallmError(f"experiment.env.{name}: a string or a number, got {value!r}")
+        out[name] = str(value).lower() if isinstance(value, bool) else str(value)
+    return out
 
 
 def _overrides(value, where: str) -> list[str]:

@@ -59,7 +59,7 @@ def unset(cfg: DictConfig) -> list[str]:
 def check(cfg: DictConfig) -> PipelineRun:
     """The command's settings, before anything is written (``recallm.cli.common``): every required value set
     (one line naming those that are not), the run directory, the experiment's stages."""
-    from recallm.pipeline import experiment_stages
+    from recallm.pipeline import experiment_env, experiment_stages
 
     missing = unset(cfg)
     if missing:
@@ -69,21 +69,26 @@ def check(cfg: DictConfig) -> PipelineRun:
         )
     settings = typed(PipelineRun, cfg, "")
     check_out_dir(settings.run_dir, "run_dir")
-    experiment_stages(OmegaConf.to_container(cfg.experiment, resolve=True), Path(settings.run_dir))
+    exp = OmegaConf.to_container(cfg.experiment, resolve=True)
+    experiment_stages(exp, Path(settings.run_dir))
+    experiment_env(exp)
     return settings
 
 
 @cli_errors
 def run(cfg: DictConfig, status: bool = False, dry_run: bool = False) -> int:
-    from recallm.pipeline import Pipeline, command_line, experiment_stages, result_line
+    from recallm.pipeline import Pipeline, command_line, experiment_env, experiment_stages, result_line
 
     exp = OmegaConf.to_container(cfg.experiment, resolve=True)
     run_dir = Path(cfg.run_dir)
     stages = experiment_stages(exp, run_dir)
-    pipeline = Pipeline(run_dir, stages, threads=cfg.threads)
+    env = experiment_env(exp)
+    pipeline = Pipeline(run_dir, stages, threads=cfg.threads, env=env)
     if dry_run:
         states = pipeline.states()
         print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()} (nothing run)")
+        if env:
+            print("environment of every job: " + " ".join(f"{k}={v}" for k, v in env.items()))
         for number, stage in enumerate(stages, 1):
             side = f", {stage.parallel} side by side" if stage.parallel > 1 and len(stage.jobs) > 1 else ""
             print(f"[{number}/{len(stages)}] {stage.name}{side}")
@@ -95,6 +100,8 @@ def run(cfg: DictConfig, status: bool = False, dry_run: bool = False) -> int:
             print(f"{state:7s}  {name}")
         return 0
     print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()}", flush=True)
+    if env:
+        print("environment of every job: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
     state = pipeline.run(redo=_list(cfg.redo, "redo") or [], only=_list(cfg.only, "only"), echo=_echo)
     if not all(pipeline.status().values()):
         print("not every stage ran (only=...); no result yet")

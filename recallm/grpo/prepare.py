@@ -66,6 +66,10 @@ FORWARDED_ENV = (
     "HF_HUB_OFFLINE",
     "HF_DATASETS_OFFLINE",
     "MLP_CURRENT_CAPACITY_BLOCK_EXPIRATION_TIMESTAMP",
+    "ATEN_CPU_CAPABILITY",  # the CPU kernels a run pins (the toy demo's experiment.env): the same in every worker
+    "MKL_CBWR",
+    "MKL_ENABLE_INSTRUCTIONS",
+    "ONEDNN_MAX_CPU_ISA",
 )
 _PATH_KEYS = (
     "actor_rollout_ref.model.path",

@@ -156,6 +156,19 @@ def test_eval_step_checkpoint_is_saved_and_kept(composed):
     assert "the newest 3 kept" in describe(cfg)
 
 
+def test_pinned_cpu_kernels_reach_every_ray_worker(composed, monkeypatch):
+    # the toy demo's experiment.env pins torch's, MKL's and oneDNN's kernels; workers on any node get the pins
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    monkeypatch.setenv("MKL_CBWR", "AVX2")
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    monkeypatch.delenv("MKL_ENABLE_INSTRUCTIONS", raising=False)
+    cfg = copy.deepcopy(composed("llama3.1_8b"))
+    prepare(cfg)
+    env_vars = cfg.ray_kwargs.ray_init.runtime_env.env_vars
+    assert (env_vars.ATEN_CPU_CAPABILITY, env_vars.MKL_CBWR, env_vars.ONEDNN_MAX_CPU_ISA) == ("avx2", "AVX2", "AVX2")
+    assert "MKL_ENABLE_INSTRUCTIONS" not in env_vars  # only what the caller set
+
+
 def test_checkpoints_outside_the_checkout_and_wandb_mode(composed, monkeypatch, tmp_path):
     from recallm.grpo.app import describe
     from recallm.paths import CONFIG_DIR

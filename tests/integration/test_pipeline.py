@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from recallm.errors import RecallmError
-from recallm.pipeline import Pipeline, Stage, StageJob, experiment_stages, result_line
+from recallm.pipeline import Pipeline, Stage, StageJob, experiment_env, experiment_stages, result_line
 
 
 def py(code: str) -> list[str]:
@@ -83,6 +83,30 @@ def test_jobs_share_the_threads_and_fresh_jobs_start_clean(tmp_path):
     Pipeline(tmp_path / "run", [Stage("t", jobs, parallel=2), Stage("f", [fresh])], threads=4).run(echo=lambda m: None)
     assert [(tmp_path / f"t{i}").read_text() for i in range(2)] == ["2", "2"]
     assert not out.exists()  # a fresh job's outputs are removed before it runs
+
+
+def test_experiment_env_reaches_every_job(tmp_path, monkeypatch):
+    # the toy demo's pins: torch's, MKL's and oneDNN's AVX2 code for every job of the run
+    assert experiment_env(experiment()) == {
+        "ATEN_CPU_CAPABILITY": "avx2",
+        "MKL_CBWR": "AVX2",
+        "ONEDNN_MAX_CPU_ISA": "AVX2",
+    }
+    assert experiment_env(experiment(env=None)) == {}
+    assert experiment_env(experiment(env={"A_FLAG": True, "N": 2})) == {"A_FLAG": "true", "N": "2"}
+    with pytest.raises(RecallmError, match="experiment.env: '1BAD' is not an environment variable name"):
+        experiment_env(experiment(env={"1BAD": "x"}))
+    with pytest.raises(RecallmError, match="experiment.env.X: a string or a number"):
+        experiment_env(experiment(env={"X": None}))
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx512")  # the experiment's value wins over the caller's
+    monkeypatch.setenv("RECALLM_KEPT", "yes")
+    out = tmp_path / "env.json"
+    names = ("ATEN_CPU_CAPABILITY", "RECALLM_KEPT")
+    job = StageJob(
+        "probe", py(f"import os, json; open({str(out)!r}, 'w').write(json.dumps({{k: os.environ.get(k) for k in {names!r}}}))")
+    )
+    Pipeline(tmp_path / "run", [Stage("p", [job])], env=experiment_env(experiment())).run(echo=lambda m: None)
+    assert json.loads(out.read_text()) == {"ATEN_CPU_CAPABILITY": "avx2", "RECALLM_KEPT": "yes"}
 
 
 def test_redo_moves_a_resuming_jobs_outputs_aside(tmp_path):
