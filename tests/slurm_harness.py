@@ -7,7 +7,7 @@
 * ``bin/`` (first on ``PATH``): ``srun`` (runs its command "on" ``--nodelist``'s node, i.e. with
   ``FAKE_NODE`` set), ``scontrol`` (``show hostnames``, ``show job -o``, ``requeue``),
   ``hostname`` (``-I``: the node's addresses, a loopback one first), ``ip`` and ``curl`` (succeeds
-  when ``FAKE_JUDGE_UP=1``);
+  when ``FAKE_JUDGE_UP=1`` and the ``vllm`` stub has started);
 * ``venv/bin/``: ``ray``, ``python`` (``-m recallm.grpo.cluster``: returns once ``--nodes`` Ray
   nodes have started), ``vllm`` (a judge server: up until killed, or exits at once
   with ``FAKE_JUDGE_EXIT=1``), ``recallm-grpo``, ``recallm-eval``, ``torchrun``, ``recallm-plan`` (exits
@@ -81,8 +81,10 @@ _STUB = textwrap.dedent(
     elif name == "ray":
         if "--block" in args:
             time.sleep(120)  # a Ray node: up until the job stops it
-    elif name == "curl":
-        sys.exit(0 if os.environ.get("FAKE_JUDGE_UP") == "1" else 7)
+    elif name == "curl":  # the judge answers once its server has started (has written its line), as a real one
+        with open(os.environ["FAKE_LOG"]) as f:
+            started = any(json.loads(line)["name"] == "vllm" for line in f if line.strip())
+        sys.exit(0 if os.environ.get("FAKE_JUDGE_UP") == "1" and started else 7)
     elif name == "vllm":
         if os.environ.get("FAKE_JUDGE_EXIT") != "1":
             time.sleep(120)  # a server: up until the job stops it

@@ -394,7 +394,10 @@ def test_eval_launch_commands():
 def test_eval_with_a_judge_server(tmp_path):
     cluster = FakeCluster(tmp_path, ["gpu-a"])
     judge_env = {"SLURM_JOB_ID": JOB, "SLURM_GPUS_ON_NODE": "4", "RECALLM_JUDGE_MODEL": "/models/judge"}
-    run = cluster.run("eval.sbatch", "model_path=/m", "out_dir=/o", FAKE_JUDGE_UP="1", **judge_env)
+    # (the job polls until the stub server has started: a busy machine once ran the job to its end before it had)
+    run = cluster.run(
+        "eval.sbatch", "model_path=/m", "out_dir=/o", FAKE_JUDGE_UP="1", RECALLM_JUDGE_POLL="0.1", **judge_env
+    )
     assert run.returncode == 0, run.stderr
     (judge,) = run.named("vllm")
     assert judge["args"][:2] == ["serve", "/models/judge"] and judge["env"]["CUDA_VISIBLE_DEVICES"] == "2,3"
