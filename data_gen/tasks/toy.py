@@ -9,7 +9,8 @@ Prompt (user message): an instruction, ``pairs`` lines ``k: v`` (distinct keys i
 ``[1, max_key]``, distinct values), then ``q = n ; key = q + 1`` with ``n = key - 1`` — the key
 never appears in the question. Trace (``trace: worked``, the default): ``q = n ; key = k`` (the
 reasoning step: the question's number copied, then the key computed from it), a recall span over
-the gold line, and the answer ``v``; ``trace: short`` writes the step as ``key = k`` alone. With ``pairs`` (a count or ``[min, max]``) the dictionary's size
+the gold line, and the answer ``v``; ``trace: short`` writes the step as ``key = k`` alone. With
+``pairs`` (a count or ``[min, max]``) the dictionary's size
 is drawn and the mixture's ``lengths`` are upper bounds (natural length); with ``pairs: null``
 lines are added until the prompt reaches the target length (evaluation at 1x and 4x the longest
 training prompt; at most ``max_key`` lines).
