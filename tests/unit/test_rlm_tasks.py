@@ -110,6 +110,28 @@ def test_f1_is_bounded_and_symmetric(a, b):
 # --- generators ---------------------------------------------------------------------------------
 
 
+def test_tasks_are_the_same_in_every_process():
+    # a set's iteration order follows PYTHONHASHSEED: the generators must not depend on it (oolong's questions did)
+    import os
+    import subprocess
+    import sys
+
+    code = (
+        "import hashlib, json\n"
+        "from recallm.rlm.tasks import make_task\n"
+        "print(json.dumps([hashlib.sha256(json.dumps(make_task(t, 4096, 1, seed=3).context).encode()).hexdigest()"
+        f" for t in {TASKS!r}]))"
+    )
+    outs = [
+        subprocess.run(
+            [sys.executable, "-c", code], env={**os.environ, "PYTHONHASHSEED": seed}, capture_output=True, text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2")
+    ]
+    assert outs[0] == outs[1]
+
+
 @pytest.mark.parametrize("task", TASKS)
 def test_tasks_are_deterministic_and_fit_their_length(task):
     from recallm.rlm.tasks import context_text

@@ -166,7 +166,7 @@ def question(rng: random.Random, label: str) -> str:
     kind = rng.choice(kinds)
     others = [a for a, k in _ATTR_KINDS.items() if kind in k and _ATTR_LABEL[a] != label]  # fit the subject
     frame = rng.choice(_FRAMES)
-    labels = list({_ATTR_LABEL[a] for a in others})
+    labels = list(dict.fromkeys(_ATTR_LABEL[a] for a in others))  # (a set's order changes with PYTHONHASHSEED)
     if "{d2}" in frame and len(labels) < 2:
         frame = _FRAMES[0]
     d1_label, d2_label = rng.sample(labels, 2) if len(labels) >= 2 else (labels[0], labels[0])
