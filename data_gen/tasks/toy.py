@@ -10,10 +10,9 @@ Prompt (user message): an instruction, ``pairs`` lines ``k: v`` (distinct keys i
 never appears in the question. Trace (``trace: worked``, the default): ``q = n ; key = k`` (the
 reasoning step: the question's number copied, then the key computed from it), a recall span over
 the gold line, and the answer ``v``; ``trace: short`` writes the step as ``key = k`` alone. With
-``pairs`` (a count or ``[min, max]``) the dictionary's size
-is drawn and the mixture's ``lengths`` are upper bounds (natural length); with ``pairs: null``
-lines are added until the prompt reaches the target length (evaluation at 1x and 4x the longest
-training prompt; at most ``max_key`` lines).
+``pairs`` (a count or ``[min, max]``) the dictionary's size is drawn and the mixture's ``lengths``
+are upper bounds (natural length); with ``pairs: null`` lines are added until the prompt reaches
+the target length (evaluation at 1x and 4x the longest training prompt; at most ``max_key`` lines).
 """
 
 from __future__ import annotations

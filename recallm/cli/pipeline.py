@@ -84,11 +84,12 @@ def run(cfg: DictConfig, status: bool = False, dry_run: bool = False) -> int:
     stages = experiment_stages(exp, run_dir)
     env = experiment_env(exp)
     pipeline = Pipeline(run_dir, stages, threads=cfg.threads, env=env)
+    env_line = "environment of every job: " + " ".join(f"{k}={v}" for k, v in env.items()) if env else None
     if dry_run:
         states = pipeline.states()
         print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()} (nothing run)")
-        if env:
-            print("environment of every job: " + " ".join(f"{k}={v}" for k, v in env.items()))
+        if env_line:
+            print(env_line)
         for number, stage in enumerate(stages, 1):
             side = f", {stage.parallel} side by side" if stage.parallel > 1 and len(stage.jobs) > 1 else ""
             print(f"[{number}/{len(stages)}] {stage.name}{side}")
@@ -100,8 +101,8 @@ def run(cfg: DictConfig, status: bool = False, dry_run: bool = False) -> int:
             print(f"{state:7s}  {name}")
         return 0
     print(f"experiment {exp['name']}: {len(stages)} stages into {run_dir.resolve()}", flush=True)
-    if env:
-        print("environment of every job: " + " ".join(f"{k}={v}" for k, v in env.items()), flush=True)
+    if env_line:
+        print(env_line, flush=True)
     state = pipeline.run(redo=_list(cfg.redo, "redo") or [], only=_list(cfg.only, "only"), echo=_echo)
     if not all(pipeline.status().values()):
         print("not every stage ran (only=...); no result yet")
