@@ -113,7 +113,8 @@ def cluster_from(args: argparse.Namespace, checkpoint_dir: str | None, nnodes: i
         if value is not None:
             given[key] = (value * scale if scale != 1 else int(value), "given")
     measure = not args.no_measure and "write_bandwidth" not in given
-    node = node_cluster(checkpoint_dir, measure_write=measure)
+    gpus_given = "gpus_per_node" in given and "gpu_memory" in given
+    node = node_cluster(checkpoint_dir, measure_write=measure, gpus=not gpus_given)
     values, source = {}, {}
     for key, assumed in ASSUMED.items():
         value, where = given.get(key) or node.get(key) or (assumed, "assumed (the paper's node)")
@@ -143,7 +144,7 @@ def cpu_cluster_from(args: argparse.Namespace, checkpoint_dir: str | None, proce
         now = f"; {gib(available)} available now" if available is not None else ""
         host = (total, f"this machine (/proc/meminfo MemTotal{now})")
     given_bw = args.write_gbps * GB if args.write_gbps is not None else None
-    node = node_cluster(checkpoint_dir or ".", measure_write=not args.no_measure and given_bw is None)
+    node = node_cluster(checkpoint_dir or ".", measure_write=not args.no_measure and given_bw is None, gpus=False)
     disk = (args.disk_free_gb * GB, "given") if args.disk_free_gb is not None else node["disk_free"]
     write = (given_bw, "given") if given_bw is not None else node.get("write_bandwidth")
     source = {"host_ram": host[1], "disk_free": disk[1]}
@@ -174,16 +175,16 @@ def _flash_attn_installed() -> bool | None:
     """Whether flash-attn imports here; None on a node without a GPU (a login node plans for others)."""
     import importlib.util
 
-    try:
-        import torch
-    except ImportError:
-        return None
-    if not torch.cuda.is_available():
+    if not _cuda_here():
         return None
     return importlib.util.find_spec("flash_attn") is not None
 
 
 def _cuda_here() -> bool:
+    from recallm.plan import gpu_driver_loaded
+
+    if not gpu_driver_loaded():
+        return False
     try:
         import torch
     except ImportError:

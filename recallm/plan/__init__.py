@@ -27,7 +27,7 @@ from __future__ import annotations
 from typing import Any
 
 from recallm.plan.checkpoints import SAVE_SAFETY, TORCH_NCCL_TIMEOUT, VERL_SAVE_LEAD, checkpoint_bytes
-from recallm.plan.cluster import Cluster, host_memory, measure_write_bandwidth, node_cluster
+from recallm.plan.cluster import Cluster, gpu_driver_loaded, host_memory, measure_write_bandwidth, node_cluster
 from recallm.plan.grpo import CPU_PLATFORMS, grpo_plan
 from recallm.plan.memory import (
     CPU_PROCESS_RAM,
@@ -54,6 +54,7 @@ __all__ = [
     "node_cluster",
     "host_memory",
     "measure_write_bandwidth",
+    "gpu_driver_loaded",
     "grpo_plan",
     "CPU_PLATFORMS",
     "sft_plan",

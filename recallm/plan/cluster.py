@@ -13,7 +13,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Cluster", "node_cluster", "measure_write_bandwidth", "host_memory"]
+__all__ = ["Cluster", "node_cluster", "measure_write_bandwidth", "host_memory", "gpu_driver_loaded"]
+
+#: where a loaded GPU kernel driver shows itself (NVIDIA's, also inside a container given GPUs; AMD's for ROCm)
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/sys/module/amdgpu")
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,12 @@ def measure_write_bandwidth(directory: Path, size: int = 256 * 2**20) -> float:
     return written / max(elapsed, 1e-6)
 
 
+def gpu_driver_loaded(paths: tuple[str, ...] = GPU_DRIVER_PATHS) -> bool:
+    """Whether a GPU driver is loaded here: without one, torch cannot see a GPU, so the plan does not import
+    torch (a second or two) to ask it."""
+    return any(os.path.exists(path) for path in paths)
+
+
 def host_memory(meminfo: str | Path = "/proc/meminfo") -> tuple[int, int | None]:
     """(total, available) bytes of this machine's memory: ``MemTotal`` and ``MemAvailable`` of ``/proc/meminfo``
     (available: what the kernel can give new processes without swapping, free pages and the caches it can drop;
@@ -79,10 +88,16 @@ def host_memory(meminfo: str | Path = "/proc/meminfo") -> tuple[int, int | None]
     return total, found.get("MemAvailable")
 
 
-def node_cluster(checkpoint_dir: str | None, *, measure_write: bool = True) -> dict[str, tuple[Any, str]]:
-    """What this node says about itself: value and source per :class:`Cluster` field (missing: unknown)."""
+def node_cluster(
+    checkpoint_dir: str | None, *, measure_write: bool = True, gpus: bool = True
+) -> dict[str, tuple[Any, str]]:
+    """What this node says about itself: value and source per :class:`Cluster` field (missing: unknown).
+    ``gpus=False`` leaves out the GPUs (asking torch costs a second or two of imports: skipped where the flags
+    give both GPU values, the run trains on the CPU, or no GPU driver is loaded)."""
     found: dict[str, tuple[Any, str]] = {}
     try:
+        if not gpus or not gpu_driver_loaded():
+            raise ImportError
         import torch
 
         if torch.cuda.is_available():

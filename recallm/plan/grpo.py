@@ -143,12 +143,16 @@ def _actor_line(plan: Plan, run: _Run) -> None:
     )
 
 
+def _vllm_lora_rank(rank: int) -> int:
+    from recallm.modeling import vllm_lora_rank  # (loads torch and transformers: only for a LoRA run)
+
+    return vllm_lora_rank(rank)
+
+
 def _rollout_lines(plan: Plan, run: _Run, mean_tokens: int) -> None:
     """vLLM awake next to what the actor leaves on the GPU, and how many sequences its KV cache holds."""
     if not run.vllm:
         return
-    from recallm.modeling import vllm_lora_rank
-
     cfg, shape, n, gpu = run.cfg, run.shape, run.cluster.gpus, run.cluster.gpu_memory
     util = float(_sel(cfg, f"{ROLLOUT}.gpu_memory_utilization", 0.5))
     tp = run.tp
@@ -160,7 +164,7 @@ def _rollout_lines(plan: Plan, run: _Run, mean_tokens: int) -> None:
         batched_tokens=int(_sel(cfg, f"{ROLLOUT}.max_num_batched_tokens", 8192) or 8192),
         max_seqs=int(_sel(cfg, f"{ROLLOUT}.max_num_seqs", 256) or 256),
         eager=bool(_sel(cfg, f"{ROLLOUT}.enforce_eager", False)),
-        lora_params=shape.lora_params(vllm_lora_rank(run.rank), run.targets) if run.lora else 0,
+        lora_params=shape.lora_params(_vllm_lora_rank(run.rank), run.targets) if run.lora else 0,
     )
     if run.param_off and run.optim_off:
         resident = 0
