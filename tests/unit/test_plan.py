@@ -451,6 +451,50 @@ def test_where_sft_runs_and_the_flags_ranges(monkeypatch):
     assert cli.checked_flags(parser.parse_args(["grpo", "--gpu-mem-gib", "80"])).gpu_mem_gib == 80.0
 
 
+def test_a_port_taken_before_a_lone_rank_binds_it_is_replaced(monkeypatch):
+    """verl's MASTER_PORT can be taken between its pick and the worker's bind: a process group of one rank
+    retries on another free port; with more ranks (who would not learn the new port) the error stands."""
+    from torch.distributed import DistNetworkError
+
+    from recallm.grpo.cpu import patches
+
+    ports = []
+
+    def initialize_global_process_group_ray(timeout_second=None, backend=None):
+        ports.append(os.environ["MASTER_PORT"])
+        if len(ports) == 1:
+            raise DistNetworkError("The server socket has failed to listen ... code: -98, name: EADDRINUSE")
+        return backend
+
+    distributed = types.SimpleNamespace(initialize_global_process_group_ray=initialize_global_process_group_ray)
+    patches._patch_process_group(distributed)
+    monkeypatch.setenv("MASTER_PORT", "36057")
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    import verl.utils.device
+
+    monkeypatch.setattr(verl.utils.device, "get_device_name", lambda: "cpu")
+    assert distributed.initialize_global_process_group_ray() == "gloo"
+    assert ports[0] == "36057" and ports[1] != "36057" and len(ports) == 2
+    ports.clear()
+    monkeypatch.setenv("MASTER_PORT", "36057")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DistNetworkError, match="EADDRINUSE"):
+        distributed.initialize_global_process_group_ray()
+    assert ports == ["36057"]
+
+    def always_taken(timeout_second=None, backend=None):
+        ports.append(os.environ["MASTER_PORT"])
+        raise DistNetworkError("EADDRINUSE")
+
+    ports.clear()
+    lone = types.SimpleNamespace(initialize_global_process_group_ray=always_taken)
+    patches._patch_process_group(lone)
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    with pytest.raises(DistNetworkError):
+        lone.initialize_global_process_group_ray()
+    assert len(ports) == patches.PORT_RETRIES
+
+
 def test_a_plan_with_its_gpus_given_or_no_gpu_driver_does_not_load_torch(tmp_path):
     """torch is a second or two of imports: ``recallm-plan`` asks it about GPUs only where a GPU driver is loaded
     and the flags leave something to ask (the command below printed its plan in 4.2 s before, 0.7 s after)."""

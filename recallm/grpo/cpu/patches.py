@@ -110,6 +110,28 @@ def wrap_process_group_init(distributed: ModuleType, marker: str, wrap: Callable
             module.initialize_global_process_group_ray = wrapper
 
 
+#
+# And one retry: verl picks ``MASTER_PORT`` when it creates a worker group (a port the kernel had free then,
+# released at once) and the worker binds it seconds later, after its imports; another process can take the
+# port in between (seen once in ``make test``: ``EADDRINUSE`` at the second run of the RLM root's GRPO test). A
+# process group of one process has no other rank that knows the port, so there the wrapper picks another free
+# port and tries again (``PORT_RETRIES`` times in all); with more ranks the error stands, as verl raises it.
+
+PORT_RETRIES = 3
+
+
+def _port_taken(exc: BaseException) -> bool:
+    return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
 def _patch_process_group(distributed: ModuleType) -> None:
     def wrap(original):
         def initialize_global_process_group_ray(timeout_second=None, backend=None):
@@ -117,7 +139,15 @@ def _patch_process_group(distributed: ModuleType) -> None:
 
             if backend is None and get_device_name() == "cpu":
                 backend = "gloo"
-            return original(timeout_second=timeout_second, backend=backend)
+            for attempt in range(1, PORT_RETRIES + 1):
+                try:
+                    return original(timeout_second=timeout_second, backend=backend)
+                except RuntimeError as exc:  # (torch's DistNetworkError)
+                    if attempt == PORT_RETRIES or os.environ.get("WORLD_SIZE") != "1" or not _port_taken(exc):
+                        raise
+                    taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(_free_port())
+                    log.warning("MASTER_PORT %s was taken meanwhile; one process: trying port %s", taken,
+                                os.environ["MASTER_PORT"])  # fmt: skip
 
         return initialize_global_process_group_ray
 
