@@ -15,6 +15,7 @@ names, and the model config and generation config agree with them.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import os
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -185,10 +187,34 @@ def _reader(path: Path):
         ) from exc
 
 
-def gguf_special_ids(path: str | Path) -> dict[str, int]:
+@contextlib.contextmanager
+def _parsed_once(path: Path) -> Iterator[object]:
+    """Within the block, every ``gguf.GGUFReader`` of ``path`` is one reader, parsed on entry. ``transformers``
+    parses the file anew for the tokenizer, the config and the model (and the model's config): 3.4 s apiece
+    for SmolLM2's 49,152-token vocabulary on a 2-core machine, half of a conversion. A reader is only read
+    (its fields, its memory-mapped tensors), so one can serve them all; other files and modes get their own."""
+    import gguf
+
+    real = gguf.GGUFReader
+    parsed = _reader(path)
+    target = os.path.realpath(path)
+
+    def reader(file, mode="r"):
+        if mode == "r" and os.path.realpath(file) == target:
+            return parsed
+        return real(file, mode)
+
+    gguf.GGUFReader = reader
+    try:
+        yield parsed
+    finally:
+        gguf.GGUFReader = real
+
+
+def gguf_special_ids(path: str | Path, reader=None) -> dict[str, int]:
     """The special-token ids the GGUF file's header names (``bos``, ``eos``, ``unk``, ``pad``;
-    only those present)."""
-    fields = _reader(Path(path)).fields
+    only those present). ``reader``: the file already parsed (``gguf.GGUFReader``)."""
+    fields = (reader or _reader(Path(path))).fields
     out: dict[str, int] = {}
     for name, key in _HEADER_KEYS.items():
         field = fields.get(key)
@@ -241,12 +267,15 @@ def gguf_to_hf(path: str | Path, out: str | Path, *, dtype: str = "float32") -> 
         dtype = "float32"
     if dtype not in _DTYPES:
         raise RecallmError(f"dtype for a GGUF base must be one of {', '.join(_DTYPES)}, got {dtype!r}")
-    header = gguf_special_ids(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype))
-    except (ValueError, KeyError, OSError, RuntimeError) as exc:
-        raise RecallmError(f"cannot convert {path}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
+    with _parsed_once(path) as parsed:  # (an unreadable file: its own one-line error, here)
+        header = gguf_special_ids(path, parsed)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            model = AutoModelForCausalLM.from_pretrained(
+                str(path.parent), gguf_file=path.name, dtype=getattr(torch, dtype)
+            )
+        except (ValueError, KeyError, OSError, RuntimeError) as exc:
+            raise RecallmError(f"cannot convert {path}: {str(exc).splitlines()[0] if str(exc) else exc!r}") from exc
     from recallm.tokens import ensure_pad_token
 
     align_special_tokens(tokenizer, model, header, source=path.name)
