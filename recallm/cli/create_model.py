@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+from pathlib import Path
 
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
@@ -56,10 +57,29 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_flags(args: argparse.Namespace) -> None:
+    """What needs no model library: --out given and writable, the ranges, --base there (--check's directory is
+    checked whole by ``check_recallm_model``)."""
+    if args.check:
+        return
+    if not args.out:
+        raise RecallmError("--out is required with --base, --fetch and --tiny")
+    check_out_dir(args.out, "--out")
+    if args.max_recall_tokens is not None and not 1 <= args.max_recall_tokens <= MAX_RECALL_TOKENS_LIMIT:
+        raise RecallmError(f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}")
+    from recallm.config import MAX_SEED
+
+    if not 0 <= args.seed <= MAX_SEED:
+        raise RecallmError(f"--seed must be in [0, {MAX_SEED}] (a 63-bit integer), got {args.seed}")
+    if args.base is not None and not Path(args.base).exists():
+        raise RecallmError(f"--base {args.base} does not exist (a Hugging Face model directory or a *.gguf file)")
+
+
 @cli_errors
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(levelname)s %(message)s")
+    _check_flags(args)  # before transformers loads (3-4 s): a mistyped flag or path answers at once
     if not args.verbose:
         import transformers
 
@@ -69,21 +89,10 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         summary = check_recallm_model(args.check, weights=True)
     else:
-        if not args.out:
-            raise RecallmError("--out is required with --base, --fetch and --tiny")
-        check_out_dir(args.out, "--out")
-        if args.max_recall_tokens is not None and not 1 <= args.max_recall_tokens <= MAX_RECALL_TOKENS_LIMIT:
-            raise RecallmError(
-                f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}"
-            )
         if args.yarn_factor is not None and not (
             math.isfinite(args.yarn_factor) and 1 < args.yarn_factor <= MAX_YARN_FACTOR
         ):
             raise RecallmError(f"--yarn-factor must be a number in (1, {MAX_YARN_FACTOR}], got {args.yarn_factor}")
-        from recallm.config import MAX_SEED
-
-        if not 0 <= args.seed <= MAX_SEED:
-            raise RecallmError(f"--seed must be in [0, {MAX_SEED}] (a 63-bit integer), got {args.seed}")
         if args.tiny:
             from recallm.tiny import create_tiny
 
