@@ -357,16 +357,17 @@ print("ok")
 @pytest.mark.slow
 @pytest.mark.heavy
 def test_grpo_on_cpu_trains_saves_stops_and_resumes_to_the_uninterrupted_weights(tiny_dir, tmp_path, capsys):
-    """Four real runs of verl's trainer on the CPU (one test: each run costs a Ray cluster's start-up).
+    """Three real runs of verl's trainer on the CPU (one test: each run costs a Ray cluster's start-up).
 
     1. ``whole``: three steps with a checkpoint after each (checksummed), the step metrics and verbatim spans.
-    2. ``stopped``: the same run stopped by SIGTERM after step 1 (it saves the step under way and exits, as under
-       SLURM's warning) and 3. run again: it resumes and ends with the final weights of ``whole``, with no flag:
-       every response samples from its own stream (``seed_per_request``, on by default), so what the rollout's
-       batches hold, and when each request arrived, changes nothing (saving after every step or not, neither).
-    4. ``whole`` with one flipped byte in its newest step's weights, asked for a fourth step: the resume takes
-       the newest intact step instead, keeps the damaged one aside and redoes step 3.
-    Then the export of the checkpoint to a Hugging Face directory that generates with constrained recall."""
+    2. ``stopped``: the same run stopped by SIGTERM once step 1 is logged (it saves the step under way, 2, and
+       exits, as under SLURM's warning); then one byte of that newest save's weights is flipped.
+    3. ``stopped`` run again: the resume takes the newest intact step (1) instead, keeps the damaged one aside,
+       redoes steps 2 and 3 and ends with the final weights of ``whole``, with no flag: every response samples
+       from its own stream (``seed_per_request``, on by default), so what the rollout's batches hold, and when
+       each request arrived, changes nothing.
+    Then the export of the checkpoint to a Hugging Face directory that generates with constrained recall.
+    (A finished run continued for more steps: ``test_rlm_train.py``'s resume.)"""
     from data_gen.generate import run_schedule, schedule_from_config
     from recallm.grpo.checkpoints import check_step
 
@@ -409,18 +410,32 @@ def test_grpo_on_cpu_trains_saves_stops_and_resumes_to_the_uninterrupted_weights
         ):
             assert math.isfinite(m[f"recallm/reward/{key}"]), key
 
-    # stopped after step 1 (saving only the last step and the one the stop saves), then run again
-    stopped = run_grpo_stopped(command("stopped", "trainer.save_freq=100"), tmp_path, after_step=1)
+    # stopped once step 1 is logged (step 1 saved as every step is, and the step under way saved by the stop)
+    stopped_ckpt = tmp_path / "stopped" / "ckpt"
+    stopped = run_grpo_stopped(command("stopped", "trainer.save_freq=1"), tmp_path, after_step=1)
     saved = re.findall(r"stopped by SIGTERM after step (\d+): checkpoint \S+ saved", stopped.stdout)
     assert stopped.returncode == 128 + 15 and len(saved) == 1, stopped.stdout[-8000:]
     step = int(saved[0])
-    assert step < 3 and check_step(tmp_path / "stopped" / "ckpt" / f"global_step_{step}")
-    resumed = run_grpo(command("stopped", "trainer.save_freq=100"), tmp_path)
+    assert step == 2 and check_step(stopped_ckpt / "global_step_2") and check_step(stopped_ckpt / "global_step_1")
+    assert sorted(step_metrics(stopped.stdout)) == [1, 2]
+    # one flipped byte in the newest save's weights: the resume takes the newest intact step instead
+    shard = Path("actor") / "model_world_size_1_rank_0.pt"
+    damaged = bytearray((stopped_ckpt / "global_step_2" / shard).read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01
+    (stopped_ckpt / "global_step_2" / shard).write_bytes(bytes(damaged))
+    resumed = run_grpo(command("stopped", "trainer.save_freq=1"), tmp_path)
     assert resumed.returncode == 0, resumed.stdout[-8000:]
-    assert f"resume:       global_step_{step} (checksums verified)" in resumed.stdout
-    assert sorted(step_metrics(stopped.stdout)) + sorted(step_metrics(resumed.stdout)) == [1, 2, 3]
-    shard = Path("global_step_3") / "actor" / "model_world_size_1_rank_0.pt"
-    ours, theirs = (torch.load(tmp_path / name / "ckpt" / shard, weights_only=False) for name in ("stopped", "whole"))
+    assert "warning: checkpoint global_step_2 is damaged: actor/model_world_size_1_rank_0.pt changed" in resumed.stdout
+    assert "resume:       global_step_1 (checksums verified)" in resumed.stdout
+    assert f"Resuming from {stopped_ckpt / 'global_step_1'}" in resumed.stdout
+    assert (stopped_ckpt / "corrupt-global_step_2").is_dir()  # kept aside, not deleted
+    redone = step_metrics(resumed.stdout)
+    assert sorted(redone) == [2, 3], resumed.stdout[-4000:]  # step 1 not redone
+    assert redone[2]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
+    ours, theirs = (
+        torch.load(tmp_path / name / "ckpt" / "global_step_3" / shard, weights_only=False)
+        for name in ("stopped", "whole")
+    )
     assert ours.keys() == theirs.keys()
     from transformers import AutoModelForCausalLM
 
@@ -433,21 +448,6 @@ def test_grpo_on_cpu_trains_saves_stops_and_resumes_to_the_uninterrupted_weights
         if name in initial:
             moved = max(moved, (local.float() - initial[name].float()).abs().max().item())
     assert moved > 1e-4  # three steps moved the weights: the agreement is not that of untrained weights
-
-    # one flipped byte in the newest step's weights: the resume takes the newest intact step instead
-    damaged = bytearray((ckpt / shard).read_bytes())
-    damaged[len(damaged) // 2] ^= 0x01
-    (ckpt / shard).write_bytes(bytes(damaged))
-    second = run_grpo(command("whole", "trainer.save_freq=1", "trainer.total_training_steps=4"), tmp_path)
-    assert second.returncode == 0, second.stdout[-8000:]
-    assert "warning: checkpoint global_step_3 is damaged: actor/model_world_size_1_rank_0.pt changed" in second.stdout
-    assert "resume:       global_step_2 (checksums verified)" in second.stdout
-    assert f"Resuming from {ckpt / 'global_step_2'}" in second.stdout
-    assert (ckpt / "corrupt-global_step_3").is_dir()  # kept aside, not deleted
-    metrics = step_metrics(second.stdout)
-    assert sorted(metrics) == [3, 4], second.stdout[-4000:]  # steps 1 and 2 not redone
-    assert metrics[4]["training/rollout_probs_diff_max"] < 1e-3  # the resumed weights reached the rollout
-    assert (ckpt / "global_step_4" / "actor").is_dir()
 
     # export: a Hugging Face RecaLLM directory that generates with constrained recall
     from recallm.grpo.export import export_checkpoint
