@@ -190,9 +190,10 @@ def _reader(path: Path):
 @contextlib.contextmanager
 def _parsed_once(path: Path) -> Iterator[object]:
     """Within the block, every ``gguf.GGUFReader`` of ``path`` is one reader, parsed on entry. ``transformers``
-    parses the file anew for the tokenizer, the config and the model (and the model's config): 3.4 s apiece
-    for SmolLM2's 49,152-token vocabulary on a 2-core machine, half of a conversion. A reader is only read
-    (its fields, its memory-mapped tensors), so one can serve them all; other files and modes get their own."""
+    parses the file anew for the tokenizer, the config and the model (and the model's config): 1.6 CPU s apiece
+    for SmolLM2's 49,152-token vocabulary (its conversion: 22.6 -> 16.0 CPU s, ``bench/first_commands.py``). A
+    reader is only read (its fields, its memory-mapped tensors), so one can serve them all; other files and
+    modes get their own."""
     import gguf
 
     real = gguf.GGUFReader
