@@ -15,8 +15,9 @@ from typing import Any
 
 __all__ = ["Cluster", "node_cluster", "measure_write_bandwidth", "host_memory", "gpu_driver_loaded"]
 
-#: where a loaded GPU kernel driver shows itself (NVIDIA's, also inside a container given GPUs; AMD's for ROCm)
-GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/sys/module/amdgpu")
+#: where a loaded GPU driver shows itself: NVIDIA's (also inside a container given GPUs), WSL2's CUDA libraries
+#: (WSL has no /proc/driver/nvidia), AMD's for ROCm
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia", "/usr/lib/wsl/lib", "/sys/module/amdgpu")
 
 
 @dataclass(frozen=True)
