@@ -506,8 +506,8 @@ def test_a_plan_with_its_gpus_given_or_no_gpu_driver_does_not_load_torch(tmp_pat
     assert not gpu_driver_loaded((str(tmp_path / "none"),))
     (tmp_path / "nvidia").mkdir()
     assert gpu_driver_loaded((str(tmp_path / "none"), str(tmp_path / "nvidia")))
-    code = (
-        "import sys; from recallm.cli.plan import main; "
+    code = (  # (as on a machine without a GPU driver, this one's or not: with one, flash-attn's question needs torch)
+        "import sys, recallm.plan; recallm.plan.gpu_driver_loaded = lambda: False; from recallm.cli.plan import main; "
         f"code = main(['grpo', 'grpo=qwen2.5_7b', 'trainer.default_local_dir={tmp_path}/ckpt', '--gpus', '4', "
         "'--gpu-mem-gib', '79.2', '--host-ram-gib', '512', '--disk-free-gb', '1000', '--write-gbps', '1']); "
         "print('torch' in sys.modules, 'transformers' in sys.modules); sys.exit(code)"
