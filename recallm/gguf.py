@@ -38,6 +38,7 @@ __all__ = [
     "cache_dir",
     "fetch_known_base",
     "is_gguf",
+    "check_base_path",
     "gguf_special_ids",
     "align_special_tokens",
     "gguf_to_hf",
@@ -172,6 +173,19 @@ def is_gguf(path: str | Path) -> bool:
     """True for an existing file named ``*.gguf``."""
     path = Path(path)
     return path.is_file() and path.suffix.lower() == ".gguf"
+
+
+def check_base_path(base: str | Path) -> Path:
+    """``--base``: a GGUF file or an existing directory (what it is beyond that, ``create_recallm_model``
+    reads); one line otherwise. Needs no model library: ``recallm-create-model`` asks it before loading one."""
+    base = Path(base)
+    if is_gguf(base):
+        return base
+    if not base.exists():
+        raise RecallmError(f"--base {base} does not exist (a Hugging Face model directory or a *.gguf file)")
+    if base.is_file():
+        raise RecallmError(f"--base {base} is a file, not a directory (nor a *.gguf file)")
+    return base
 
 
 def _reader(path: Path):

@@ -385,7 +385,7 @@ def create_recallm_model(
     """
     import tempfile
 
-    from recallm.gguf import gguf_to_hf, is_gguf
+    from recallm.gguf import check_base_path, gguf_to_hf, is_gguf
     from recallm.io import atomic_dir
     from recallm.tokens import add_recall_tokens, load_tokenizer
 
@@ -399,10 +399,7 @@ def create_recallm_model(
         with tempfile.TemporaryDirectory(dir=out.parent, prefix=f".{out.name}.gguf-") as tmp:
             gguf_to_hf(base, tmp, dtype=dtype)
             return create_recallm_model(tmp, out, max_recall_tokens=max_recall_tokens, yarn_factor=yarn_factor)
-    if not base.exists():
-        raise RecallmError(f"--base {base} does not exist (a Hugging Face model directory or a *.gguf file)")
-    if base.is_file():
-        raise RecallmError(f"--base {base} is a file, not a directory (nor a *.gguf file)")
+    check_base_path(base)
     base_config = read_model_config(base, "--base")
     _, model_cls, _ = recall_classes_for(base_config.model_type)
     overrides: dict[str, object] = {}

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import logging
 import math
-from pathlib import Path
 
 from recallm.errors import RecallmError, cli_errors
 from recallm.io import check_out_dir
@@ -66,13 +65,17 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise RecallmError("--out is required with --base, --fetch and --tiny")
     check_out_dir(args.out, "--out")
     if args.max_recall_tokens is not None and not 1 <= args.max_recall_tokens <= MAX_RECALL_TOKENS_LIMIT:
-        raise RecallmError(f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}")
+        raise RecallmError(
+            f"--max-recall-tokens must be in [1, {MAX_RECALL_TOKENS_LIMIT}], got {args.max_recall_tokens}"
+        )
     from recallm.config import MAX_SEED
 
     if not 0 <= args.seed <= MAX_SEED:
         raise RecallmError(f"--seed must be in [0, {MAX_SEED}] (a 63-bit integer), got {args.seed}")
-    if args.base is not None and not Path(args.base).exists():
-        raise RecallmError(f"--base {args.base} does not exist (a Hugging Face model directory or a *.gguf file)")
+    if args.base is not None:
+        from recallm.gguf import check_base_path
+
+        check_base_path(args.base)
 
 
 @cli_errors

@@ -96,17 +96,16 @@ def node_cluster(
     ``gpus=False`` leaves out the GPUs (asking torch costs a second or two of imports: skipped where the flags
     give both GPU values, the run trains on the CPU, or no GPU driver is loaded)."""
     found: dict[str, tuple[Any, str]] = {}
-    try:
-        if not gpus or not gpu_driver_loaded():
-            raise ImportError
-        import torch
+    if gpus and gpu_driver_loaded():
+        try:
+            import torch
 
-        if torch.cuda.is_available():
-            count = torch.cuda.device_count()
-            found["gpus_per_node"] = (count, "this node (torch.cuda)")
-            found["gpu_memory"] = (torch.cuda.get_device_properties(0).total_memory, "this node (torch.cuda)")
-    except ImportError:
-        pass
+            if torch.cuda.is_available():
+                count = torch.cuda.device_count()
+                found["gpus_per_node"] = (count, "this node (torch.cuda)")
+                found["gpu_memory"] = (torch.cuda.get_device_properties(0).total_memory, "this node (torch.cuda)")
+        except ImportError:
+            pass
     try:
         found["host_ram"] = (os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES"), "this node (sysconf)")
     except (ValueError, OSError, AttributeError):

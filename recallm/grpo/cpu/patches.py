@@ -124,14 +124,6 @@ def _port_taken(exc: BaseException) -> bool:
     return "EADDRINUSE" in str(exc) or "address already in use" in str(exc).lower()
 
 
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("", 0))
-        return sock.getsockname()[1]
-
-
 def _patch_process_group(distributed: ModuleType) -> None:
     def wrap(original):
         def initialize_global_process_group_ray(timeout_second=None, backend=None):
@@ -145,7 +137,9 @@ def _patch_process_group(distributed: ModuleType) -> None:
                 except RuntimeError as exc:  # (torch's DistNetworkError)
                     if attempt == PORT_RETRIES or os.environ.get("WORLD_SIZE") != "1" or not _port_taken(exc):
                         raise
-                    taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(_free_port())
+                    from verl.utils.net_utils import get_free_port
+
+                    taken, os.environ["MASTER_PORT"] = os.environ.get("MASTER_PORT"), str(get_free_port("")[0])
                     log.warning("MASTER_PORT %s was taken meanwhile; one process: trying port %s", taken,
                                 os.environ["MASTER_PORT"])  # fmt: skip
 
